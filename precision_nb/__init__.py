@@ -1,0 +1,62 @@
+"""precision_nb: PyTorch mixed precision you can see.
+
+The public names below are loaded on first use, so ``import precision_nb`` stays light: it never
+imports matplotlib, ipywidgets, pandas or jupyter (the views load those when they are asked for).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # core
+    "PrecisionPlan": "precision_nb.core.plan",
+    "PrecisionConfig": "precision_nb.core.plan",
+    "Capabilities": "precision_nb.core.capabilities",
+    "PRESETS": "precision_nb.core.capabilities",
+    "read_capabilities": "precision_nb.core.capabilities",
+    "get_capabilities": "precision_nb.core.capabilities",
+    "resolve_device": "precision_nb.core.device",
+    "resolve_precision": "precision_nb.core.resolution",
+    "explain_precision": "precision_nb.core.resolution",
+    "Explanation": "precision_nb.core.resolution",
+    "MATRIX": "precision_nb.core.resolution",
+    "autocast_context": "precision_nb.core.amp",
+    "make_grad_scaler": "precision_nb.core.amp",
+    "verify_autocast": "precision_nb.core.amp",
+    "OptimizerConfig": "precision_nb.core.optim",
+    "FusedOutcome": "precision_nb.core.optim",
+    "supports_fused_adamw": "precision_nb.core.optim",
+    "build_optimizer": "precision_nb.core.optim",
+    "RunConfig": "precision_nb.core.config",
+    "load_config": "precision_nb.core.config",
+    # engine
+    "Trainer": "precision_nb.engine.trainer",
+    "TrainConfig": "precision_nb.engine.trainer",
+    "RunResult": "precision_nb.engine.trainer",
+    "fit": "precision_nb.engine.trainer",
+    "get_workload": "precision_nb.engine.workloads",
+    "WORKLOADS": "precision_nb.engine.workloads",
+    "compare": "precision_nb.engine.compare",
+    "Comparison": "precision_nb.engine.compare",
+    # views (loaded only when asked for)
+    "Panel": "precision_nb.views.panel",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'precision_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,1 @@
+"""Core: device and precision resolution, capabilities, autocast, grad scaler, AdamW."""

@@ -1,0 +1,1 @@
+"""Engine: workloads, the training loop, metrics, checkpoints and comparisons. No UI imports."""

@@ -1,0 +1,93 @@
+"""Hand-built run records that follow the engine's record schema (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def build_records(
+    label: str,
+    mode: str,
+    *,
+    steps: int = 10,
+    step_time_s: float = 0.01,
+    batch_size: int = 32,
+    tokens: int | None = None,
+    loss0: float = 2.0,
+    use_scaler: bool = False,
+    skipped_at: tuple[int, ...] = (),
+    memory_kind: str = "host_rss",
+    peak_bytes: int = 100 * 2**20,
+    mfu: float | None = 0.02,
+    fused: bool = True,
+    device: str = "cpu",
+) -> list[dict[str, Any]]:
+    """One record per step; loss decays, the scale halves at each skipped step."""
+    records = []
+    scale = 2.0**16 if use_scaler else None
+    skipped_total = 0
+    for step in range(1, steps + 1):
+        skipped = 1 if step in skipped_at else 0
+        skipped_total += skipped
+        if scale is not None and skipped:
+            scale /= 2
+        dtype = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}[mode]
+        flops = 1e9 / step_time_s
+        records.append(
+            {
+                "run": label,
+                "step": step,
+                "loss": loss0 * math.exp(-0.1 * step),
+                "loss_scale": scale,
+                "skipped": skipped,
+                "skipped_total": skipped_total,
+                "lr": 1e-3,
+                "step_time_s": step_time_s * (3.0 if step == 1 else 1.0),
+                "samples_per_s": batch_size / step_time_s,
+                "tokens_per_s": None if tokens is None else tokens / step_time_s,
+                "flops_per_s": flops,
+                "mfu": mfu,
+                "mfu_peak_source": None if mfu is None else "measured CPU matmul peak",
+                "memory_kind": memory_kind,
+                "memory_bytes": peak_bytes - 2**20,
+                "memory_peak_bytes": peak_bytes - (steps - step) * 2**10,
+                "memory_reserved_bytes": None,
+                "elapsed_s": step * step_time_s,
+                "mode": mode,
+                "dtype": dtype,
+                "use_scaler": use_scaler,
+                "autocast_enabled": mode != "fp32",
+                "device_type": device.split(":")[0],
+                "device": device,
+                "fused_adamw": fused,
+                "loss_scale_lab": False,
+            }
+        )
+    return records
+
+
+@pytest.fixture
+def make_records() -> Callable[..., list[dict[str, Any]]]:
+    return build_records
+
+
+@pytest.fixture
+def three_plans() -> list[dict[str, Any]]:
+    """fp32 at 10 ms/step, bf16 at 5 ms/step, fp16 (scaled, two skips) at 8 ms/step."""
+    return (
+        build_records("fp32", "fp32", step_time_s=0.010, peak_bytes=120 * 2**20)
+        + build_records("bf16", "bf16", step_time_s=0.005, loss0=2.1, peak_bytes=80 * 2**20)
+        + build_records(
+            "fp16",
+            "fp16",
+            step_time_s=0.008,
+            loss0=2.2,
+            use_scaler=True,
+            skipped_at=(3, 7),
+            peak_bytes=90 * 2**20,
+        )
+    )

@@ -1,0 +1,83 @@
+"""Records -> DataFrame and the per-plan summary, checked against the records themselves."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from precision_nb.views import tables as T
+
+
+def test_to_frame_keeps_every_record_and_key(three_plans):
+    frame = T.to_frame(three_plans)
+    assert len(frame) == len(three_plans)
+    assert set(three_plans[0]) <= set(frame.columns)
+    assert frame.loc[12, "loss"] == three_plans[12]["loss"]
+
+
+def test_to_frame_rejects_things_that_are_not_records():
+    with pytest.raises(TypeError, match="list of record dicts"):
+        T.to_frame(42)
+
+
+def test_summary_has_one_row_per_plan_and_the_documented_columns(three_plans):
+    table = T.summary(three_plans)
+    assert list(table.columns) == list(T.SUMMARY_COLUMNS)
+    assert table["run"].tolist() == ["fp32", "bf16", "fp16"]
+
+
+def test_summary_values_come_from_the_records(three_plans):
+    frame = pd.DataFrame(three_plans)
+    table = T.summary(three_plans).set_index("run")
+    for label in ("fp32", "bf16", "fp16"):
+        rows = frame[frame["run"] == label]
+        assert table.loc[label, "final_loss"] == rows["loss"].iloc[-1]
+        assert table.loc[label, "median_step_time_s"] == rows["step_time_s"].median()
+        assert table.loc[label, "samples_per_s"] == rows["samples_per_s"].median()
+        assert table.loc[label, "peak_memory_mib"] == rows["memory_peak_bytes"].max() / 2**20
+        assert table.loc[label, "skipped_steps"] == rows["skipped_total"].iloc[-1]
+        assert table.loc[label, "mode"] == label
+    fp32_loss = frame[frame["run"] == "fp32"]["loss"].iloc[-1]
+    assert table.loc["bf16", "final_loss_diff_vs_fp32"] == pytest.approx(
+        table.loc["bf16", "final_loss"] - fp32_loss
+    )
+    # Speedup: fp32 median step time 10 ms / bf16 5 ms; the slow first step does not count.
+    assert table.loc["bf16", "speedup_vs_fp32"] == pytest.approx(2.0)
+    assert table.loc["fp16", "speedup_vs_fp32"] == pytest.approx(1.25)
+    assert table.loc["fp32", "speedup_vs_fp32"] == pytest.approx(1.0)
+    assert table.loc["fp16", "skipped_steps"] == 2
+    assert table.loc["fp16", "use_scaler"]
+    assert table.loc["bf16", "dtype"] == "torch.bfloat16"
+    assert table.loc["fp32", "memory_kind"] == "host_rss"
+    assert math.isnan(table.loc["fp32", "tokens_per_s"])
+
+
+def test_summary_uses_the_comparison_drift_and_merged_requests(make_records):
+    fp32 = SimpleNamespace(records=make_records("fp32", "fp32"), plan=None, scale_history=[])
+    bf16 = SimpleNamespace(records=make_records("bf16", "bf16"), plan=None, scale_history=[])
+    comparison = SimpleNamespace(
+        results={"fp32": fp32, "bf16": bf16},
+        drift={"bf16": {"final_loss_diff": 0.125, "param_rel_diff": 0.003}},
+        merged={"fp16": "fp32"},
+    )
+    table = T.summary(comparison).set_index("run")
+    assert table.loc["bf16", "final_loss_diff_vs_fp32"] == 0.125
+    assert table.loc["bf16", "param_rel_diff_vs_fp32"] == 0.003
+    assert table.loc["fp32", "final_loss_diff_vs_fp32"] == 0.0
+    assert table.loc["fp32", "also_requested_as"] == "fp16"
+    assert table.loc["bf16", "also_requested_as"] == ""
+
+
+def test_summary_without_fp32_leaves_speedup_and_drift_empty(make_records):
+    table = T.summary(make_records("bf16", "bf16")).set_index("run")
+    assert math.isnan(table.loc["bf16", "speedup_vs_fp32"])
+    assert math.isnan(table.loc["bf16", "final_loss_diff_vs_fp32"])
+
+
+def test_summary_of_no_records_is_empty_with_columns():
+    table = T.summary([])
+    assert table.empty
+    assert list(table.columns) == list(T.SUMMARY_COLUMNS)

@@ -1,0 +1,142 @@
+"""Hints appear where the numbers show them, and each names its measurement."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from precision_nb.views.hints import Hint, hints, matmul_dims_not_multiple_of_8
+
+
+def _result(records, *, workload=None, explanation=None, outcome=None, history=None):
+    return SimpleNamespace(
+        records=records,
+        plan=None,
+        workload=workload or {},
+        explanation=explanation,
+        optimizer_outcome=outcome,
+        scale_history=history or [],
+    )
+
+
+def _comparison(**results):
+    return SimpleNamespace(results=results, drift=None, merged={})
+
+
+def _by_topic(found: list[Hint]) -> dict[str, list[Hint]]:
+    out: dict[str, list[Hint]] = {}
+    for hint in found:
+        out.setdefault(hint.topic, []).append(hint)
+    return out
+
+
+def test_payoff_says_faster_and_slower_with_the_speedup(make_records):
+    records = (
+        make_records("fp32", "fp32", step_time_s=0.010)
+        + make_records("bf16", "bf16", step_time_s=0.005)
+        + make_records("fp16", "fp16", step_time_s=0.020)
+    )
+    payoff = {h.run: h for h in _by_topic(hints(records))["payoff"]}
+    assert "paid off: 2.00x" in payoff["bf16"].message
+    assert "did not pay off: 0.50x" in payoff["fp16"].message
+    assert "fp32" not in payoff
+    assert all("speedup_vs_fp32" in h.measurement for h in payoff.values())
+
+
+def test_no_payoff_hint_without_a_fp32_baseline(make_records):
+    assert "payoff" not in _by_topic(hints(make_records("bf16", "bf16")))
+
+
+def test_overhead_hint_from_low_mfu_names_the_numbers(make_records):
+    records = make_records("fp32", "fp32", mfu=0.02) + make_records("bf16", "bf16", mfu=0.01)
+    (hint,) = _by_topic(hints(records))["overhead"]
+    assert hint.run == "all"
+    assert "2.0%" in hint.message and "1.0%" in hint.message
+    assert "measured CPU matmul peak" in hint.message
+    assert hint.measurement.startswith("mfu")
+
+
+def test_no_overhead_hint_when_mfu_is_high(make_records):
+    records = make_records("fp32", "fp32", mfu=0.6)
+    assert "overhead" not in _by_topic(hints(records))
+
+
+def test_overhead_without_peak_uses_flops_per_step(make_records):
+    records = make_records("fp32", "fp32", mfu=None, step_time_s=1.0)  # 1 GFLOP/s
+    comparison = _comparison(fp32=_result(records, workload={"flops_per_step": 2e6}))
+    (hint,) = _by_topic(hints(comparison))["overhead"]
+    assert "2.0 MFLOP per step" in hint.message
+    assert "no peak" in hint.measurement
+
+
+def test_dims_not_multiple_of_8():
+    dims = {"in_dim": 64, "hidden": 100, "classes": 10, "channels": [16, 20], "depth": 3}
+    assert matmul_dims_not_multiple_of_8(dims) == {"hidden": 100, "classes": 10, "channels[1]": 20}
+    assert matmul_dims_not_multiple_of_8({"d_model": 192, "heads": 6}) == {}
+    assert matmul_dims_not_multiple_of_8({"d_model": 60, "heads": 4}) == {
+        "d_model": 60,
+        "head_dim": 15,
+    }
+
+
+def test_dims_hint_only_for_mixed_plans(make_records):
+    dims = {"hidden": 100, "batch_size": 32}
+    only_fp32 = _comparison(fp32=_result(make_records("fp32", "fp32"), workload={"dims": dims}))
+    assert "dims" not in _by_topic(hints(only_fp32))
+    mixed = _comparison(
+        fp32=_result(make_records("fp32", "fp32"), workload={"dims": dims}),
+        bf16=_result(make_records("bf16", "bf16"), workload={"dims": dims}),
+    )
+    (hint,) = _by_topic(hints(mixed))["dims"]
+    assert hint.run == "bf16"
+    assert "hidden=100" in hint.message
+    assert hint.measurement == "workload dims"
+
+
+def test_bf16_emulated_from_capabilities(make_records):
+    caps = SimpleNamespace(
+        cuda_bf16_native=False, device_name="Tesla T4", compute_capability=(7, 5)
+    )
+    records = make_records("bf16", "bf16", device="cuda:0", memory_kind="cuda_allocated")
+    comparison = _comparison(bf16=_result(records, explanation=SimpleNamespace(capabilities=caps)))
+    (hint,) = _by_topic(hints(comparison))["bf16_emulated"]
+    assert "Tesla T4" in hint.message and "7.5" in hint.message
+    assert hint.measurement == "capabilities.cuda_bf16_native"
+    native = SimpleNamespace(cuda_bf16_native=True, device_name="A100", compute_capability=(8, 0))
+    comparison = _comparison(
+        bf16=_result(records, explanation=SimpleNamespace(capabilities=native))
+    )
+    assert "bf16_emulated" not in _by_topic(hints(comparison))
+
+
+def test_frequent_fp16_skips(make_records):
+    often = make_records("fp16", "fp16", use_scaler=True, skipped_at=(2, 4, 6))
+    (hint,) = _by_topic(hints(often))["skips"]
+    assert "3 of 13 optimizer attempts were skipped (23%)" in hint.message
+    assert hint.measurement == "skipped_total"
+    rare = make_records("fp16", "fp16", steps=100, use_scaler=True, skipped_at=(2,))
+    assert "skips" not in _by_topic(hints(rare))
+
+
+def test_fused_adamw_not_used_gives_the_outcome_reason(make_records):
+    outcome = SimpleNamespace(
+        requested=True, probed=False, used=False, reason="fused AdamW needs floating CUDA params"
+    )
+    comparison = _comparison(
+        fp32=_result(make_records("fp32", "fp32", fused=False), outcome=outcome),
+        bf16=_result(make_records("bf16", "bf16", fused=True)),
+    )
+    (hint,) = _by_topic(hints(comparison))["fused_adamw"]
+    assert hint.run == "fp32"
+    assert "fused requested" in hint.message
+    assert "floating CUDA params" in hint.message
+    assert "FusedOutcome" in hint.measurement
+    assert str(hint).startswith("[fp32] Fused AdamW was not used")
+
+
+def test_fused_hint_from_bare_records(make_records):
+    (hint,) = _by_topic(hints(make_records("fp32", "fp32", fused=False)))["fused_adamw"]
+    assert hint.measurement == "fused_adamw record field"
+
+
+def test_no_records_no_hints():
+    assert hints([]) == []

@@ -1,0 +1,142 @@
+"""Autocast contexts, grad scalers, and a check of the dtype autocast really computes in."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from precision_nb.core.plan import PrecisionPlan
+
+logger = logging.getLogger(__name__)
+
+
+def _legacy_autocast(plan: PrecisionPlan) -> Any:
+    """Device-specific autocast of older torch (before ``torch.autocast(device_type, dtype)``)."""
+    if plan.device_type == "cuda":
+        return torch.cuda.amp.autocast(dtype=plan.dtype)
+    if plan.device_type == "cpu":
+        return torch.cpu.amp.autocast(dtype=plan.dtype)
+    raise RuntimeError(
+        f"autocast: this torch has no torch.autocast(device_type, dtype) and no legacy autocast "
+        f"for device type {plan.device_type!r}"
+    )
+
+
+def autocast_context(plan: PrecisionPlan, device: Any = None) -> Any:
+    """``nullcontext()`` for fp32; ``torch.autocast(plan.device_type, dtype=plan.dtype)`` else.
+
+    ``device`` is accepted but not consulted (the plan's ``device_type`` controls the context, as
+    the spec says). Older torch whose ``torch.autocast`` is missing or rejects this signature gets
+    the legacy ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``; the fallback is logged.
+    """
+    if not plan.autocast_enabled or not plan.is_mixed_precision:
+        return contextlib.nullcontext()
+    autocast = getattr(torch, "autocast", None)
+    if autocast is not None:
+        try:
+            return autocast(device_type=plan.device_type, dtype=plan.dtype)
+        except TypeError as exc:
+            logger.warning(
+                "autocast_context: torch.autocast(device_type=%r, dtype=%s) not supported by "
+                "this torch (%s); using the legacy device-specific autocast",
+                plan.device_type,
+                plan.dtype,
+                exc,
+            )
+    else:
+        logger.warning("autocast_context: torch.autocast missing; using the legacy autocast")
+    return _legacy_autocast(plan)
+
+
+def make_grad_scaler(plan: PrecisionPlan, **scaler_kwargs: Any) -> Any:
+    """A GradScaler only for fp16 on CUDA (the spec), or for a loss-scale-lab CPU fp16 plan.
+
+    CUDA prefers ``torch.amp.GradScaler("cuda")`` and falls back to
+    ``torch.cuda.amp.GradScaler()`` for older torch (logged). A CPU plan with ``use_scaler``
+    only comes from ``PrecisionConfig(loss_scale_lab=True)`` and gets
+    ``torch.amp.GradScaler("cpu")``. Everything else returns ``None``. ``scaler_kwargs``
+    (``init_scale``, ``growth_interval``, ...) are passed on.
+    """
+    if not plan.use_scaler:
+        return None
+    if plan.mode != "fp16":
+        logger.warning("make_grad_scaler: a %s plan asks for a scaler; none is made", plan.mode)
+        return None
+    if plan.device_type == "cuda":
+        amp = getattr(torch, "amp", None)
+        scaler_cls = getattr(amp, "GradScaler", None) if amp is not None else None
+        if scaler_cls is not None:
+            try:
+                return scaler_cls("cuda", **scaler_kwargs)
+            except TypeError as exc:
+                logger.warning(
+                    "make_grad_scaler: torch.amp.GradScaler('cuda') not supported by this torch "
+                    "(%s); using torch.cuda.amp.GradScaler()",
+                    exc,
+                )
+        else:
+            logger.warning("make_grad_scaler: torch.amp.GradScaler missing; using torch.cuda.amp")
+        return torch.cuda.amp.GradScaler(**scaler_kwargs)
+    if plan.device_type == "cpu":
+        return torch.amp.GradScaler("cpu", **scaler_kwargs)
+    logger.warning(
+        "make_grad_scaler: no scaler for fp16 on %r (not in the resolution matrix)",
+        plan.device_type,
+    )
+    return None
+
+
+@dataclass(frozen=True)
+class AutocastCheck:
+    """The dtype a matmul really computed in under a plan's autocast context."""
+
+    requested_dtype: Any
+    computed_dtype: Any
+    ok: bool
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requested_dtype": str(self.requested_dtype),
+            "computed_dtype": None if self.computed_dtype is None else str(self.computed_dtype),
+            "ok": self.ok,
+            "detail": self.detail,
+        }
+
+
+def verify_autocast(plan: PrecisionPlan, device: Any = None) -> AutocastCheck:
+    """Run one small matmul under ``autocast_context(plan)`` on ``device`` and report its dtype.
+
+    ``device`` defaults to the plan's device type. Raises ``RuntimeError`` when tensors cannot be
+    placed on the device (absent hardware); a matmul that fails under autocast is reported as
+    ``ok=False`` with the error.
+    """
+    dev = torch.device(device if device is not None else plan.device_type)
+    try:
+        a = torch.randn(16, 16, device=dev)
+        b = torch.randn(16, 16, device=dev)
+    except (RuntimeError, AssertionError) as exc:
+        raise RuntimeError(f"verify_autocast: cannot place tensors on {dev}: {exc}") from exc
+    ctx = autocast_context(plan, dev)
+    try:
+        with ctx:
+            out = a @ b
+    except RuntimeError as exc:
+        return AutocastCheck(
+            plan.dtype, None, False, f"matmul on {dev} under {plan.mode} autocast raised: {exc}"
+        )
+    computed = out.dtype
+    ok = computed == plan.dtype
+    what = "autocast" if plan.autocast_enabled else "no autocast"
+    if ok:
+        detail = f"a 16x16 matmul on {dev} ({what}) computed in {computed}, as planned"
+    else:
+        detail = (
+            f"a 16x16 matmul on {dev} ({what}) computed in {computed}, but the plan says "
+            f"{plan.dtype}: the requested precision is not what runs"
+        )
+    return AutocastCheck(plan.dtype, computed, ok, detail)

@@ -1,0 +1,123 @@
+"""Run configuration from a YAML file, a YAML string or a dict (safe YAML loading only).
+
+```yaml
+device: auto            # or cpu, cuda, cuda:1, mps; or a section {requested: cuda}
+precision:
+  mode: auto            # auto | fp32 | bf16 | fp16 (float32/bfloat16/float16/half accepted)
+  dtype: fp16           # counts only when mode is auto
+  loss_scale_lab: false
+optimizer:
+  lr: 1.0e-3
+  betas: [0.9, 0.999]
+  eps: 1.0e-8
+  weight_decay: 0.01
+  fused: null           # null probes, true attempts, false disables
+```
+Unknown sections or keys raise ``ValueError`` naming them and the allowed ones.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precision_nb.core.device import normalize_device_request
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "device": ("requested",),
+    "precision": ("mode", "dtype", "loss_scale_lab"),
+    "optimizer": ("lr", "betas", "eps", "weight_decay", "fused"),
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Device request, precision request and optimizer settings of one run."""
+
+    device: str = "auto"
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device", normalize_device_request(self.device))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "precision": self.precision.to_dict(),
+            "optimizer": self.optimizer.to_dict(),
+        }
+
+
+def _check_keys(where: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = [str(k) for k in data if k not in allowed]
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(map(repr, allowed))}"
+        )
+
+
+def _section(name: str, value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"config.{name}: invalid value {value!r} ({type(value).__name__}); expected a "
+            f"mapping with keys {', '.join(map(repr, SECTIONS[name]))}"
+        )
+    _check_keys(f"config.{name}", value, SECTIONS[name])
+    return dict(value)
+
+
+def _read_source(source: Any) -> Any:
+    import yaml  # PyYAML only when a config is loaded
+
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, Path):
+        return yaml.safe_load(source.read_text(encoding="utf-8"))
+    if isinstance(source, str):
+        text = source.strip()
+        if "\n" not in text and (text.endswith((".yaml", ".yml")) or os.path.isfile(text)):
+            return yaml.safe_load(Path(text).read_text(encoding="utf-8"))
+        try:
+            return yaml.safe_load(source)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"config: not valid YAML: {exc}") from None
+    raise ValueError(
+        f"config: invalid value of type {type(source).__name__}; expected a YAML file path, "
+        "a YAML string or a dict"
+    )
+
+
+def load_config(source: Any) -> RunConfig:
+    """Load a :class:`RunConfig` from a YAML file path, a YAML string or a dict.
+
+    A missing file raises ``FileNotFoundError``; bad YAML, unknown sections/keys and bad values
+    raise ``ValueError`` naming the field, the value and what is allowed.
+    """
+    data = _read_source(source)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            f"config: expected a mapping with sections {', '.join(map(repr, SECTIONS))}, "
+            f"got {type(data).__name__} {data!r}"
+        )
+    _check_keys("config", data, tuple(SECTIONS))
+    device = data.get("device", "auto")
+    if isinstance(device, Mapping):
+        device = _section("device", device).get("requested", "auto")
+    precision = PrecisionConfig(**_section("precision", data.get("precision")))
+    optimizer = OptimizerConfig(**_section("optimizer", data.get("optimizer")))
+    return RunConfig(
+        device=normalize_device_request(device, "config.device"),
+        precision=precision,
+        optimizer=optimizer,
+    )

@@ -1,0 +1,313 @@
+"""AdamW building with an honest fused decision.
+
+``supports_fused_adamw(device)`` keeps the spec's contract: false off CUDA; on CUDA a zero-step
+fused AdamW on a one-element parameter, catching TypeError, RuntimeError and ValueError.
+
+``build_optimizer(model, config, device)`` does better than the spec, where a probe on a CUDA
+parameter could succeed while construction with the CPU-built model's parameters failed and fell
+back to plain AdamW silently. Here the model's parameters are moved to the training device
+*first* (``model.to(device)``, in place), the fused optimizer is built from those real parameters,
+and the outcome (requested, probed, used, reason) is attached to the optimizer as
+``optimizer.precision_nb_fused`` and logged as a warning when a requested fused build failed.
+
+``fused=None`` follows the spec (probe; fused only when the CUDA probe passes), so on CPU it gives
+plain AdamW even though torch also ships a CPU fused AdamW; ``fused=True`` attempts fused on any
+device, CPU included, and reports what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from precision_nb.core.device import normalize_device_request, resolve_device
+
+if TYPE_CHECKING:
+    from precision_nb.core.capabilities import Capabilities
+
+logger = logging.getLogger(__name__)
+
+#: Errors a fused AdamW construction raises when fused is not possible (the spec's list).
+FUSED_ERRORS = (TypeError, RuntimeError, ValueError)
+
+_FUSED_ALLOWED = "null/None (probe), true (attempt), false (disable)"
+
+
+def _number(name: str, value: Any, minimum: float, strict: bool) -> float:
+    # YAML reads "1e-3" (no dot) as a string, so numeric strings are accepted.
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    ok = number is not None and math.isfinite(number)
+    ok = ok and (number > minimum if strict else number >= minimum)
+    if not ok:
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise ValueError(
+            f"optimizer.{name}: invalid value {value!r} ({type(value).__name__}); "
+            f"allowed: a finite number {bound}"
+        )
+    return float(number)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW settings. ``fused``: None probes, True attempts, False disables."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    fused: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lr", _number("lr", self.lr, 0.0, strict=True))
+        object.__setattr__(self, "eps", _number("eps", self.eps, 0.0, strict=True))
+        wd = _number("weight_decay", self.weight_decay, 0.0, strict=False)
+        object.__setattr__(self, "weight_decay", wd)
+        betas = self.betas
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(
+                f"optimizer.betas: invalid value {betas!r}; allowed: two numbers in [0, 1)"
+            )
+        pair = tuple(_number("betas", b, 0.0, strict=False) for b in betas)
+        if any(b >= 1.0 for b in pair):
+            raise ValueError(
+                f"optimizer.betas: invalid value {betas!r}; allowed: two numbers in [0, 1)"
+            )
+        object.__setattr__(self, "betas", pair)
+        if self.fused is not None and not isinstance(self.fused, bool):
+            raise ValueError(
+                f"optimizer.fused: invalid value {self.fused!r} ({type(self.fused).__name__}); "
+                f"allowed: {_FUSED_ALLOWED}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["betas"] = list(self.betas)
+        return data
+
+
+@dataclass(frozen=True)
+class FusedOutcome:
+    """What happened to the fused AdamW request.
+
+    ``requested``: the config's ``fused`` (None/True/False). ``probed``: the spec's one-element
+    probe on the training device (None when no probe ran). ``used``: whether the optimizer is
+    fused. ``reason``: why, in words.
+    """
+
+    requested: bool | None
+    probed: bool | None
+    used: bool
+    reason: str
+    device: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _one_element_parameter(device: torch.device) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.zeros(1, device=device))
+
+
+def probe_fused_adamw(device: Any) -> tuple[bool, str]:
+    """Build a zero-step fused AdamW on a one-element parameter on ``device`` (any type).
+
+    Returns (ok, detail). Unlike :func:`supports_fused_adamw` this also probes CPU and MPS.
+    """
+    dev = torch.device(device)
+    try:
+        param = _one_element_parameter(dev)
+    except (RuntimeError, AssertionError) as exc:
+        return False, f"cannot place a parameter on {dev}: {type(exc).__name__}: {exc}"
+    try:
+        torch.optim.AdamW([param], fused=True)
+    except FUSED_ERRORS as exc:
+        return False, f"fused AdamW on {dev} failed: {type(exc).__name__}: {exc}"
+    return True, f"fused AdamW on a one-element {dev} parameter built"
+
+
+def supports_fused_adamw(device: Any) -> bool:
+    """The spec's probe: False off CUDA; on CUDA a zero-step fused AdamW on one element."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False
+    ok, detail = probe_fused_adamw(dev)
+    logger.debug("supports_fused_adamw(%s): %s", dev, detail)
+    return ok
+
+
+def describe_fused(
+    config: OptimizerConfig, device: torch.device, caps: Capabilities
+) -> tuple[str, str, bool]:
+    """The fused-AdamW decision for an explanation: (outcome, reason, fallback).
+
+    Real probes run only where they are cheap and truthful (the CPU, a present CUDA device);
+    simulated hardware is described, not probed.
+    """
+    fused = config.fused
+    kind = device.type
+    if fused is False:
+        return "plain AdamW", "optimizer.fused=false disables fused AdamW", False
+    real_cuda = kind == "cuda" and not caps.simulated and caps.cuda_available
+    if fused is None:
+        if kind == "cuda":
+            if real_cuda:
+                ok = supports_fused_adamw(device)
+                if ok:
+                    return (
+                        "fused AdamW",
+                        f"optimizer.fused=null probes: fused AdamW built on {device}; "
+                        "build_optimizer builds it again from the model's real parameters on "
+                        f"{device} and records the outcome",
+                        False,
+                    )
+                return (
+                    "plain AdamW",
+                    f"optimizer.fused=null probes: the fused AdamW probe on {device} failed, so "
+                    "plain AdamW is used",
+                    True,
+                )
+            return (
+                "fused AdamW (expected)",
+                "optimizer.fused=null probes on CUDA; simulated hardware is not probed - on a "
+                "real CUDA device build_optimizer probes and builds with the model's parameters",
+                False,
+            )
+        cpu_note = ""
+        if kind == "cpu":
+            ok, _ = probe_fused_adamw("cpu")
+            cpu_note = (
+                " torch's CPU fused AdamW exists"
+                + (" and works with this torch" if ok else " but failed with this torch")
+                + "; set optimizer.fused=true to use it."
+            )
+        return (
+            "plain AdamW",
+            f"optimizer.fused=null probes, and the spec's probe (supports_fused_adamw) is false "
+            f"off CUDA, so {kind} gets plain AdamW.{cpu_note}",
+            False,
+        )
+    # fused is True: attempted at build time on the model's real parameters
+    if kind == "cpu" or real_cuda:
+        ok, detail = probe_fused_adamw(device)
+        sim = " (probed with this machine's torch)" if caps.simulated else ""
+        if ok:
+            return (
+                "fused AdamW",
+                f"optimizer.fused=true attempts fused AdamW on {device}: {detail}{sim}; "
+                "build_optimizer builds it from the model's real parameters",
+                False,
+            )
+        return (
+            "plain AdamW",
+            f"optimizer.fused=true attempted fused AdamW on {device} but {detail}{sim}; "
+            "build_optimizer would fall back to plain AdamW and log a warning",
+            True,
+        )
+    return (
+        "fused AdamW (attempt)",
+        f"optimizer.fused=true attempts fused AdamW on {device} at build time; not probed here "
+        f"({'simulated hardware' if caps.simulated else 'device not probed'}); the outcome is "
+        "recorded on the optimizer",
+        False,
+    )
+
+
+def _as_optimizer_config(config: Any) -> OptimizerConfig:
+    if config is None:
+        return OptimizerConfig()
+    if isinstance(config, OptimizerConfig):
+        return config
+    raise ValueError(
+        f"optimizer: invalid value {config!r} ({type(config).__name__}); "
+        "expected an OptimizerConfig or None"
+    )
+
+
+def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.optim.Optimizer:
+    """Move ``model`` to ``device`` (in place) and build AdamW on its real parameters.
+
+    The fused decision is made with those parameters on that device, so probe and construction
+    cannot disagree unnoticed. The outcome is attached as ``optimizer.precision_nb_fused``
+    (:class:`FusedOutcome`); a requested (``fused=True``) fused build that fails is logged as a
+    warning and falls back to plain AdamW.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(
+            f"model: invalid value of type {type(model).__name__}; expected a torch.nn.Module"
+        )
+    cfg = _as_optimizer_config(config)
+    text = normalize_device_request(device)
+    dev = resolve_device(text) if text == "auto" else torch.device(text)
+    model.to(dev)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("model: has no trainable parameters (requires_grad=True) to optimize")
+    kwargs = {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+
+    def plain() -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, **kwargs)
+
+    def attempt() -> tuple[torch.optim.Optimizer | None, str]:
+        try:
+            return torch.optim.AdamW(params, fused=True, **kwargs), ""
+        except FUSED_ERRORS as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    optimizer: torch.optim.Optimizer | None
+    if cfg.fused is False:
+        optimizer = plain()
+        outcome = FusedOutcome(False, None, False, "optimizer.fused=false: plain AdamW", str(dev))
+    elif cfg.fused is None:
+        probed = supports_fused_adamw(dev)
+        if not probed:
+            if dev.type == "cuda":
+                reason = f"fused=None: the fused AdamW probe on {dev} failed; plain AdamW"
+            else:
+                reason = (
+                    f"fused=None: the spec's probe is false off CUDA, so {dev.type} gets plain "
+                    "AdamW (torch's CPU fused AdamW exists; fused=True attempts it)"
+                    if dev.type == "cpu"
+                    else f"fused=None: the spec's probe is false off CUDA; plain AdamW on {dev}"
+                )
+            optimizer = plain()
+            outcome = FusedOutcome(None, False, False, reason, str(dev))
+            logger.info("build_optimizer: %s", reason)
+        else:
+            optimizer, error = attempt()
+            if optimizer is None:
+                reason = (
+                    f"fused=None: the probe on {dev} passed but building fused AdamW from the "
+                    f"model's {len(params)} parameter tensors failed ({error}); plain AdamW"
+                )
+                logger.warning("build_optimizer: %s", reason)
+                optimizer = plain()
+                outcome = FusedOutcome(None, True, False, reason, str(dev))
+            else:
+                reason = f"fused=None: probe passed on {dev}; fused AdamW built on the real params"
+                outcome = FusedOutcome(None, True, True, reason, str(dev))
+    else:
+        optimizer, error = attempt()
+        if optimizer is None:
+            reason = (
+                f"fused=True: building fused AdamW on {dev} from the model's parameters failed "
+                f"({error}); plain AdamW is used instead"
+            )
+            logger.warning("build_optimizer: %s", reason)
+            optimizer = plain()
+            outcome = FusedOutcome(True, False, False, reason, str(dev))
+        else:
+            reason = f"fused=True: fused AdamW built on {dev} from the model's real parameters"
+            outcome = FusedOutcome(True, True, True, reason, str(dev))
+    optimizer.precision_nb_fused = outcome  # type: ignore[attr-defined]
+    return optimizer

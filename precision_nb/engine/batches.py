@@ -1,0 +1,188 @@
+"""Batch sources (iterable, DataLoader, callable) and model-output -> loss adapters.
+
+A batch is a tensor, a tuple/list of tensors ``(inputs, labels)`` or a mapping of tensors (the
+optional ``"labels"`` entry is kept out of the model call). The model output may be
+
+- a scalar loss tensor,
+- a mapping (or object) with a ``loss`` entry,
+- logits with labels from the batch: ``(N, C)`` logits with ``(N,)`` labels -> cross entropy;
+  ``(N, T, V)`` logits with ``(N, T)`` labels -> causal LM (position t predicts label t + 1, the
+  Hugging Face convention: labels are the input ids, the shift happens here).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+Batch = Any
+
+
+class BatchesExhausted(Exception):
+    """Raised by a one-shot batch source that has no more batches (handled by the trainer)."""
+
+
+def _check_batch(batch: Any, index: int) -> None:
+    ok = isinstance(batch, torch.Tensor)
+    if isinstance(batch, (tuple, list)):
+        ok = len(batch) > 0 and isinstance(batch[0], torch.Tensor)
+    elif isinstance(batch, Mapping):
+        ok = any(isinstance(v, torch.Tensor) for v in batch.values())
+    if not ok:
+        raise ValueError(
+            f"batch {index} has type {type(batch).__name__}; allowed: a tensor, a tuple/list "
+            "whose first item is a tensor (inputs, labels), or a mapping of tensors"
+        )
+
+
+class BatchSource:
+    """Hands out batches by global microbatch index, from a callable or a (re-)iterable."""
+
+    def __init__(self, batches: Any) -> None:
+        self._fn: Callable[[int], Any] | None = None
+        self._iterable: Iterable[Any] | None = None
+        self._it: Iterator[Any] | None = None
+        self.one_shot = False
+        if isinstance(batches, (torch.Tensor, str, bytes, Mapping)) or batches is None:
+            raise ValueError(
+                f"batches has type {type(batches).__name__}; allowed: an iterable of batches, "
+                "a DataLoader, or a callable taking the microbatch index"
+            )
+        if callable(batches) and not hasattr(batches, "__iter__"):
+            self._fn = batches
+        elif isinstance(batches, Iterable):
+            self._iterable = batches
+            self.one_shot = iter(batches) is batches  # generators / iterators cannot restart
+        else:
+            raise ValueError(
+                f"batches has type {type(batches).__name__}; allowed: an iterable of batches, "
+                "a DataLoader, or a callable taking the microbatch index"
+            )
+        self._served = 0
+
+    def get(self, index: int) -> Any:
+        """Return the batch for microbatch ``index`` (cycling through a re-iterable source)."""
+        if self._fn is not None:
+            batch = self._fn(index)
+        else:
+            batch = self._next()
+        if self._served == 0:
+            _check_batch(batch, index)
+        self._served += 1
+        return batch
+
+    def _next(self) -> Any:
+        assert self._iterable is not None
+        if self._it is None:
+            self._it = iter(self._iterable)
+        try:
+            return next(self._it)
+        except StopIteration:
+            if self.one_shot or self._served == 0:
+                if self._served == 0:
+                    raise ValueError("batches is empty: the source yielded no batch") from None
+                raise BatchesExhausted from None
+            self._it = iter(self._iterable)  # next epoch
+            try:
+                return next(self._it)
+            except StopIteration:
+                raise BatchesExhausted from None
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a batch to ``device`` (non-blocking; a no-op when already there)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device) for b in batch)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """Return ``(args, kwargs, labels)`` for the model call."""
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}, None
+    if isinstance(batch, (tuple, list)):
+        if len(batch) == 1:
+            return (batch[0],), {}, None
+        return tuple(batch[:-1]), {}, batch[-1]
+    kwargs = {k: v for k, v in batch.items() if k != "labels"}
+    return (), kwargs, batch.get("labels")
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """Sizes of one microbatch, taken from the first one: samples, tokens (LM only), signature."""
+
+    samples: int
+    tokens: int | None
+    signature: tuple[Any, ...]
+
+
+def batch_shape(batch: Any, task: str | None) -> BatchShape:
+    tensors = _tensors(batch)
+    first = tensors[0]
+    samples = int(first.shape[0]) if first.dim() > 0 else 1
+    tokens = None
+    if task == "causal_lm":
+        _, _, labels = split_batch(batch)
+        ref = labels if isinstance(labels, torch.Tensor) else first
+        tokens = int(ref.numel())
+    sig = tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
+    return BatchShape(samples, tokens, sig)
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    items = batch.values() if isinstance(batch, Mapping) else batch
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def output_to_loss(
+    output: Any, labels: Any, loss_fn: Callable[..., torch.Tensor] | None = None
+) -> tuple[torch.Tensor, str]:
+    """Turn a model output into ``(scalar loss, task)``; task is loss/classification/causal_lm."""
+    if loss_fn is not None:
+        n = len(inspect.signature(loss_fn).parameters)
+        return (loss_fn(output, labels) if n >= 2 else loss_fn(output)), "custom"
+    loss = None
+    logits = output
+    if isinstance(output, Mapping):
+        loss = output.get("loss")
+        logits = output.get("logits")
+    elif not isinstance(output, torch.Tensor) and hasattr(output, "loss"):
+        loss = getattr(output, "loss", None)
+        logits = getattr(output, "logits", None)
+    if isinstance(loss, torch.Tensor):
+        return loss, "loss"
+    if isinstance(logits, torch.Tensor) and logits.dim() == 0:
+        return logits, "loss"
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(
+            f"model output has type {type(output).__name__}; allowed: a scalar loss tensor, a "
+            "mapping with 'loss', or logits (with labels in the batch)"
+        )
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(
+            f"model returned logits of shape {tuple(logits.shape)} but the batch has no labels; "
+            "pass (inputs, labels), a mapping with 'labels', or a loss_fn"
+        )
+    if logits.dim() == 3 and labels.dim() == 2:
+        v = logits.shape[-1]
+        shifted = logits[:, :-1, :].reshape(-1, v)
+        return F.cross_entropy(shifted.float(), labels[:, 1:].reshape(-1)), "causal_lm"
+    if logits.dim() == 2 and labels.dim() == 1:
+        return F.cross_entropy(logits.float(), labels), "classification"
+    raise ValueError(
+        f"logits of shape {tuple(logits.shape)} with labels of shape {tuple(labels.shape)}: "
+        "allowed (N, C) with (N,) for classification or (N, T, V) with (N, T) for a causal LM; "
+        "pass loss_fn for anything else"
+    )

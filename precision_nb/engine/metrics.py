@@ -1,0 +1,190 @@
+"""Measurements: FLOPs per step (torch.utils.flop_counter), peak FLOP/s, memory probes.
+
+- :func:`count_step_flops` runs one microbatch forward + backward under ``FlopCounterMode`` and
+  restores everything it touched (grads, buffers, RNG), cached per model type, size and batch shape.
+- :func:`peak_flops` looks a GPU up in :data:`GPU_PEAK_TFLOPS` (datasheet, dense) or, on CPU,
+  measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`).
+- :class:`MemoryProbe` reads CUDA allocator / MPS / host RSS memory, only when asked (log time).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+log = logging.getLogger(__name__)
+
+# Dense (no sparsity) datasheet peaks in TFLOP/s; fp32 is the non-tensor-core rate (torch's
+# default matmul precision "highest" does not use TF32). Sources: NVIDIA datasheets / whitepapers
+# (A100, H100 SXM/PCIe, H200, L4, T4, GA102 and AD102 whitepapers), as also tabulated in
+# Lightning's lightning/fabric/utilities/throughput.py.
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "h200": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
+    "h100 sxm": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
+    "h100 pcie": {"float32": 51.0, "bfloat16": 756.5, "float16": 756.5},
+    "a100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},
+    "l4": {"float32": 30.3, "bfloat16": 121.0, "float16": 121.0},
+    "t4": {"float32": 8.1, "float16": 65.0},
+    "rtx 4090": {"float32": 82.6, "bfloat16": 165.2, "float16": 165.2},
+    "rtx 3090": {"float32": 35.6, "bfloat16": 71.0, "float16": 71.0},
+}
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak FLOP/s figure and where it came from (datasheet entry or CPU calibration)."""
+
+    flops_per_s: float
+    source: str
+
+
+def gpu_table_key(device_name: str) -> str | None:
+    """Map a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3') to a key of the peak table."""
+    name = device_name.lower()
+    if "h200" in name:
+        return "h200"
+    if "h100" in name:
+        return "h100 pcie" if ("pcie" in name or "hbm2e" in name) else "h100 sxm"
+    tokens = name.replace("-", " ").split()
+    for key in ("a100", "l4", "t4"):
+        if key in tokens:
+            return key
+    if "4090" in name:
+        return "rtx 4090"
+    if "3090" in name:
+        return "rtx 3090"
+    return None
+
+
+_CPU_PEAKS: dict[str, Peak] = {}
+
+
+def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.15) -> Peak:
+    """Measure this process's CPU matmul FLOP/s for ``dtype`` (best of short repeats; cached)."""
+    key = str(dtype).replace("torch.", "")
+    if key in _CPU_PEAKS:
+        return _CPU_PEAKS[key]
+    n = 512
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.mm(a, b)  # warm up
+    best = float("inf")
+    deadline = time.perf_counter() + seconds
+    reps = 4
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - t0) / reps)
+        if time.perf_counter() > deadline:
+            break
+    peak = Peak(
+        2.0 * n**3 / best, f"measured: CPU {key} matmul {n}x{n}, {torch.get_num_threads()} threads"
+    )
+    _CPU_PEAKS[key] = peak
+    log.info("CPU %s matmul peak %.2f GFLOP/s", key, peak.flops_per_s / 1e9)
+    return peak
+
+
+def compute_dtype(plan: Any) -> torch.dtype:
+    """The dtype the heavy arithmetic runs in: the autocast dtype, else float32."""
+    if getattr(plan, "autocast_enabled", False) and isinstance(plan.dtype, torch.dtype):
+        return plan.dtype
+    return torch.float32
+
+
+def peak_flops(device: torch.device, dtype: torch.dtype, calibrate: bool = True) -> Peak | None:
+    """Peak FLOP/s for ``device`` and ``dtype``; None when unknown (MPS, unlisted GPU or dtype)."""
+    name = str(dtype).replace("torch.", "")
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+        key = gpu_table_key(device_name)
+        tflops = GPU_PEAK_TFLOPS.get(key or "", {}).get(name)
+        if tflops is None:
+            return None
+        return Peak(tflops * 1e12, f"datasheet: {key} {name} dense ({device_name})")
+    if device.type == "cpu" and calibrate:
+        return calibrate_cpu_peak(dtype)
+    return None
+
+
+_FLOP_CACHE: dict[tuple[Any, ...], int] = {}
+
+
+def count_step_flops(
+    model: nn.Module, batch_signature: tuple[Any, ...], step: Callable[[], torch.Tensor]
+) -> int:
+    """FLOPs of one microbatch forward + backward (``step`` returns the loss), cached by shape.
+
+    The model's gradients, buffers (e.g. BatchNorm statistics) and the RNG state are restored, so
+    counting does not change what training does afterwards.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    key = (type(model).__qualname__, sum(p.numel() for p in params), batch_signature)
+    if key in _FLOP_CACHE:
+        return _FLOP_CACHE[key]
+    buffers = [b.detach().clone() for b in model.buffers()]
+    grads = [p.grad for p in params]
+    devices = [d for d in {p.device for p in params} if d.type == "cuda"]
+    with torch.random.fork_rng(devices=devices):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step().backward()
+        flops = int(counter.get_total_flops())
+    with torch.no_grad():
+        for b, saved in zip(model.buffers(), buffers, strict=True):
+            b.copy_(saved)
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    _FLOP_CACHE[key] = flops
+    return flops
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    kind: str  # "cuda_allocated" | "mps_allocated" | "host_rss"
+    current: int
+    peak: int
+    reserved: int | None
+
+
+class MemoryProbe:
+    """Memory of the training device, read only when :meth:`read` is called (at log time)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._process = psutil.Process()
+        self._peak = 0
+
+    @property
+    def kind(self) -> str:
+        return {"cuda": "cuda_allocated", "mps": "mps_allocated"}.get(self.device.type, "host_rss")
+
+    def reset(self) -> None:
+        """Start a new peak window (CUDA: allocator peak stats; elsewhere: sampled max)."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._peak = 0
+
+    def read(self) -> MemoryReading:
+        if self.device.type == "cuda":
+            return MemoryReading(
+                "cuda_allocated",
+                int(torch.cuda.memory_allocated(self.device)),
+                int(torch.cuda.max_memory_allocated(self.device)),
+                int(torch.cuda.max_memory_reserved(self.device)),
+            )
+        if self.device.type == "mps":
+            current = int(torch.mps.current_allocated_memory())
+        else:
+            current = int(self._process.memory_info().rss)
+        self._peak = max(self._peak, current)
+        return MemoryReading(self.kind, current, self._peak, None)

@@ -1,0 +1,684 @@
+"""The training loop: ``Trainer`` / ``fit()`` with autocast, grad scaling, accumulation and records.
+
+Lifecycle of one ``fit()`` call (the spec's trainer, plus what the project adds):
+
+1. a fresh grad scaler from ``make_grad_scaler(plan)``; scaler state from a checkpoint loaded
+   since the previous fit is restored into it (deferred restore);
+2. optimizer attempts in chunks that end at logging points, so a run never overshoots the
+   requested step count; each attempt runs K microbatches (loss / K), optional clipping after
+   ``scaler.unscale_``, one optimizer step, one LR-schedule step, ``zero_grad(set_to_none=True)``;
+3. losses, loss scales and grad norms stay on the device; at each logging point one host transfer
+   brings the chunk home; a step the scaler skipped (its scale went down) is recorded and not
+   counted; memory is read then too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from precision_nb.core.amp import autocast_context, make_grad_scaler
+from precision_nb.core.optim import OptimizerConfig, build_optimizer
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.resolution import explain_precision
+from precision_nb.engine import checkpoint as ckpt
+from precision_nb.engine.batches import (
+    BatchesExhausted,
+    BatchSource,
+    batch_shape,
+    output_to_loss,
+    split_batch,
+    to_device,
+)
+from precision_nb.engine.metrics import MemoryProbe, compute_dtype, count_step_flops, peak_flops
+from precision_nb.engine.results import (
+    DeviceOutOfMemoryError,
+    FitError,
+    NonFiniteLossError,
+    RunResult,
+)
+from precision_nb.engine.workloads import Workload, get_workload
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = ("constant", "cosine")
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"train.{name}: invalid value {value!r}; allowed: an integer >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Loop settings. Scaler settings apply to plans with a grad scaler (CUDA fp16, the lab)."""
+
+    steps: int = 20
+    accumulation: int = 1
+    log_every: int = 10
+    grad_clip: float | None = None
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    min_lr_ratio: float = 0.1
+    seed: int | None = 0
+    skip_nonfinite: bool = False
+    progress: bool = True
+    label: str | None = None
+    init_scale: float = 2.0**16
+    growth_interval: int = 2000
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    overflow_at_steps: tuple[int, ...] = ()
+    cuda_sync_debug: str | None = None
+    measure_peak: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_int("steps", self.steps)
+        _positive_int("accumulation", self.accumulation)
+        _positive_int("log_every", self.log_every)
+        _positive_int("warmup_steps", self.warmup_steps, 0)
+        _positive_int("growth_interval", self.growth_interval)
+        if self.grad_clip is not None and not (
+            isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0
+        ):
+            raise ValueError(
+                f"train.grad_clip: invalid value {self.grad_clip!r}; allowed: None or a number > 0"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"train.schedule: invalid value {self.schedule!r}; allowed: {SCHEDULES}"
+            )
+        if not 0.0 <= float(self.min_lr_ratio) <= 1.0:
+            raise ValueError(
+                f"train.min_lr_ratio: invalid value {self.min_lr_ratio!r}; allowed: [0, 1]"
+            )
+        if not (self.init_scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1):
+            raise ValueError(
+                f"train scaler settings invalid: init_scale={self.init_scale!r} (> 0), "
+                f"growth_factor={self.growth_factor!r} (> 1), "
+                f"backoff_factor={self.backoff_factor!r} (between 0 and 1)"
+            )
+        steps = tuple(self.overflow_at_steps)
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
+            raise ValueError(
+                f"train.overflow_at_steps: invalid value {self.overflow_at_steps!r}; "
+                "allowed: attempt numbers (integers >= 1)"
+            )
+        object.__setattr__(self, "overflow_at_steps", steps)
+        if self.cuda_sync_debug not in (None, "warn", "error"):
+            raise ValueError(
+                f"train.cuda_sync_debug: invalid value {self.cuda_sync_debug!r}; "
+                "allowed: None, 'warn', 'error'"
+            )
+
+
+def lr_factor(step: int, cfg: TrainConfig, total: int) -> float:
+    """LR multiplier for optimizer attempt ``step`` (0-based): warmup, then constant/cosine."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total - cfg.warmup_steps)
+    progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _move_model(model: nn.Module, device: torch.device) -> None:
+    """Move ``model`` to ``device``; on any failure move it back, so it is never half-moved."""
+    first = next(model.parameters(), None)
+    original = first.device if first is not None else torch.device("cpu")
+    try:
+        model.to(device)
+    except BaseException:
+        model.to(original)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise
+
+
+@dataclass
+class _Chunk:
+    """Device-side values of the attempts since the last host transfer."""
+
+    losses: list[torch.Tensor]
+    scales: list[torch.Tensor]
+    norms: list[torch.Tensor]
+    host_skips: list[int]  # attempt indices skipped on the host side (skip_nonfinite)
+    lrs: list[float]
+    first_attempt: int
+
+
+class Trainer:
+    """Trains ``model`` on ``batches`` under a resolved precision plan; see module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batches: Any,
+        *,
+        device: Any = "auto",
+        precision: PrecisionConfig | str | None = None,
+        optimizer: OptimizerConfig | None = None,
+        train: TrainConfig | None = None,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        workload_info: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError(
+                f"model {type(model).__name__} has no trainable parameters "
+                "(none with requires_grad=True); nothing to train"
+            )
+        self.train = train if train is not None else TrainConfig()
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(f"train has type {type(train).__name__}; allowed: TrainConfig or None")
+        self.precision = (
+            precision
+            if isinstance(precision, PrecisionConfig)
+            else PrecisionConfig(mode=precision if precision is not None else "auto")
+        )
+        self.optimizer_config = optimizer if optimizer is not None else OptimizerConfig()
+        self.explanation = explain_precision(
+            self.precision, device, optimizer=self.optimizer_config
+        )
+        self.plan = self.explanation.plan
+        self.device = torch.device(self.explanation.device)
+        self.model = model
+        self.source = batches if isinstance(batches, BatchSource) else BatchSource(batches)
+        self.loss_fn = loss_fn
+        self.workload_info = dict(workload_info or {})
+        _move_model(model, self.device)
+        self.optimizer = build_optimizer(model, self.optimizer_config, self.device)
+        self.optimizer_outcome = getattr(self.optimizer, "precision_nb_fused", None)
+        self.steps_done = 0
+        self.attempts_done = 0
+        self.microbatches_done = 0
+        self.scaler: Any = None
+        self._pending_scaler: dict[str, Any] | None = None
+        self._pending_events: list[str] = []
+        self._task: str | None = None
+        self.last_result: RunResult | None = None
+
+    # ----------------------------------------------------------------------------- helpers
+
+    @property
+    def lab(self) -> bool:
+        return bool(self.precision.loss_scale_lab and self.plan.use_scaler)
+
+    @property
+    def fused(self) -> bool:
+        return bool(getattr(self.optimizer_outcome, "used", False))
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        args, kwargs, labels = split_batch(batch)
+        with autocast_context(self.plan, self.device):
+            out = self.model(*args, **kwargs)
+            loss, task = output_to_loss(out, labels, self.loss_fn)
+        self._task = task
+        return loss
+
+    def _new_result(self, label: str) -> RunResult:
+        return RunResult(
+            label=label,
+            plan=self.plan,
+            explanation=self.explanation,
+            optimizer_outcome=self.optimizer_outcome,
+            device=str(self.device),
+        )
+
+    def _record_base(self, label: str) -> dict[str, Any]:
+        p = self.plan.to_dict()
+        return {
+            "run": label,
+            "mode": p["mode"],
+            "dtype": p["dtype"],
+            "use_scaler": p["use_scaler"],
+            "autocast_enabled": p["autocast_enabled"],
+            "device_type": p["device_type"],
+            "device": str(self.device),
+            "fused_adamw": self.fused,
+            "loss_scale_lab": self.lab,
+        }
+
+    # --------------------------------------------------------------------------- fitting
+
+    def fit(
+        self,
+        steps: int | None = None,
+        *,
+        callbacks: Sequence[Any] = (),
+        stop: Any = None,
+    ) -> RunResult:
+        """Run ``steps`` counted optimizer steps (default ``train.steps``); returns a RunResult.
+
+        ``callbacks``: objects with any of ``on_fit_start(result)``, ``on_log(record)``,
+        ``on_fit_end(result)``. ``stop``: a ``threading.Event``-like object (``is_set()``)
+        checked between steps; Ctrl-C stops the same way. Either way ``result.stopped`` is True
+        and every record made so far is kept.
+        """
+        cfg = self.train if steps is None else dataclasses.replace(self.train, steps=steps)
+        label = cfg.label or self.plan.mode + (" (loss-scale lab)" if self.lab else "")
+        result = self._new_result(label)
+        result.events.extend(self._pending_events)
+        self._pending_events = []
+        self.last_result = result
+        try:
+            self._fit(cfg, result, list(callbacks), stop)
+        except torch.OutOfMemoryError as exc:
+            raise self._oom(exc, cfg, result) from exc
+        except FitError:
+            raise
+        except BaseException as exc:
+            exc.precision_nb_result = result  # type: ignore[attr-defined]
+            raise
+        return result
+
+    def _oom(self, exc: BaseException, cfg: TrainConfig, result: RunResult) -> FitError:
+        probe = MemoryProbe(self.device)
+        peak = probe.read().peak
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        samples = self.workload_info.get("batch_size", "?")
+        msg = (
+            f"out of memory on {self.device} with plan {self.plan.mode} "
+            f"(dtype {self.plan.dtype}, scaler {self.plan.use_scaler}), batch size {samples} "
+            f"x {cfg.accumulation} microbatches, peak {peak / 2**20:.0f} MiB ({probe.kind}); "
+            "memory was released. Use a smaller preset or batch, more accumulation, or a "
+            "mixed-precision plan."
+        )
+        result.events.append(msg)
+        return DeviceOutOfMemoryError(msg, result)
+
+    def _setup_scaler(self, cfg: TrainConfig, result: RunResult) -> float | None:
+        kwargs = dict(
+            init_scale=cfg.init_scale,
+            growth_factor=cfg.growth_factor,
+            backoff_factor=cfg.backoff_factor,
+            growth_interval=cfg.growth_interval,
+        )
+        self.scaler = make_grad_scaler(self.plan, **kwargs) if self.plan.use_scaler else None
+        host_scale = cfg.init_scale if self.scaler is not None else None
+        if self._pending_scaler is not None:
+            if self.scaler is not None:
+                self.scaler.load_state_dict(self._pending_scaler)
+                host_scale = float(self._pending_scaler.get("scale", cfg.init_scale))
+                result.events.append(
+                    f"grad scaler state restored from checkpoint (scale {host_scale:g})"
+                )
+            else:
+                result.events.append(
+                    "checkpoint grad scaler state not used: this plan has no scaler"
+                )
+            self._pending_scaler = None
+        if cfg.overflow_at_steps and self.scaler is None:
+            result.events.append(
+                f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {self.plan.mode} has no "
+                "grad scaler (use fp16 on CUDA or "
+                "PrecisionConfig(mode='fp16', loss_scale_lab=True))"
+            )
+        return host_scale
+
+    def _fit(self, cfg: TrainConfig, result: RunResult, callbacks: list[Any], stop: Any) -> None:
+        if cfg.seed is not None and self.steps_done == 0 and self.attempts_done == 0:
+            torch.manual_seed(cfg.seed)
+        host_scale = self._setup_scaler(cfg, result)
+        probe = MemoryProbe(self.device)
+        probe.reset()
+        # first microbatch: shape, FLOPs (once per workload + shape), reused as microbatch 0
+        first = to_device(self.source.get(self.microbatches_done), self.device)
+        self._peeked: tuple[int, Any] | None = (self.microbatches_done, first)
+        flops_mb = count_step_flops(
+            self.model, batch_shape(first, None).signature, lambda: self._loss(first)
+        )
+        shape = batch_shape(first, self._task)
+        flops_step = flops_mb * cfg.accumulation
+        peak = peak_flops(self.device, compute_dtype(self.plan), calibrate=cfg.measure_peak)
+        params = sum(p.numel() for p in self.model.parameters())
+        result.workload = {
+            "name": self.workload_info.get("name", type(self.model).__name__),
+            "preset": self.workload_info.get("preset"),
+            "batch_size": shape.samples,
+            "accumulation": cfg.accumulation,
+            "params": params,
+            "flops_per_step": flops_step,
+            "flops_source": "torch.utils.flop_counter (one microbatch forward+backward x K)",
+            "peak_flops_per_s": peak.flops_per_s if peak else None,
+            "peak_source": peak.source if peak else None,
+            "task": self._task,
+            "dims": self.workload_info.get("dims", {}),
+        }
+        if peak is None:
+            result.events.append(f"no peak FLOP/s known for {self.device}: mfu is None")
+        for cb in callbacks:
+            if hasattr(cb, "on_fit_start"):
+                cb.on_fit_start(result)
+        base = self._record_base(result.label)
+        params_list = [p for p in self.model.parameters() if p.requires_grad]
+        overflow = set(cfg.overflow_at_steps) if self.scaler is not None else set()
+        total_sched = self.attempts_done + cfg.steps
+        for group in self.optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        base_lrs = [g["initial_lr"] for g in self.optimizer.param_groups]
+        bar = tqdm(
+            total=cfg.steps, desc=result.label, unit="step", disable=not cfg.progress, leave=False
+        )
+        sync_mode = cfg.cuda_sync_debug if self.device.type == "cuda" else None
+        old_sync_mode = torch.cuda.get_sync_debug_mode() if sync_mode else 0
+
+        counted = 0
+        interval = dict(attempts=0, skipped=0, losses=[], lr=None, norm=None, t=time.perf_counter())
+        t_start = interval["t"]
+        K = cfg.accumulation
+        stop_reason: str | None = None
+
+        def emit(now: float) -> None:
+            n = interval["attempts"]
+            if n == 0:
+                return
+            dt = max(now - interval["t"], 1e-12)
+            finite = [v for v in interval["losses"] if math.isfinite(v)]
+            mem = probe.read()
+            rec = dict(base)
+            fps = flops_step * n / dt
+            rec.update(
+                step=self.steps_done,
+                loss=sum(finite) / len(finite) if finite else float("nan"),
+                loss_scale=host_scale,
+                skipped=interval["skipped"],
+                skipped_total=result.skipped_total,
+                lr=interval["lr"],
+                grad_norm=interval["norm"],
+                step_time_s=dt / n,
+                samples_per_s=shape.samples * K * n / dt,
+                tokens_per_s=shape.tokens * K * n / dt if shape.tokens else None,
+                flops_per_s=fps,
+                mfu=fps / peak.flops_per_s if peak else None,
+                mfu_peak_source=peak.source if peak else None,
+                memory_kind=mem.kind,
+                memory_bytes=mem.current,
+                memory_peak_bytes=mem.peak,
+                memory_reserved_bytes=mem.reserved,
+                elapsed_s=now - t_start,
+            )
+            result.records.append(rec)
+            interval.update(attempts=0, skipped=0, losses=[], t=time.perf_counter())
+            for cb in callbacks:
+                if hasattr(cb, "on_log"):
+                    cb.on_log(rec)
+
+        def flush(chunk: _Chunk) -> int:
+            """One host transfer for the chunk; returns the number of counted steps."""
+            nonlocal host_scale
+            n = len(chunk.losses)
+            if n == 0:
+                return 0
+            if sync_mode:
+                torch.cuda.set_sync_debug_mode(0)
+            parts = [torch.stack(chunk.losses).double()]
+            if chunk.scales:
+                parts.append(torch.stack(chunk.scales).double())
+            if chunk.norms:
+                parts.append(torch.stack(chunk.norms).double())
+            flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
+            if sync_mode:
+                torch.cuda.set_sync_debug_mode(sync_mode)
+            losses = [v / K for v in flat[:n]]
+            scales = flat[n : 2 * n] if chunk.scales else [None] * n
+            norms = flat[-n:] if chunk.norms else [None] * n
+            good = 0
+            for i in range(n):
+                attempt = chunk.first_attempt + i + 1
+                before = host_scale
+                after = scales[i]
+                skipped = (after is not None and before is not None and after < before) or (
+                    attempt in chunk.host_skips
+                )
+                host_scale = after if after is not None else host_scale
+                if not skipped and not math.isfinite(losses[i]):
+                    step = self.steps_done + good + 1
+                    interval["attempts"] += i
+                    self.steps_done += good
+                    result.steps += good
+                    emit(time.perf_counter())
+                    msg = (
+                        f"loss became {losses[i]} at step {step} (plan {self.plan.mode} on "
+                        f"{self.device}, no grad scaler to skip it); lower the learning rate, "
+                        "check the data, or pass TrainConfig(skip_nonfinite=True) to skip them"
+                    )
+                    result.events.append(msg)
+                    raise NonFiniteLossError(msg, result, step)
+                good += 0 if skipped else 1
+                result.scale_history.append(
+                    dict(
+                        step=self.steps_done + good,
+                        attempt=attempt,
+                        loss_scale=before,
+                        skipped=bool(skipped),
+                    )
+                )
+                interval["losses"].append(losses[i])
+                if skipped:
+                    interval["skipped"] += 1
+                    result.skipped_total += 1
+            interval["attempts"] += n
+            interval["lr"] = chunk.lrs[-1]
+            interval["norm"] = norms[-1]
+            result.attempts += n
+            self.steps_done += good
+            result.steps += good
+            return good
+
+        if sync_mode:
+            torch.cuda.set_sync_debug_mode(sync_mode)
+        try:
+            while counted < cfg.steps and stop_reason is None:
+                want = min(cfg.steps - counted, cfg.log_every - counted % cfg.log_every)
+                chunk = _Chunk([], [], [], [], [], self.attempts_done)
+                try:
+                    for _ in range(want):
+                        if stop is not None and stop.is_set():
+                            stop_reason = "stopped by request"
+                            break
+                        self._attempt(chunk, cfg, params_list, overflow, base_lrs, total_sched)
+                except KeyboardInterrupt:
+                    stop_reason = "interrupted (KeyboardInterrupt)"
+                    self.optimizer.zero_grad(set_to_none=True)
+                except BatchesExhausted:
+                    stop_reason = "batch source ran out"
+                good = flush(chunk)
+                counted += good
+                bar.update(good)
+                if counted % cfg.log_every == 0 or counted >= cfg.steps or stop_reason:
+                    emit(time.perf_counter())
+        finally:
+            if sync_mode:
+                torch.cuda.set_sync_debug_mode(old_sync_mode)
+            bar.close()
+        if stop_reason is not None:
+            result.stopped = True
+            result.events.append(f"{stop_reason} after {counted} of {cfg.steps} steps")
+        result.seconds = time.perf_counter() - t_start
+        finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
+        result.final_loss = finite[-1] if finite else None
+        for cb in callbacks:
+            if hasattr(cb, "on_fit_end"):
+                cb.on_fit_end(result)
+
+    def _attempt(
+        self,
+        chunk: _Chunk,
+        cfg: TrainConfig,
+        params: list[nn.Parameter],
+        overflow: set[int],
+        base_lrs: list[float],
+        total_sched: int,
+    ) -> None:
+        """One optimizer attempt: K microbatches, (unscale, clip,) step, schedule, zero_grad."""
+        opt, scaler, K = self.optimizer, self.scaler, cfg.accumulation
+        factor = lr_factor(self.attempts_done, cfg, total_sched)
+        for group, lr in zip(opt.param_groups, base_lrs, strict=True):
+            group["lr"] = lr * factor
+        acc = None
+        for _ in range(K):
+            index = self.microbatches_done
+            peeked = self._peeked
+            if peeked is not None and peeked[0] == index:
+                batch = peeked[1]
+                self._peeked = None
+            else:
+                batch = to_device(self.source.get(index), self.device)
+            loss = self._loss(batch)
+            self.microbatches_done += 1
+            d = loss.detach()
+            acc = d if acc is None else acc + d
+            scaled = loss / K
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        self.attempts_done += 1
+        attempt = self.attempts_done
+        if attempt in overflow:  # teaching: a real overflow the real scaler must catch
+            next(p for p in params if p.grad is not None).grad.view(-1)[0] = float("inf")
+        skip_host = False
+        if cfg.skip_nonfinite and scaler is None:
+            skip_host = not bool(torch.isfinite(acc))  # opt-in: one host sync per step
+        if scaler is not None:
+            if cfg.grad_clip is not None:
+                scaler.unscale_(opt)
+                chunk.norms.append(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            scaler.step(opt)
+            scaler.update()
+            chunk.scales.append(scaler._scale.clone())  # on device; no get_scale() (.item())
+        elif skip_host:
+            chunk.host_skips.append(attempt)
+            if cfg.grad_clip is not None:
+                chunk.norms.append(torch.zeros((), device=self.device))
+        else:
+            if cfg.grad_clip is not None:
+                chunk.norms.append(nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        chunk.losses.append(acc)
+        chunk.lrs.append(opt.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain state for a checkpoint (scaler state: the last fit's scaler, or a pending one)."""
+        scaler_state = self._pending_scaler
+        if self.scaler is not None:
+            scaler_state = self.scaler.state_dict()
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": scaler_state,
+            "counters": {
+                "steps": self.steps_done,
+                "attempts": self.attempts_done,
+                "microbatches": self.microbatches_done,
+            },
+            "rng": ckpt.rng_state(),
+            "plan": self.plan.to_dict(),
+        }
+
+    def save_checkpoint(self, path: Any) -> Any:
+        """Write model, optimizer, scaler, counters, RNG and plan to ``path``."""
+        return ckpt.save_checkpoint(path, self.state_dict())
+
+    def load_checkpoint(self, path: Any) -> None:
+        """Restore a checkpoint; the grad scaler state is restored into the next fit's scaler."""
+        payload = ckpt.load_checkpoint(path, map_location=self.device)
+        own = self.model.state_dict()
+        theirs = payload["model"]
+        bad = sorted(set(own) ^ set(theirs))
+        bad += [k for k in own if k in theirs and tuple(own[k].shape) != tuple(theirs[k].shape)]
+        if bad:
+            raise ValueError(
+                f"checkpoint {str(path)!r} does not fit model {type(self.model).__name__}: "
+                f"mismatched entries {bad[:5]}{' ...' if len(bad) > 5 else ''}; nothing was loaded"
+            )
+        self.model.load_state_dict(theirs)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        counters = payload["counters"]
+        self.steps_done = int(counters["steps"])
+        self.attempts_done = int(counters["attempts"])
+        self.microbatches_done = int(counters["microbatches"])
+        ckpt.restore_rng(payload["rng"])
+        self._pending_scaler = payload["scaler"]
+        if payload["plan"] != self.plan.to_dict():
+            self._pending_events.append(
+                f"checkpoint was written under plan {payload['plan'].get('mode')!r}; "
+                f"continuing under plan {self.plan.mode!r}"
+            )
+
+
+def fit(
+    model: nn.Module | Workload | str,
+    batches: Any = None,
+    *,
+    preset: str = "tiny",
+    device: Any = "auto",
+    precision: PrecisionConfig | str | None = None,
+    optimizer: OptimizerConfig | None = None,
+    train: TrainConfig | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    **train_options: Any,
+) -> RunResult:
+    """Train once and return the :class:`RunResult`.
+
+    ``model``: an ``nn.Module`` (with ``batches``), a :class:`Workload`, or a built-in workload
+    name (with ``preset``). Extra keyword arguments are :class:`TrainConfig` fields
+    (``fit("mlp", steps=50, accumulation=2)``).
+    """
+    info: dict[str, Any] = {}
+    if isinstance(model, str):
+        model = get_workload(model, preset)
+    if isinstance(model, Workload):
+        wl = model
+        seed = (train.seed if train else train_options.get("seed", 0)) or 0
+        torch.manual_seed(seed)
+        model = wl.make_model()
+        info = dict(wl.info)
+        if batches is None:
+            batches = _workload_batches(wl, device)
+    if batches is None:
+        raise ValueError("batches is None; pass batches for your own model (or a workload name)")
+    cfg = train if train is not None else TrainConfig()
+    if train_options:
+        try:
+            cfg = dataclasses.replace(cfg, **train_options)
+        except TypeError as exc:
+            fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+            raise ValueError(f"{exc}; TrainConfig fields: {fields}") from None
+    trainer = Trainer(
+        model,
+        batches,
+        device=device,
+        precision=precision,
+        optimizer=optimizer,
+        train=cfg,
+        loss_fn=loss_fn,
+        workload_info=info,
+    )
+    return trainer.fit(callbacks=list(callbacks), stop=stop)
+
+
+def _workload_batches(wl: Workload, device: Any) -> Callable[[int], Any]:
+    """Batches for a workload, placed on the device the trainer will resolve."""
+    from precision_nb.core.device import resolve_device
+
+    return wl.make_batches(resolve_device(device))

@@ -241,8 +241,11 @@ def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
         skipped = int(row.get("skipped_steps") or 0)
         if not row.get("use_scaler") or skipped == 0:
             continue
-        history = getattr(results.get(label), "scale_history", None)
-        attempts = len(history) if history else int(row.get("steps") or 0) + skipped
+        result = results.get(label)
+        history = getattr(result, "scale_history", None)
+        attempts = getattr(result, "attempts", None) or (
+            len(history) if history else int(row.get("steps") or 0) + skipped
+        )
         fraction = skipped / attempts if attempts else 0.0
         if fraction <= SKIP_FRACTION:
             continue

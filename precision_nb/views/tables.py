@@ -69,6 +69,9 @@ def results_of(source: Any) -> dict[str, Any]:
 
 
 def _label_of(result: Any) -> str:
+    label = getattr(result, "label", None)
+    if isinstance(label, str) and label:
+        return label
     records = getattr(result, "records", None) or []
     if records and "run" in records[0]:
         return str(records[0]["run"])

@@ -1,0 +1,524 @@
+"""The profile report: CSVs, PNG figures and a self-contained ``report.html``.
+
+:func:`render_html` turns a ``Comparison`` into one HTML page with the figures embedded as base64
+PNG, the plans with their explanations, the summary table, the hints and the events.
+:func:`write_report` writes every output file into a folder; :func:`profile` validates its
+arguments, runs the engine's comparison and writes the folder atomically (``precision-nb profile``).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import logging
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from precision_nb.views import figures as F
+from precision_nb.views.hints import Hint, hints
+from precision_nb.views.tables import results_of, scale_histories, summary, to_frame
+
+__all__ = [
+    "FIGURES",
+    "OUTPUT_FILES",
+    "ProfileOutput",
+    "ProfileRequest",
+    "make_figures",
+    "parse_modes",
+    "profile",
+    "render_html",
+    "run_profile",
+    "validate_request",
+    "write_report",
+]
+
+log = logging.getLogger(__name__)
+
+#: Figure file stem -> figure function; every one is written as ``<stem>.png``.
+FIGURES: dict[str, Callable[..., Figure]] = {
+    "dashboard": F.dashboard_figure,
+    "loss": F.loss_figure,
+    "loss_scale": F.loss_scale_figure,
+    "throughput": F.throughput_figure,
+    "memory": F.memory_figure,
+}
+
+#: Every file :func:`write_report` writes.
+OUTPUT_FILES = ("metrics.csv", "summary.csv", *(f"{s}.png" for s in FIGURES), "report.html")
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;
+max-width:1100px;padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+img{max-width:100%;height:auto}.swatch{display:inline-block;width:.9em;height:.9em;
+border-radius:2px;margin-right:.35em;vertical-align:-.1em}
+.hint{margin:.3em 0}.measure{color:#666;font-size:.88em}.merged{background:#fff8e1;
+padding:.5em .8em;border-left:4px solid #f0ad4e}.scroll{overflow-x:auto}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
+"""
+
+
+def make_figures(comparison: Any, *, colors: Mapping[str, str] | None = None) -> dict[str, Figure]:
+    """Every report figure for ``comparison`` (stem -> Figure), one colour map for all."""
+    frame = to_frame(comparison)
+    colors = colors or F.plan_colors(list(dict.fromkeys(frame["run"].tolist())))
+    histories = scale_histories(comparison)
+    out: dict[str, Figure] = {}
+    for stem, make in FIGURES.items():
+        if make in (F.loss_scale_figure, F.dashboard_figure):
+            out[stem] = make(frame, colors=colors, histories=histories)
+        else:
+            out[stem] = make(frame, colors=colors)
+    return out
+
+
+def write_report(
+    comparison: Any,
+    out_dir: str | Path,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    title: str = "precision_nb profile",
+) -> dict[str, Path]:
+    """Write metrics.csv, summary.csv, one PNG per figure and report.html into ``out_dir``.
+
+    ``out_dir`` must exist. Returns file name -> path for every file written.
+    """
+    out_dir = Path(out_dir)
+    frame = to_frame(comparison)
+    table = summary(comparison)
+    written: dict[str, Path] = {}
+
+    def _write(name: str, data: bytes | str) -> None:
+        path = out_dir / name
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            path.write_text(data, encoding="utf-8")
+        written[name] = path
+
+    frame.to_csv(out_dir / "metrics.csv", index=False)
+    written["metrics.csv"] = out_dir / "metrics.csv"
+    table.to_csv(out_dir / "summary.csv", index=False)
+    written["summary.csv"] = out_dir / "summary.csv"
+    pngs = {stem: F.figure_to_png(fig) for stem, fig in make_figures(comparison).items()}
+    for stem, png in pngs.items():
+        _write(f"{stem}.png", png)
+    _write(
+        "report.html",
+        render_html(comparison, settings=settings, title=title, pngs=pngs, table=table),
+    )
+    log.info("wrote %d files into %s", len(written), out_dir)
+    return written
+
+
+# ----------------------------------------------------------------------------- HTML
+
+
+def render_html(
+    comparison: Any,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    title: str = "precision_nb profile",
+    pngs: Mapping[str, bytes] | None = None,
+    table: Any = None,
+    hint_list: Sequence[Hint] | None = None,
+) -> str:
+    """A self-contained HTML page (no external files or scripts) for ``comparison``."""
+    e = html.escape
+    results = results_of(comparison)
+    if pngs is None:
+        pngs = {stem: F.figure_to_png(fig) for stem, fig in make_figures(comparison).items()}
+    if table is None:
+        table = summary(comparison)
+    if hint_list is None:
+        hint_list = hints(comparison)
+    colors = F.plan_colors(list(results) or table["run"].tolist())
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        f'<p class="measure">Generated {e(stamp)} by precision_nb.</p>',
+        _settings_html(comparison, settings),
+        _merged_html(comparison),
+        "<h2>Hints</h2>",
+        _hints_html(hint_list),
+        "<h2>Figures</h2>",
+    ]
+    for stem, png in pngs.items():
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(
+            f'<figure><img alt="{e(stem)} figure" data-figure="{e(stem)}" '
+            f'src="data:image/png;base64,{data}"></figure>'
+        )
+    parts += ["<h2>Summary</h2>", _table_html(table, colors)]
+    parts += ["<h2>Plans and why they resolved that way</h2>", _plans_html(results, colors)]
+    parts += ["<h2>Events</h2>", _events_html(comparison, results)]
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+            return f"{value:.3g}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _settings_html(comparison: Any, settings: Mapping[str, Any] | None) -> str:
+    e = html.escape
+    rows: dict[str, Any] = dict(settings or {})
+    for result in results_of(comparison).values():
+        info = getattr(result, "workload", None) or {}
+        for key in ("name", "preset", "batch_size", "params", "flops_per_step"):
+            if key in info and f"workload {key}" not in rows:
+                rows[f"workload {key}"] = info[key]
+        if "dims" in info and "workload dims" not in rows:
+            dims = info["dims"]
+            rows["workload dims"] = ", ".join(f"{k}={v}" for k, v in dims.items())
+        break
+    if not rows:
+        return ""
+    body = "".join(f"<tr><th>{e(str(k))}</th><td>{e(_fmt(v))}</td></tr>" for k, v in rows.items())
+    return f"<h2>Settings</h2><table>{body}</table>"
+
+
+def _merged_html(comparison: Any) -> str:
+    e = html.escape
+    merged = getattr(comparison, "merged", None) or {}
+    moved = {req: run for req, run in merged.items() if req != run}
+    if not moved:
+        return ""
+    results = results_of(comparison)
+    items = []
+    for request, run in moved.items():
+        result = results.get(run)
+        plan = getattr(getattr(result, "explanation", None), "summary", None)
+        plan_text = f" ({plan()})" if callable(plan) else ""
+        reasons = _merge_reasons(comparison, request)
+        items.append(
+            f"<li><b>{e(request)}</b> resolved to the same plan as <b>{e(run)}</b>"
+            f"{e(plan_text)}, so it was run once.{reasons}</li>"
+        )
+    return (
+        '<div class="merged"><b>Requests merged</b> (same resolved plan, same seed: running '
+        f"them twice would only measure noise)<ul>{''.join(items)}</ul></div>"
+    )
+
+
+def _merge_reasons(comparison: Any, request: str) -> str:
+    """The fallback decisions behind a merged request, when the comparison kept them."""
+    explanations = getattr(comparison, "explanations", None) or {}
+    explanation = explanations.get(request) if isinstance(explanations, Mapping) else None
+    decisions = getattr(explanation, "fallbacks", None) or ()
+    if not decisions:
+        return ""
+    reasons = "; ".join(f"{d.field} → {d.outcome}: {d.reason}" for d in decisions)
+    return f" Why: {html.escape(reasons)}"
+
+
+def _hints_html(hint_list: Sequence[Hint]) -> str:
+    e = html.escape
+    if not hint_list:
+        return "<p>No hint: nothing in the measurements stands out.</p>"
+    items = "".join(
+        f'<li class="hint" data-topic="{e(h.topic)}"><b>{e(h.run)}</b>: {e(h.message)} '
+        f'<span class="measure">(measured: {e(h.measurement)})</span></li>'
+        for h in hint_list
+    )
+    return f"<ul>{items}</ul>"
+
+
+def _table_html(table: Any, colors: Mapping[str, str]) -> str:
+    e = html.escape
+    columns = list(table.columns)
+    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    body = []
+    for row in table.to_dict("records"):
+        cells = []
+        for c in columns:
+            value = row[c]
+            text = e(_fmt(value))
+            if c == "run":
+                swatch = colors.get(str(value), "#999")
+                cells.append(
+                    f'<td><span class="swatch" style="background:{swatch}"></span>{text}</td>'
+                )
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                cells.append(f'<td class="num">{text}</td>')
+            else:
+                cells.append(f"<td>{text}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return (
+        f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+
+
+def _plans_html(results: Mapping[str, Any], colors: Mapping[str, str]) -> str:
+    e = html.escape
+    parts = []
+    for label, result in results.items():
+        swatch = colors.get(label, "#999")
+        parts.append(f'<h3><span class="swatch" style="background:{swatch}"></span>{e(label)}</h3>')
+        explanation = getattr(result, "explanation", None)
+        if explanation is None:
+            parts.append(f"<p>Plan: {e(str(getattr(result, 'plan', '')))}</p>")
+        elif hasattr(explanation, "_repr_html_"):
+            parts.append(f'<div class="scroll explanation">{explanation._repr_html_()}</div>')
+        else:
+            parts.append(f"<pre>{e(str(explanation))}</pre>")
+        outcome = getattr(result, "optimizer_outcome", None)
+        if outcome is not None:
+            parts.append(
+                "<p><b>AdamW:</b> fused "
+                f"{'used' if getattr(outcome, 'used', False) else 'not used'}"
+                f" — {e(str(getattr(outcome, 'reason', '')))}</p>"
+            )
+    return "\n".join(parts) if parts else "<p>No run.</p>"
+
+
+def _events_html(comparison: Any, results: Mapping[str, Any]) -> str:
+    e = html.escape
+    items = [f"<li>{e(str(ev))}</li>" for ev in getattr(comparison, "events", None) or []]
+    seen = {str(ev) for ev in getattr(comparison, "events", None) or []}
+    for label, result in results.items():
+        for ev in getattr(result, "events", None) or []:
+            if str(ev) not in seen:
+                items.append(f"<li><b>{e(label)}</b>: {e(str(ev))}</li>")
+    if not items:
+        return "<p>No event: no fallback, warning or stop happened.</p>"
+    return f"<ul>{''.join(items)}</ul>"
+
+
+# ----------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """A validated ``profile`` request (every field checked before anything runs)."""
+
+    workload: str
+    preset: str
+    modes: tuple[str, ...]
+    device: str
+    steps: int | None
+    accumulation: int
+    fused: bool | None
+    loss_scale_lab: bool
+    out: Path
+
+
+@dataclass(frozen=True)
+class ProfileOutput:
+    """What :func:`profile` produced: the folder, its files, the comparison, summary and hints."""
+
+    out_dir: Path
+    files: dict[str, Path]
+    comparison: Any
+    summary: Any
+    hints: tuple[Hint, ...]
+
+
+def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``"fp32,bf16"`` or a sequence -> normalised, de-duplicated modes (ValueError if empty)."""
+    from precision_nb.core.plan import normalize_precision
+
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip() for item in items if str(item).strip()]
+    if not names:
+        raise ValueError(
+            f"compare: invalid value {value!r}: give at least one precision request, "
+            "comma-separated; allowed: auto, fp32, bf16, fp16"
+        )
+    modes = [normalize_precision(name, field="compare", allow_auto=True) for name in names]
+    return tuple(dict.fromkeys(modes))
+
+
+def validate_request(
+    *,
+    workload: str | None = None,
+    preset: str | None = None,
+    modes: str | Sequence[str] = ("fp32", "bf16", "fp16"),
+    device: str = "auto",
+    steps: int | None = None,
+    accumulation: int = 1,
+    fused: bool | None = None,
+    loss_scale_lab: bool = False,
+    out: str | Path = "profile-out",
+) -> ProfileRequest:
+    """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware)."""
+    from precision_nb.core.device import resolve_device
+    from precision_nb.engine import workloads as wl
+
+    workload = wl.DEFAULT_WORKLOAD if workload is None else workload
+    preset = wl.DEFAULT_PRESET if preset is None else preset
+    wl.get_workload(workload, preset)  # raises ValueError listing the known names
+    if steps is not None and (isinstance(steps, bool) or int(steps) != steps or steps <= 0):
+        raise ValueError(f"steps: invalid value {steps!r}; allowed: an integer >= 1")
+    if isinstance(accumulation, bool) or int(accumulation) != accumulation or accumulation <= 0:
+        raise ValueError(f"accumulation: invalid value {accumulation!r}; allowed: an integer >= 1")
+    if fused not in (None, True, False):
+        raise ValueError(f"fused: invalid value {fused!r}; allowed: None (auto), True, False")
+    resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
+    out_path = Path(out).expanduser()
+    check_output_folder(out_path)
+    return ProfileRequest(
+        workload=str(workload),
+        preset=str(preset).strip().lower(),
+        modes=parse_modes(modes),
+        device=str(device),
+        steps=None if steps is None else int(steps),
+        accumulation=int(accumulation),
+        fused=fused,
+        loss_scale_lab=bool(loss_scale_lab),
+        out=out_path,
+    )
+
+
+def check_output_folder(out: Path) -> None:
+    """``ValueError`` unless ``out`` can become (or already is) a writable folder."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {str(out)!r} exists and is not a folder; give a folder path")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"out: folder {str(out)!r} is not writable")
+    parent = _existing_ancestor(out.absolute().parent)
+    if not parent.is_dir():
+        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not writable")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _staging_folder(out: Path) -> Path:
+    """A fresh temporary folder beside ``out`` (same file system, so moving it is atomic)."""
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+    except OSError as err:
+        raise ValueError(f"out: cannot write next to {str(out)!r}: {err.strerror}") from err
+
+
+def _move_into_place(staging: Path, out: Path) -> dict[str, Path]:
+    if not out.exists():
+        staging.rename(out)
+    else:
+        for item in staging.iterdir():
+            os.replace(item, out / item.name)
+        staging.rmdir()
+    return {name: out / name for name in OUTPUT_FILES if (out / name).exists()}
+
+
+def profile(
+    *,
+    workload: str | None = None,
+    preset: str | None = None,
+    modes: str | Sequence[str] = ("fp32", "bf16", "fp16"),
+    device: str = "auto",
+    steps: int | None = None,
+    accumulation: int = 1,
+    fused: bool | None = None,
+    loss_scale_lab: bool = False,
+    out: str | Path = "profile-out",
+    progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> ProfileOutput:
+    """Run a comparison of ``modes`` on a built-in workload and write the report folder.
+
+    Everything is validated first (``ValueError`` / ``RuntimeError``, nothing written); see
+    :func:`run_profile` for how the folder is written.
+    """
+    request = validate_request(
+        workload=workload,
+        preset=preset,
+        modes=modes,
+        device=device,
+        steps=steps,
+        accumulation=accumulation,
+        fused=fused,
+        loss_scale_lab=loss_scale_lab,
+        out=out,
+    )
+    return run_profile(request, progress=progress, settings=settings)
+
+
+def run_profile(
+    request: ProfileRequest,
+    *,
+    progress: bool = True,
+    settings: Mapping[str, Any] | None = None,
+) -> ProfileOutput:
+    """Run a validated request and write its folder.
+
+    The files are written into a temporary folder beside ``request.out`` and moved into place only
+    when all of them are done, so a failed run leaves ``out`` as it was. Files of an earlier
+    report in ``out`` are replaced; other files there are left alone.
+    """
+    staging = _staging_folder(request.out)
+    try:
+        comparison = run_comparison(request, progress=progress)
+        shown = {
+            "requested plans": ", ".join(request.modes),
+            "device requested": request.device,
+            "gradient accumulation": request.accumulation,
+            "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
+            "loss-scale lab": request.loss_scale_lab,
+            **(settings or {}),
+        }
+        write_report(comparison, staging, settings=shown)
+        files = _move_into_place(staging, request.out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return ProfileOutput(
+        out_dir=request.out,
+        files=files,
+        comparison=comparison,
+        summary=summary(comparison),
+        hints=tuple(hints(comparison)),
+    )
+
+
+def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
+    """Call the engine's ``compare()`` for a validated request."""
+    from precision_nb.engine.compare import compare
+
+    kwargs: dict[str, Any] = dict(
+        modes=request.modes,
+        workload=request.workload,
+        preset=request.preset,
+        device=request.device,
+        accumulation=request.accumulation,
+        fused=request.fused,
+        loss_scale_lab=request.loss_scale_lab,
+        progress=progress,
+    )
+    if request.steps is not None:
+        kwargs["steps"] = request.steps
+    return compare(**kwargs)

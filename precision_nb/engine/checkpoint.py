@@ -37,6 +37,11 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if "WeightsUnpickler" in str(exc) else (lines[0] if lines else repr(exc))
+
+
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     """Write ``state`` (keys :data:`REQUIRED`) to ``path``; returns the path."""
     missing = [k for k in REQUIRED if k not in state]
@@ -55,12 +60,17 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"checkpoint path={str(path)!r} is not a file")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"checkpoint {str(path)!r} is corrupt or not a torch file "
+            "(torch.save writes a zip archive; this file is not one)"
+        )
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise ValueError(
             f"checkpoint {str(path)!r} was refused: it holds objects other than plain state "
-            f"(weights_only=True loading; nothing was executed): {exc}"
+            f"(weights_only=True loading; nothing was executed): {_first_line(exc)}"
         ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as exc:
         raise ValueError(

@@ -42,6 +42,7 @@ from precision_nb.engine.batches import (
 )
 from precision_nb.engine.metrics import MemoryProbe, compute_dtype, count_step_flops, peak_flops
 from precision_nb.engine.results import (
+    RECORD_KEYS,
     DeviceOutOfMemoryError,
     FitError,
     NonFiniteLossError,
@@ -221,6 +222,12 @@ class Trainer:
     def fused(self) -> bool:
         return bool(getattr(self.optimizer_outcome, "used", False))
 
+    def scale_value(self) -> float | None:
+        """The grad scaler's current loss scale (a host read; for inspection, not the loop)."""
+        if self.scaler is None or getattr(self.scaler, "_scale", None) is None:
+            return None
+        return float(self.scaler.get_scale())
+
     def _loss(self, batch: Any) -> torch.Tensor:
         args, kwargs, labels = split_batch(batch)
         with autocast_context(self.plan, self.device):
@@ -341,6 +348,7 @@ class Trainer:
         # first microbatch: shape, FLOPs (once per workload + shape), reused as microbatch 0
         first = to_device(self.source.get(self.microbatches_done), self.device)
         self._peeked: tuple[int, Any] | None = (self.microbatches_done, first)
+        self.workload_info.setdefault("batch_size", batch_shape(first, None).samples)
         flops_mb = count_step_flops(
             self.model, batch_shape(first, None).signature, lambda: self._loss(first)
         )
@@ -414,6 +422,7 @@ class Trainer:
                 memory_reserved_bytes=mem.reserved,
                 elapsed_s=now - t_start,
             )
+            rec = {key: rec[key] for key in RECORD_KEYS}  # fixed order; KeyError if one is missing
             result.records.append(rec)
             interval.update(attempts=0, skipped=0, losses=[], t=time.perf_counter())
             for cb in callbacks:

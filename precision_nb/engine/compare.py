@@ -1,0 +1,166 @@
+"""compare(): several precision plans on one workload, same initial weights and data order.
+
+Each request is resolved first; requests that resolve to the same plan (fp16 on CPU -> fp32) are
+run once, and ``.merged`` / ``.events`` say why. Drift is measured against the fp32 run: the
+final-loss difference and the relative L2 difference of all trainable parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.resolution import explain_precision
+from precision_nb.engine.batches import BatchSource
+from precision_nb.engine.results import RunResult
+from precision_nb.engine.trainer import TrainConfig, Trainer, _workload_batches
+from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload, get_workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Comparison:
+    """Results per label, drift from fp32, merged requests and events (in run order)."""
+
+    results: dict[str, RunResult] = field(default_factory=dict)
+    drift: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    merged: dict[str, str] = field(default_factory=dict)
+    events: list[str] = field(default_factory=list)
+    stopped: bool = False
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every record of every run, in run order (the ``run`` key tells them apart)."""
+        return [r for res in self.results.values() for r in res.records]
+
+
+def _as_request(mode: Any, lab: bool) -> tuple[str, PrecisionConfig]:
+    if isinstance(mode, PrecisionConfig):
+        cfg = mode
+    else:
+        cfg = PrecisionConfig(
+            mode=mode,
+            loss_scale_lab=lab and str(mode).strip().lower() in ("fp16", "float16", "half"),
+        )
+    label = cfg.requested + (" (loss-scale lab)" if cfg.loss_scale_lab else "")
+    return label, cfg
+
+
+def _param_vector(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
+
+
+def compare(
+    modes: Sequence[Any] = ("fp32", "bf16", "fp16"),
+    workload: str | Workload = DEFAULT_WORKLOAD,
+    preset: str = "tiny",
+    *,
+    model: nn.Module | None = None,
+    batches: Any = None,
+    device: Any = "auto",
+    optimizer: OptimizerConfig | None = None,
+    train: TrainConfig | None = None,
+    loss_scale_lab: bool = False,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    **train_options: Any,
+) -> Comparison:
+    """Train each requested precision on identical weights and data; see module docstring.
+
+    ``modes``: mode strings or :class:`PrecisionConfig` values. ``loss_scale_lab=True`` turns a
+    plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
+    model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
+    """
+    if isinstance(modes, (str, PrecisionConfig)):
+        modes = [modes]
+    modes = list(modes)
+    if not modes:
+        raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
+    cfg = train if train is not None else TrainConfig()
+    if train_options:
+        cfg = dataclasses.replace(cfg, **train_options)
+    seed = cfg.seed if cfg.seed is not None else 0
+    info: dict[str, Any] = {}
+    if model is None:
+        wl = workload if isinstance(workload, Workload) else get_workload(workload, preset)
+        torch.manual_seed(seed)
+        model = wl.make_model()
+        info = dict(wl.info)
+        if batches is None:
+            batches = _workload_batches(wl, device)
+    elif batches is None:
+        raise ValueError("batches is None; pass batches together with your own model")
+    if isinstance(batches, Iterable) and iter(batches) is batches:
+        raise ValueError(
+            f"batches has type {type(batches).__name__}, a one-shot iterator; compare needs "
+            "batches it can replay for every plan: a callable, a DataLoader or a list"
+        )
+    initial = copy.deepcopy(model).cpu()
+    out = Comparison()
+    seen: dict[Any, str] = {}
+    reference: torch.Tensor | None = None
+    ref_label: str | None = None
+    callbacks = list(callbacks)
+    for mode in modes:
+        label, request = _as_request(mode, loss_scale_lab)
+        if label in out.results or label in out.merged:
+            out.events.append(f"{label}: requested twice; run once")
+            continue
+        explanation = explain_precision(request, device, optimizer=optimizer)
+        plan = explanation.plan
+        if plan in seen:
+            first = seen[plan]
+            out.merged[label] = first
+            reasons = explanation.fallbacks or explanation.decisions
+            why = "; ".join(d.reason for d in reasons if d.field != "device")
+            out.events.append(
+                f"{label} resolves to the same plan as {first} ({plan.mode} on "
+                f"{explanation.device}); run once. Why: {why}"
+            )
+            continue
+        if out.stopped:
+            out.events.append(f"{label}: not run (comparison stopped)")
+            continue
+        seen[plan] = label
+        run_model = copy.deepcopy(initial)
+        trainer = Trainer(
+            run_model,
+            BatchSource(batches),
+            device=device,
+            precision=request,
+            optimizer=optimizer,
+            train=dataclasses.replace(cfg, label=label),
+            workload_info=info,
+        )
+        result = trainer.fit(callbacks=callbacks, stop=stop)
+        out.results[label] = result
+        out.events.extend(f"{label}: {e}" for e in result.events)
+        params = _param_vector(run_model)
+        if plan.mode == "fp32" and reference is None:
+            reference, ref_label = params, label
+        out.drift[label] = {"params": params}  # type: ignore[dict-item]
+        if result.stopped:
+            out.stopped = True
+    for label, d in out.drift.items():
+        params = d.pop("params")  # type: ignore[arg-type]
+        ref = out.results[ref_label] if ref_label else None
+        if reference is None or ref is None:
+            d.update(final_loss_diff=None, param_rel_diff=None)
+            continue
+        loss, ref_loss = out.results[label].final_loss, ref.final_loss
+        d["final_loss_diff"] = None if loss is None or ref_loss is None else loss - ref_loss
+        denom = float(reference.norm()) or 1.0
+        d["param_rel_diff"] = float((params - reference).norm()) / denom
+    if reference is None:
+        out.events.append("no fp32 run among the requests: drift is None")
+    return out

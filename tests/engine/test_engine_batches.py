@@ -1,0 +1,101 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from precision_nb.engine.batches import (
+    BatchesExhausted,
+    BatchSource,
+    batch_shape,
+    output_to_loss,
+    split_batch,
+)
+
+
+def test_callable_source_gets_the_index():
+    src = BatchSource(lambda i: torch.full((2,), float(i)))
+    assert src.get(7)[0].item() == 7.0
+
+
+def test_dataloader_source_cycles_epochs():
+    ds = TensorDataset(torch.arange(6.0).unsqueeze(1), torch.zeros(6, dtype=torch.long))
+    src = BatchSource(DataLoader(ds, batch_size=3))
+    firsts = [src.get(i)[0][0, 0].item() for i in range(4)]
+    assert firsts == [0.0, 3.0, 0.0, 3.0]
+
+
+def test_one_shot_iterator_runs_out():
+    src = BatchSource(iter([torch.ones(2)]))
+    src.get(0)
+    with pytest.raises(BatchesExhausted):
+        src.get(1)
+
+
+@pytest.mark.parametrize("bad", [3, "abc", None, torch.ones(3), {"x": 1}])
+def test_wrong_source_type_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="batches has type"):
+        BatchSource(bad)
+
+
+def test_empty_and_wrong_item_type():
+    with pytest.raises(ValueError, match="empty"):
+        BatchSource([]).get(0)
+    with pytest.raises(ValueError, match="batch 0 has type str"):
+        BatchSource(["a", "b"]).get(0)
+
+
+def test_split_batch_forms():
+    x, y = torch.ones(2, 3), torch.zeros(2)
+    assert split_batch(x) == ((x,), {}, None)
+    args, kwargs, labels = split_batch((x, y))
+    assert args == (x,) and labels is y
+    args, kwargs, labels = split_batch({"input_ids": x, "labels": y})
+    assert args == () and list(kwargs) == ["input_ids"] and labels is y
+
+
+def test_output_adapters():
+    logits = torch.randn(4, 5)
+    labels = torch.tensor([0, 1, 2, 3])
+    loss, task = output_to_loss(logits, labels)
+    assert task == "classification" and torch.allclose(loss, F.cross_entropy(logits, labels))
+    scalar = torch.tensor(1.5)
+    assert output_to_loss(scalar, None) == (scalar, "loss")
+    assert output_to_loss({"loss": scalar, "logits": logits}, None)[0] is scalar
+
+    class HFOutput:
+        def __init__(self):
+            self.loss = scalar
+            self.logits = logits
+
+    assert output_to_loss(HFOutput(), None)[0] is scalar
+
+
+def test_causal_lm_shift_predicts_the_next_token():
+    ids = torch.tensor([[1, 2, 3, 4]])
+    # logits that put all mass on "the next token" give ~zero loss only with the shift
+    logits = torch.full((1, 4, 6), -50.0)
+    for t in range(3):
+        logits[0, t, ids[0, t + 1]] = 50.0
+    loss, task = output_to_loss(logits, ids)
+    assert task == "causal_lm" and loss.item() < 1e-6
+    logits_unshifted = torch.full((1, 4, 6), -50.0)
+    for t in range(4):
+        logits_unshifted[0, t, ids[0, t]] = 50.0
+    assert output_to_loss(logits_unshifted, ids)[0].item() > 10
+
+
+def test_output_errors_are_clear():
+    with pytest.raises(ValueError, match="no labels"):
+        output_to_loss(torch.randn(2, 3), None)
+    with pytest.raises(ValueError, match="shape"):
+        output_to_loss(torch.randn(2, 3, 4, 5), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="model output has type"):
+        output_to_loss("text", None)
+
+
+def test_custom_loss_fn_and_shape():
+    out = torch.randn(3, 2)
+    loss, task = output_to_loss(out, torch.zeros(3, 2), lambda o, y: ((o - y) ** 2).mean())
+    assert task == "custom" and loss.dim() == 0
+    shape = batch_shape((torch.zeros(4, 7, dtype=torch.long), torch.zeros(4, 7)), "causal_lm")
+    assert shape.samples == 4 and shape.tokens == 28

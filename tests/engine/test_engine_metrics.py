@@ -1,0 +1,94 @@
+import pytest
+import torch
+from torch import nn
+
+from precision_nb.engine import metrics
+from precision_nb.engine.metrics import (
+    MemoryProbe,
+    calibrate_cpu_peak,
+    count_step_flops,
+    gpu_table_key,
+    peak_flops,
+)
+
+
+def test_flops_of_a_linear_layer_follow_the_matmul_count():
+    b, i, o = 16, 32, 24
+    model = nn.Linear(i, o, bias=False)
+    x = torch.randn(b, i)
+    flops = count_step_flops(model, ("lin-test", b, i, o), lambda: model(x).sum())
+    # forward x@W^T (2*b*i*o) + weight gradient (2*b*i*o); no input gradient is needed
+    assert flops == 4 * b * i * o
+    assert model.weight.grad is None  # counting leaves no gradient behind
+
+
+def test_flop_counting_restores_buffers_and_rng():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    x = torch.randn(8, 4) * 10
+    before = model[1].running_mean.clone()
+    rng = torch.get_rng_state()
+    count_step_flops(model, ("bn-test",), lambda: model(x).sum())
+    assert torch.equal(model[1].running_mean, before)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_flops_cached_per_shape(monkeypatch):
+    model = nn.Linear(3, 3)
+    calls = []
+
+    def step():
+        calls.append(1)
+        return model(torch.randn(2, 3)).sum()
+
+    sig = ("cache-test",)
+    count_step_flops(model, sig, step)
+    count_step_flops(model, sig, step)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100 sxm"),
+        ("NVIDIA H100 PCIe", "h100 pcie"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA L4", "l4"),
+        ("Tesla T4", "t4"),
+        ("NVIDIA GeForce RTX 4090", "rtx 4090"),
+        ("NVIDIA GeForce RTX 3090", "rtx 3090"),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
+def test_gpu_names_map_to_table_rows(name, key):
+    assert gpu_table_key(name) == key
+
+
+def test_datasheet_peak_is_labelled(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Tesla T4")
+    peak = peak_flops(torch.device("cuda"), torch.float16)
+    assert peak.flops_per_s == 65e12 and peak.source.startswith("datasheet: t4")
+    assert peak_flops(torch.device("cuda"), torch.bfloat16) is None  # T4 has no bf16 row
+
+
+def test_cpu_peak_is_measured_once_per_dtype(monkeypatch):
+    metrics._CPU_PEAKS.pop("float32", None)
+    first = calibrate_cpu_peak(torch.float32, seconds=0.02)
+    assert first.flops_per_s > 1e8 and first.source.startswith("measured: CPU float32")
+    monkeypatch.setattr(torch, "mm", lambda *a: (_ for _ in ()).throw(AssertionError("re-ran")))
+    assert calibrate_cpu_peak(torch.float32) is first
+    assert peak_flops(torch.device("mps"), torch.float32) is None
+
+
+def test_host_memory_probe_tracks_a_peak():
+    probe = MemoryProbe(torch.device("cpu"))
+    probe.reset()
+    a = probe.read()
+    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB
+    b = probe.read()
+    del blob
+    c = probe.read()
+    assert a.kind == "host_rss" and a.reserved is None
+    assert b.current > a.current + 32 * 2**20
+    assert c.peak >= b.current

@@ -1,0 +1,437 @@
+"""The panel's input widgets and the frozen :class:`Selection` they describe.
+
+This module knows widgets, not precision rules: the panel passes in the device options (real and
+simulated), the workloads, and asks for the current :class:`Selection` to resolve it with the core.
+Every widget carries a stable CSS class (``pnb-...``) so browser tests can find it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipywidgets as widgets
+
+__all__ = [
+    "COMPARE_CHOICES",
+    "Controls",
+    "DeviceOption",
+    "FUSED_CHOICES",
+    "MODES",
+    "SIM_PREFIX",
+    "Selection",
+]
+
+MODES = ("auto", "fp32", "bf16", "fp16")
+DTYPES = ("none", "fp32", "bf16", "fp16")
+FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
+SIM_PREFIX = "sim:"
+USER_MODEL = "your model"
+
+# Comparison entries: label -> (mode, loss_scale_lab).
+COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "fp16": ("fp16", False),
+    "fp16 + loss-scale lab": ("fp16", True),
+    "auto": ("auto", False),
+}
+DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
+
+_DTYPE_SPELLINGS = {
+    "none": "none",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "torch.float32": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "torch.bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "torch.float16": "fp16",
+}
+
+
+@dataclass(frozen=True)
+class DeviceOption:
+    """One entry of the device menu: ``value`` is ``auto``, a torch device string, or
+    ``sim:<preset>`` for a simulated hardware preset."""
+
+    value: str
+    label: str
+
+    @property
+    def simulated(self) -> bool:
+        return self.value.startswith(SIM_PREFIX)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the controls say, as plain values (no widget in here)."""
+
+    device: str
+    mode: str
+    dtype: str | None
+    fused: bool | None
+    workload: str | None
+    preset: str | None
+    steps: int
+    accumulation: int
+    loss_scale_lab: bool
+    seed: int
+    compare_plans: tuple[str, ...] = field(default=DEFAULT_COMPARE)
+
+    @property
+    def simulated_preset(self) -> str | None:
+        """The hardware preset name when the device is simulated, else None."""
+        if self.device.startswith(SIM_PREFIX):
+            return self.device[len(SIM_PREFIX) :]
+        return None
+
+    @property
+    def fused_label(self) -> str:
+        return {None: "probe", True: "on", False: "off"}[self.fused]
+
+
+def _normalise_dtype(value: Any) -> str:
+    key = "none" if value is None else str(value).strip().lower()
+    if key not in _DTYPE_SPELLINGS:
+        raise ValueError(
+            f"dtype={value!r} is not a precision dtype; allowed: None, 'fp32', 'bf16', 'fp16' "
+            "(or float32 / bfloat16 / float16)"
+        )
+    return _DTYPE_SPELLINGS[key]
+
+
+def _normalise_mode(value: Any) -> str:
+    key = str(value).strip().lower()
+    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(key, key)
+    key = key.removeprefix("torch.")
+    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(key, key)
+    if key not in MODES:
+        raise ValueError(f"mode={value!r} is not a precision mode; allowed: {', '.join(MODES)}")
+    return key
+
+
+def _normalise_fused(value: Any) -> str:
+    if value is None or value in FUSED_CHOICES:
+        return "probe" if value is None else str(value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    raise ValueError(
+        f"fused={value!r} is not a fused AdamW choice; allowed: None or 'probe', True or 'on', "
+        "False or 'off'"
+    )
+
+
+def _positive_int(name: str, value: Any, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise ValueError(f"{name}={value!r} must be an integer from 1 to {maximum}")
+    return value
+
+
+class Controls:
+    """The panel's input widgets.
+
+    ``device_options`` lists real devices first and simulated presets after; ``workloads`` maps a
+    workload name to its preset names (empty when the panel trains the user's model).
+    """
+
+    MAX_STEPS = 100_000
+    MAX_ACCUMULATION = 1024
+
+    def __init__(
+        self,
+        device_options: Sequence[DeviceOption],
+        workloads: Mapping[str, Sequence[str]],
+        *,
+        user_model: bool = False,
+    ) -> None:
+        self.device_options = tuple(device_options)
+        self.workloads = {name: tuple(presets) for name, presets in workloads.items()}
+        self.user_model = user_model
+        style = {"description_width": "110px"}
+        wide = widgets.Layout(width="360px")
+
+        self.device = widgets.Dropdown(
+            options=[(o.label, o.value) for o in self.device_options],
+            value=self.device_options[0].value,
+            description="Device",
+            style=style,
+            layout=wide,
+        )
+        self.mode = widgets.ToggleButtons(
+            options=list(MODES),
+            value="auto",
+            description="Mode",
+            style={**style, "button_width": "56px"},
+        )
+        self.dtype = widgets.Dropdown(
+            options=list(DTYPES),
+            value="none",
+            description="dtype (auto)",
+            style=style,
+            layout=widgets.Layout(width="220px"),
+        )
+        self.fused = widgets.ToggleButtons(
+            options=list(FUSED_CHOICES),
+            value="probe",
+            description="Fused AdamW",
+            style={**style, "button_width": "64px"},
+            tooltips=["probe on the training device", "ask for fused", "plain AdamW"],
+        )
+        if user_model:
+            names: list[str] = [USER_MODEL]
+        else:
+            names = list(self.workloads)
+        self.workload = widgets.Dropdown(
+            options=names,
+            value=names[0] if names else None,
+            description="Workload",
+            style=style,
+            layout=wide,
+            disabled=user_model,
+        )
+        self.preset = widgets.Dropdown(
+            options=self._presets_for(self.workload.value),
+            description="Size preset",
+            style=style,
+            layout=widgets.Layout(width="260px"),
+            disabled=user_model,
+        )
+        self.steps = widgets.BoundedIntText(
+            value=30,
+            min=1,
+            max=self.MAX_STEPS,
+            description="Steps",
+            style=style,
+            layout=widgets.Layout(width="220px"),
+        )
+        self.accumulation = widgets.BoundedIntText(
+            value=1,
+            min=1,
+            max=self.MAX_ACCUMULATION,
+            description="Accumulation",
+            style=style,
+            layout=widgets.Layout(width="220px"),
+        )
+        self.seed = widgets.IntText(
+            value=0, description="Seed", style=style, layout=widgets.Layout(width="220px")
+        )
+        self.loss_scale_lab = widgets.Checkbox(
+            value=False,
+            description="Loss-scale lab (fp16 + GradScaler on CPU)",
+            indent=False,
+            layout=widgets.Layout(width="360px"),
+        )
+        self.lab_note = widgets.HTML(value="")
+        self.compare_plans = widgets.SelectMultiple(
+            options=list(COMPARE_CHOICES),
+            value=DEFAULT_COMPARE,
+            description="Compare",
+            rows=len(COMPARE_CHOICES),
+            style=style,
+            layout=widgets.Layout(width="320px"),
+        )
+
+        for widget, css in (
+            (self.device, "pnb-device"),
+            (self.mode, "pnb-mode"),
+            (self.dtype, "pnb-dtype"),
+            (self.fused, "pnb-fused"),
+            (self.workload, "pnb-workload"),
+            (self.preset, "pnb-preset"),
+            (self.steps, "pnb-steps"),
+            (self.accumulation, "pnb-accumulation"),
+            (self.seed, "pnb-seed"),
+            (self.loss_scale_lab, "pnb-lab"),
+            (self.lab_note, "pnb-lab-note"),
+            (self.compare_plans, "pnb-compare-plans"),
+        ):
+            widget.add_class(css)
+
+        self.workload.observe(self._on_workload, names="value")
+        self.update_enabled(lab_applies=False, lab_reason="")
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def inputs(self) -> tuple[widgets.Widget, ...]:
+        """The widgets whose change re-resolves the plan."""
+        return (
+            self.device,
+            self.mode,
+            self.dtype,
+            self.fused,
+            self.workload,
+            self.preset,
+            self.steps,
+            self.accumulation,
+            self.seed,
+            self.loss_scale_lab,
+        )
+
+    def box(self) -> widgets.Widget:
+        precision = widgets.VBox(
+            [
+                self.device,
+                self.mode,
+                self.dtype,
+                self.fused,
+                widgets.VBox([self.loss_scale_lab, self.lab_note]),
+            ]
+        )
+        training = widgets.VBox(
+            [
+                self.workload,
+                self.preset,
+                self.steps,
+                self.accumulation,
+                self.seed,
+                self.compare_plans,
+            ]
+        )
+        box = widgets.HBox([precision, training], layout=widgets.Layout(flex_flow="row wrap"))
+        box.add_class("pnb-controls")
+        return box
+
+    def observe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        for widget in self.inputs:
+            widget.observe(callback, names="value")
+
+    # ------------------------------------------------------------------ reading
+
+    def selection(self) -> Selection:
+        dtype = self.dtype.value
+        workload = None if self.user_model else self.workload.value
+        return Selection(
+            device=str(self.device.value),
+            mode=str(self.mode.value),
+            dtype=None if dtype == "none" else str(dtype),
+            fused=FUSED_CHOICES[str(self.fused.value)],
+            workload=workload,
+            preset=None if self.user_model else self.preset.value,
+            steps=int(self.steps.value),
+            accumulation=int(self.accumulation.value),
+            loss_scale_lab=bool(self.loss_scale_lab.value),
+            seed=int(self.seed.value),
+            compare_plans=tuple(self.compare_plans.value),
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    def normalise(self, **values: Any) -> dict[str, Any]:
+        """Validate ``values`` (control name -> value) into widget values, raising ValueError."""
+        out: dict[str, Any] = {}
+        for name, value in values.items():
+            if name == "device":
+                out[name] = self._device_value(value)
+            elif name == "mode":
+                out[name] = _normalise_mode(value)
+            elif name == "dtype":
+                out[name] = _normalise_dtype(value)
+            elif name == "fused":
+                out[name] = _normalise_fused(value)
+            elif name == "workload":
+                if self.user_model:
+                    raise ValueError(
+                        "workload cannot be chosen: this panel trains the model passed as "
+                        "Panel(model=...)"
+                    )
+                if value not in self.workloads:
+                    raise ValueError(
+                        f"workload={value!r} is unknown; allowed: {', '.join(self.workloads)}"
+                    )
+                out[name] = value
+            elif name == "preset":
+                out[name] = value
+            elif name == "steps":
+                out[name] = _positive_int("steps", value, self.MAX_STEPS)
+            elif name == "accumulation":
+                out[name] = _positive_int("accumulation", value, self.MAX_ACCUMULATION)
+            elif name == "seed":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError(f"seed={value!r} must be an integer")
+                out[name] = value
+            elif name == "loss_scale_lab":
+                if not isinstance(value, bool):
+                    raise ValueError(f"loss_scale_lab={value!r} must be True or False")
+                out[name] = value
+            elif name == "compare_plans":
+                chosen = (value,) if isinstance(value, str) else tuple(value)
+                unknown = [c for c in chosen if c not in COMPARE_CHOICES]
+                if unknown or not chosen:
+                    raise ValueError(
+                        f"compare_plans={value!r} must name one or more of: "
+                        + ", ".join(COMPARE_CHOICES)
+                    )
+                out[name] = chosen
+            else:
+                raise ValueError(
+                    f"{name!r} is not a panel control; allowed: device, mode, dtype, fused, "
+                    "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans"
+                )
+        preset = out.get("preset")
+        if "preset" in out and not self.user_model:
+            workload = out.get("workload", self.workload.value)
+            allowed = self.workloads.get(workload, ())
+            if preset not in allowed:
+                raise ValueError(
+                    f"preset={preset!r} is not a size preset of workload {workload!r}; "
+                    f"allowed: {', '.join(map(str, allowed))}"
+                )
+        elif "preset" in out:
+            raise ValueError(
+                "preset cannot be chosen: this panel trains the model passed as Panel(model=...)"
+            )
+        return out
+
+    def apply(self, values: Mapping[str, Any]) -> None:
+        """Set already-normalised values (workload before preset)."""
+        order = ("workload", "preset", *[k for k in values if k not in ("workload", "preset")])
+        for name in order:
+            if name in values:
+                getattr(self, name).value = values[name]
+
+    def update_enabled(self, *, lab_applies: bool, lab_reason: str) -> None:
+        """dtype only matters for mode auto; the lab only for an fp16 request on CPU."""
+        auto = self.mode.value == "auto"
+        self.dtype.disabled = not auto
+        self.dtype.description_tooltip = (
+            None if auto else f"dtype only matters when mode is auto (mode is {self.mode.value})"
+        )
+        self.loss_scale_lab.disabled = not lab_applies
+        note = "" if lab_applies else lab_reason
+        if self.loss_scale_lab.value and not lab_applies:
+            note = f"ignored here: {lab_reason}"
+        self.lab_note.value = f"<small>{note}</small>" if note else ""
+
+    # ------------------------------------------------------------------ helpers
+
+    def _device_value(self, value: Any) -> str:
+        text = str(value).strip()
+        values = [o.value for o in self.device_options]
+        if text in values:
+            return text
+        for candidate in (SIM_PREFIX + text, SIM_PREFIX + text.removeprefix("simulated:")):
+            if candidate in values:
+                return candidate
+        raise ValueError(
+            f"device={value!r} is not available; allowed: {', '.join(values)} "
+            "(a simulated preset may be named without the 'sim:' prefix)"
+        )
+
+    def _presets_for(self, workload: str | None) -> list[str]:
+        if self.user_model or workload is None:
+            return ["(your batches)"]
+        return list(self.workloads.get(workload, ()))
+
+    def _on_workload(self, change: dict[str, Any]) -> None:
+        presets = self._presets_for(change["new"])
+        current = self.preset.value
+        self.preset.options = presets
+        if current in presets:
+            self.preset.value = current

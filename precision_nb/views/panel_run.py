@@ -1,0 +1,214 @@
+"""Background runs for the panel: a worker thread, a stop flag, and throttled live updates.
+
+The training loop runs in a worker thread so the kernel keeps handling widget events (Stop works).
+The worker never touches ``Output`` widgets; it only sets widget values through the callbacks the
+panel gives it. Live figures are redrawn at most every ``min_interval_s`` and only while the time
+spent plotting stays under ``budget`` (a fraction) of the time spent training, measured as the run
+goes, so plotting cannot dominate a run whatever the figure costs on this machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Job", "LiveView", "describe_failure"]
+
+
+class LiveView:
+    """Engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) that feeds the panel.
+
+    ``progress(done, total, text)`` is called at most every ``progress_interval_s`` (and at each
+    run's end); ``draw(records, results)`` renders a live frame when the throttle and the plotting
+    budget allow. ``runs`` is the number of runs expected (1, or the plans of a comparison).
+    """
+
+    def __init__(
+        self,
+        *,
+        steps: int,
+        runs: int,
+        progress: Callable[[int, int, str], None],
+        draw: Callable[[list[dict[str, Any]], list[Any]], None],
+        budget: float = 0.03,
+        min_interval_s: float = 0.5,
+        progress_interval_s: float = 0.1,
+        first_cost_guess_s: float = 0.5,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if not 0 < budget < 1:
+            raise ValueError(f"budget={budget!r} must be a fraction between 0 and 1")
+        self.steps = steps
+        self.runs = runs
+        self._progress = progress
+        self._draw = draw
+        self.budget = budget
+        self.min_interval_s = min_interval_s
+        self.progress_interval_s = progress_interval_s
+        self._clock = clock
+        self.records: list[dict[str, Any]] = []
+        self.results: list[Any] = []
+        self.frames = 0
+        self.plot_seconds = 0.0
+        self._cost_estimate = first_cost_guess_s
+        self._start = clock()
+        self._last_draw = -float("inf")
+        self._last_progress = -float("inf")
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ engine callbacks
+
+    def on_fit_start(self, result: Any) -> None:
+        with self._lock:
+            self.results.append(result)
+        self._report(step=0, record=None, force=True)
+
+    def on_log(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.records.append(record)
+        self._report(step=int(record.get("step") or 0), record=record, force=False)
+        self.maybe_draw()
+
+    def on_fit_end(self, result: Any) -> None:
+        step = result.records[-1]["step"] if result.records else 0
+        last = result.records[-1] if result.records else None
+        self._report(step=int(step), record=last, force=True)
+
+    # ------------------------------------------------------------------ throttling
+
+    def snapshot(self) -> tuple[list[dict[str, Any]], list[Any]]:
+        with self._lock:
+            return list(self.records), list(self.results)
+
+    def may_draw(self, now: float) -> bool:
+        """True when the interval has passed and one more frame keeps plotting within budget."""
+        if now - self._last_draw < self.min_interval_s:
+            return False
+        training = max(0.0, now - self._start - self.plot_seconds)
+        return self.plot_seconds + self._cost_estimate <= self.budget * training
+
+    def maybe_draw(self) -> bool:
+        now = self._clock()
+        if not self.may_draw(now):
+            return False
+        records, results = self.snapshot()
+        self._draw(records, results)
+        done = self._clock()
+        cost = done - now
+        self.plot_seconds += cost
+        self._cost_estimate = cost
+        self._last_draw = done
+        self.frames += 1
+        return True
+
+    # ------------------------------------------------------------------ progress
+
+    def _report(self, *, step: int, record: dict[str, Any] | None, force: bool) -> None:
+        now = self._clock()
+        if not force and now - self._last_progress < self.progress_interval_s:
+            return
+        self._last_progress = now
+        index = max(1, len(self.results))
+        label = getattr(self.results[-1], "label", "") if self.results else ""
+        elapsed = now - self._start
+        parts = [f"{step}/{self.steps} steps"]
+        if self.runs > 1:
+            parts.insert(0, f"plan {index} of up to {self.runs} ({label})")
+        parts.append(f"{elapsed:.1f} s elapsed")
+        step_time = record.get("step_time_s") if record else None
+        if step_time:
+            parts.append(f"{1.0 / step_time:.1f} steps/s")
+        done = (index - 1) * self.steps + step
+        self._progress(done, self.steps * self.runs, " · ".join(parts))
+
+
+@dataclass
+class Job:
+    """One background run: ``target(stop_event)`` in a daemon thread; outcome kept for the panel.
+
+    ``on_done(job)`` runs in the worker thread after the target returned or raised, while the job
+    still counts as running (so nothing new starts while the final figures are drawn);
+    ``on_released(job)`` runs after it stopped counting as running.
+    """
+
+    target: Callable[[threading.Event], Any]
+    on_done: Callable[[Job], None]
+    on_released: Callable[[Job], None] | None = None
+    kind: str = "run"
+    context: Any = None
+
+    def __post_init__(self) -> None:
+        self.stop_event = threading.Event()
+        self.done_event = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"precision-nb-{self.kind}", daemon=True
+        )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def running(self) -> bool:
+        return not self.done_event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done_event.wait(timeout)
+
+    def _main(self) -> None:
+        try:
+            self.result = self.target(self.stop_event)
+        except Exception as exc:  # noqa: BLE001 - the UI boundary: shown in the panel, kept in .error
+            log.info("panel %s failed", self.kind, exc_info=True)
+            self.error = exc
+        try:
+            self.on_done(self)
+        finally:
+            self.done_event.set()
+            if self.on_released is not None:
+                self.on_released(self)
+
+
+def describe_failure(exc: BaseException, *, batch_hint: str = "") -> str:
+    """A short, user-facing message for a failed run (plain text, no traceback).
+
+    Out-of-memory failures say what to change; the engine's messages (``FitError``) already name
+    the plan and what happened, so they are shown as they are.
+    """
+    text = str(exc).strip() or type(exc).__name__
+    if _is_oom(exc):
+        advice = (
+            "What to change: pick a smaller size preset"
+            + (f" ({batch_hint})" if batch_hint else "")
+            + " or smaller batches, raise accumulation (same samples per step, less memory per "
+            "microbatch), or use a mixed-precision plan (bf16/fp16 keep activations smaller)."
+        )
+        if "use a smaller preset" in text.lower():
+            return f"Out of memory: {text}"
+        return f"Out of memory: {text}\n{advice}"
+    from precision_nb.engine.results import FitError
+
+    if isinstance(exc, FitError):
+        return f"Run failed: {text}"
+    return f"Run failed ({type(exc).__name__}): {text}"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    from precision_nb.engine.results import DeviceOutOfMemoryError
+
+    oom_types: tuple[type[BaseException], ...] = (DeviceOutOfMemoryError,)
+    torch_oom = getattr(torch, "OutOfMemoryError", None) or getattr(
+        torch.cuda, "OutOfMemoryError", None
+    )
+    if torch_oom is not None:
+        oom_types += (torch_oom,)
+    return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()

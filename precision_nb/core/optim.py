@@ -146,13 +146,37 @@ def supports_fused_adamw(device: Any) -> bool:
     return ok
 
 
+def _has_fused_kernel(device_type: str) -> bool | None:
+    """Whether torch registers a fused AdamW kernel for a device type (None: cannot tell).
+
+    A dispatcher lookup: it costs microseconds, unlike building an optimizer.
+    """
+    key = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}.get(device_type)
+    lookup = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    if key is None or lookup is None:
+        return None
+    try:
+        return bool(lookup("aten::_fused_adamw_", key))
+    except RuntimeError:
+        return None
+
+
+def _cpu_kernel_note() -> str:
+    has = _has_fused_kernel("cpu")
+    if has is None:
+        return "torch's CPU fused AdamW exists in torch >= 2.4 (this torch could not be asked)"
+    if has:
+        return "torch's CPU fused AdamW exists (this torch has the kernel)"
+    return "torch's CPU fused AdamW exists in torch >= 2.4, but this torch lacks the kernel"
+
+
 def describe_fused(
     config: OptimizerConfig, device: torch.device, caps: Capabilities
 ) -> tuple[str, str, bool]:
     """The fused-AdamW decision for an explanation: (outcome, reason, fallback).
 
-    Real probes run only where they are cheap and truthful (the CPU, a present CUDA device);
-    simulated hardware is described, not probed.
+    CUDA is probed only when it is really present; the CPU kernel is looked up in torch's
+    dispatcher (cheap); simulated hardware is described, not probed.
     """
     fused = config.fused
     kind = device.type
@@ -185,12 +209,7 @@ def describe_fused(
             )
         cpu_note = ""
         if kind == "cpu":
-            ok, _ = probe_fused_adamw("cpu")
-            cpu_note = (
-                " torch's CPU fused AdamW exists"
-                + (" and works with this torch" if ok else " but failed with this torch")
-                + "; set optimizer.fused=true to use it."
-            )
+            cpu_note = " " + _cpu_kernel_note() + "; set optimizer.fused=true to use it."
         return (
             "plain AdamW",
             f"optimizer.fused=null probes, and the spec's probe (supports_fused_adamw) is false "
@@ -198,19 +217,33 @@ def describe_fused(
             False,
         )
     # fused is True: attempted at build time on the model's real parameters
-    if kind == "cpu" or real_cuda:
+    if kind == "cpu":
+        has_kernel = _has_fused_kernel("cpu")
+        if has_kernel is False:
+            return (
+                "plain AdamW",
+                "optimizer.fused=true, but this torch has no CPU fused AdamW kernel; "
+                "build_optimizer would fall back to plain AdamW and log a warning",
+                True,
+            )
+        return (
+            "fused AdamW",
+            f"optimizer.fused=true attempts torch's CPU fused AdamW: {_cpu_kernel_note()}; "
+            "build_optimizer builds it from the model's real parameters and records the outcome",
+            False,
+        )
+    if real_cuda:
         ok, detail = probe_fused_adamw(device)
-        sim = " (probed with this machine's torch)" if caps.simulated else ""
         if ok:
             return (
                 "fused AdamW",
-                f"optimizer.fused=true attempts fused AdamW on {device}: {detail}{sim}; "
+                f"optimizer.fused=true attempts fused AdamW on {device}: {detail}; "
                 "build_optimizer builds it from the model's real parameters",
                 False,
             )
         return (
             "plain AdamW",
-            f"optimizer.fused=true attempted fused AdamW on {device} but {detail}{sim}; "
+            f"optimizer.fused=true attempted fused AdamW on {device} but {detail}; "
             "build_optimizer would fall back to plain AdamW and log a warning",
             True,
         )

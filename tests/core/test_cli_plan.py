@@ -1,0 +1,121 @@
+"""`precision-nb plan`: text and JSON output, presets, config files, flags over config, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from precision_nb.views.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_text_output_for_a_simulated_gpu(capsys):
+    code, out, err = _run(capsys, "--simulate", "cuda-no-bf16")
+    assert code == 0 and not err
+    assert "Precision plan: fp16 on cuda" in out
+    assert "cuda-auto-no-bf16" in out and "GradScaler('cuda')" in out
+
+
+def test_json_output(capsys):
+    code, out, _ = _run(capsys, "--json", "--simulate", "cuda-bf16", "--mode", "fp16")
+    data = json.loads(out)
+    assert code == 0
+    assert data["plan"]["mode"] == "fp16" and data["plan"]["use_scaler"] is True
+    assert data["capabilities"]["name"] == "cuda-bf16"
+
+
+def test_dtype_and_fused_flags(capsys):
+    code, out, _ = _run(capsys, "--json", "--device", "cpu", "--dtype", "bf16", "--fused", "TRUE")
+    data = json.loads(out)
+    assert data["plan"]["mode"] == "bf16"  # mode defaults to auto, so dtype counts
+    assert data["optimizer"]["fused"] is True
+    fused = [d for d in data["decisions"] if d["field"] == "fused AdamW"][0]
+    assert fused["outcome"] == "fused AdamW"
+
+
+def test_loss_scale_lab_flag(capsys):
+    code, out, _ = _run(capsys, "--json", "--device", "cpu", "--mode", "fp16", "--loss-scale-lab")
+    plan = json.loads(out)["plan"]
+    assert (plan["mode"], plan["use_scaler"], plan["autocast_enabled"]) == ("fp16", True, True)
+
+
+def test_flags_override_config_values(capsys, tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("device: cpu\nprecision:\n  mode: bf16\noptimizer:\n  fused: true\n")
+    code, out, _ = _run(capsys, "--json", "--config", str(path))
+    data = json.loads(out)
+    assert data["plan"]["mode"] == "bf16" and data["optimizer"]["fused"] is True
+    code, out, _ = _run(
+        capsys, "--json", "--config", str(path), "--mode", "fp32", "--fused", "false"
+    )
+    data = json.loads(out)
+    assert data["plan"]["mode"] == "fp32" and data["optimizer"]["fused"] is False
+    assert data["device"] == "cpu"  # kept from the file
+
+
+def test_verify_runs_on_this_machine(capsys):
+    code, out, _ = _run(capsys, "--device", "cpu", "--mode", "bf16", "--verify")
+    assert code == 0 and "Autocast check: ok" in out and "torch.bfloat16" in out
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--mode", "fp8"], ["precision.mode", "'fp8'", "'bf16'"]),
+        (["--mode", "half precision"], ["precision.mode", "'half precision'"]),
+        (["--dtype", "16"], ["precision.dtype", "'16'"]),
+        (["--device", "gpu"], ["device", "'gpu'", "'cuda'"]),
+        (["--device", "cuda:7", "--simulate", "cuda-bf16"], ["'cuda:7'", "1 CUDA device"]),
+        (["--device", "mps", "--simulate", "cpu-only"], ["MPS is not available"]),
+        (["--simulate", "a100"], ["'a100'", "'cuda-bf16'"]),
+        (["--config", "missing-file.yaml"], ["missing-file.yaml"]),
+        (["--verify", "--simulate", "cuda-bf16"], ["--verify", "real hardware"]),
+    ],
+)
+def test_bad_input_exits_2_with_a_message_and_no_traceback(capsys, argv, words):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("precision-nb plan: error:")
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err
+
+
+def test_bad_config_key_exits_2(capsys, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text('optimizer:\n  fused: "yes"\n')
+    code, _, err = _run(capsys, "--config", str(path))
+    assert code == 2 and "optimizer.fused" in err and "'yes'" in err
+
+
+def test_bad_fused_flag_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--fused", "yes"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--fused" in err and "'yes'" in err and "Traceback" not in err
+
+
+def test_module_entry_point_prints_json():
+    proc = subprocess.run(
+        [sys.executable, "-m", "precision_nb.views.cli", "plan", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["simulated"] is False
+    assert [d["field"] for d in data["decisions"]][:2] == ["device", "mode"]

@@ -22,8 +22,8 @@ from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
 from precision_nb.engine.batches import BatchSource
 from precision_nb.engine.results import RunResult
-from precision_nb.engine.trainer import TrainConfig, Trainer, _workload_batches
-from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload, get_workload
+from precision_nb.engine.trainer import TrainConfig, Trainer, make_train_config, prepare
+from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
 
 log = logging.getLogger(__name__)
 
@@ -86,20 +86,12 @@ def compare(
     modes = list(modes)
     if not modes:
         raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
-    cfg = train if train is not None else TrainConfig()
-    if train_options:
-        cfg = dataclasses.replace(cfg, **train_options)
-    seed = cfg.seed if cfg.seed is not None else 0
-    info: dict[str, Any] = {}
-    if model is None:
-        wl = workload if isinstance(workload, Workload) else get_workload(workload, preset)
-        torch.manual_seed(seed)
-        model = wl.make_model()
-        info = dict(wl.info)
-        if batches is None:
-            batches = _workload_batches(wl, device)
-    elif batches is None:
+    cfg = make_train_config(train, train_options)
+    if model is not None and batches is None:
         raise ValueError("batches is None; pass batches together with your own model")
+    model, batches, info = prepare(
+        model if model is not None else workload, batches, preset, device, cfg.seed
+    )
     if isinstance(batches, Iterable) and iter(batches) is batches:
         raise ValueError(
             f"batches has type {type(batches).__name__}, a one-shot iterator; compare needs "

@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from precision_nb.core.amp import autocast_context, make_grad_scaler
+from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
@@ -653,26 +654,8 @@ def fit(
     name (with ``preset``). Extra keyword arguments are :class:`TrainConfig` fields
     (``fit("mlp", steps=50, accumulation=2)``).
     """
-    info: dict[str, Any] = {}
-    if isinstance(model, str):
-        model = get_workload(model, preset)
-    if isinstance(model, Workload):
-        wl = model
-        seed = (train.seed if train else train_options.get("seed", 0)) or 0
-        torch.manual_seed(seed)
-        model = wl.make_model()
-        info = dict(wl.info)
-        if batches is None:
-            batches = _workload_batches(wl, device)
-    if batches is None:
-        raise ValueError("batches is None; pass batches for your own model (or a workload name)")
-    cfg = train if train is not None else TrainConfig()
-    if train_options:
-        try:
-            cfg = dataclasses.replace(cfg, **train_options)
-        except TypeError as exc:
-            fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-            raise ValueError(f"{exc}; TrainConfig fields: {fields}") from None
+    cfg = make_train_config(train, train_options)
+    model, batches, info = prepare(model, batches, preset, device, cfg.seed)
     trainer = Trainer(
         model,
         batches,
@@ -686,8 +669,39 @@ def fit(
     return trainer.fit(callbacks=list(callbacks), stop=stop)
 
 
-def _workload_batches(wl: Workload, device: Any) -> Callable[[int], Any]:
-    """Batches for a workload, placed on the device the trainer will resolve."""
-    from precision_nb.core.device import resolve_device
+def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+    """``train`` (or the defaults) with ``options`` applied; unknown names list the fields."""
+    cfg = train if train is not None else TrainConfig()
+    if not options:
+        return cfg
+    try:
+        return dataclasses.replace(cfg, **options)
+    except TypeError as exc:
+        fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+        raise ValueError(f"{exc}; TrainConfig fields: {fields}") from None
 
-    return wl.make_batches(resolve_device(device))
+
+def prepare(
+    model: nn.Module | Workload | str | None,
+    batches: Any,
+    preset: str,
+    device: Any,
+    seed: int | None,
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Model, batches and workload info from a module (+ batches) or a workload / its name.
+
+    A workload's model is built right after ``torch.manual_seed(seed)`` and its batches are
+    placed on the device the trainer will resolve.
+    """
+    info: dict[str, Any] = {}
+    if isinstance(model, str):
+        model = get_workload(model, preset)
+    if isinstance(model, Workload):
+        torch.manual_seed(seed or 0)
+        info = dict(model.info)
+        if batches is None:
+            batches = model.make_batches(resolve_device(device))
+        model = model.make_model()
+    if batches is None:
+        raise ValueError("batches is None; pass batches for your own model (or a workload name)")
+    return model, batches, info

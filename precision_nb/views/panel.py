@@ -243,6 +243,7 @@ class Panel:
             value=0, min=0, max=1, description="Progress", layout=widgets.Layout(width="360px")
         )
         self.progress_label = widgets.Label(value="idle")
+        self.live_metrics = widgets.HTML()
         self.plan_html = widgets.HTML()
         self.figure_image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         self.figure_note = widgets.HTML("<i>Figures appear here during a run.</i>")
@@ -262,6 +263,7 @@ class Panel:
             (self.status, "pnb-status"),
             (self.progress, "pnb-progress"),
             (self.progress_label, "pnb-progress-label"),
+            (self.live_metrics, "pnb-live-metrics"),
             (self.plan_html, "pnb-plan"),
             (self.figure_image, "pnb-figures"),
             (self.figure_note, "pnb-figures-note"),
@@ -288,6 +290,7 @@ class Panel:
                 self.run_reason,
                 self.error_box,
                 progress,
+                self.live_metrics,
                 self.status,
                 self.plan_html,
                 self.figure_note,
@@ -492,6 +495,7 @@ class Panel:
             self.progress.max = live.steps * live.runs
             self.progress.bar_style = ""
             self.progress_label.value = "starting..."
+            self.live_metrics.value = ""
             self.status.value = ""
             self.events_html.value = ""
             self.results_html.value = ""
@@ -570,10 +574,14 @@ class Panel:
             return compare(modes, model=self._model, batches=self._batches, **common)
         return compare(modes, selection.workload, selection.preset, **common)
 
-    def _set_progress(self, done: int, total: int, text: str) -> None:
+    def _set_progress(
+        self, done: int, total: int, text: str, record: dict[str, Any] | None
+    ) -> None:
         self.progress.max = max(1, total)
         self.progress.value = min(done, self.progress.max)
         self.progress_label.value = text
+        if record is not None:
+            self.live_metrics.value = _metrics_text(record)
 
     def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
         if not records:
@@ -630,7 +638,7 @@ class Panel:
         )
         if frame.empty:
             return
-        self.figure_image.value = figure_to_png(dashboard_figure(source), dpi=80)
+        self.figure_image.value = figure_to_png(dashboard_figure(source), dpi=72)
         self.figure_note.value = ""
         self.results_html.value = summary(source).to_html(
             index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
@@ -815,6 +823,27 @@ def _check_train_options(options: dict[str, Any] | None) -> dict[str, Any]:
             )
     TrainConfig(**options)  # raises ValueError naming a bad value
     return options
+
+
+def _metrics_text(record: dict[str, Any]) -> str:
+    """One line of the latest numbers (cheap to update often, unlike a figure)."""
+    parts = [f"<b>{html.escape(str(record.get('run', '')))}</b>"]
+    loss = record.get("loss")
+    if isinstance(loss, (int, float)):
+        parts.append(f"loss {loss:.4g}")
+    scale = record.get("loss_scale")
+    if isinstance(scale, (int, float)):
+        parts.append(f"loss scale {scale:g} ({int(record.get('skipped_total') or 0)} skipped)")
+    for key, unit in (("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s")):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            parts.append(f"{value:,.0f} {unit}")
+            break
+    memory = record.get("memory_bytes")
+    if isinstance(memory, (int, float)):
+        kind = html.escape(str(record.get("memory_kind") or "memory"))
+        parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
+    return " &middot; ".join(parts)
 
 
 def _results_of(source: Any) -> dict[str, Any]:

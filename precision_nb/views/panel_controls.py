@@ -400,7 +400,7 @@ class Controls:
         """dtype only matters for mode auto; the lab only for an fp16 request on CPU."""
         auto = self.mode.value == "auto"
         self.dtype.disabled = not auto
-        self.dtype.description_tooltip = (
+        self.dtype.tooltip = (
             None if auto else f"dtype only matters when mode is auto (mode is {self.mode.value})"
         )
         self.loss_scale_lab.disabled = not lab_applies

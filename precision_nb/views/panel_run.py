@@ -26,9 +26,10 @@ __all__ = ["Job", "LiveView", "describe_failure"]
 class LiveView:
     """Engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) that feeds the panel.
 
-    ``progress(done, total, text)`` is called at most every ``progress_interval_s`` (and at each
-    run's end); ``draw(records, results)`` renders a live frame when the throttle and the plotting
-    budget allow. ``runs`` is the number of runs expected (1, or the plans of a comparison).
+    ``progress(done, total, text, record)`` is called at most every ``progress_interval_s`` (and
+    at each run's start and end) with the latest record (None before the first);
+    ``draw(records, results)`` renders a live frame when the throttle and the plotting budget
+    allow. ``runs`` is the number of runs expected (1, or the plans of a comparison).
     """
 
     def __init__(
@@ -36,7 +37,7 @@ class LiveView:
         *,
         steps: int,
         runs: int,
-        progress: Callable[[int, int, str], None],
+        progress: Callable[[int, int, str, dict[str, Any] | None], None],
         draw: Callable[[list[dict[str, Any]], list[Any]], None],
         budget: float = 0.03,
         min_interval_s: float = 0.5,
@@ -127,7 +128,7 @@ class LiveView:
         if step_time:
             parts.append(f"{1.0 / step_time:.1f} steps/s")
         done = (index - 1) * self.steps + step
-        self._progress(done, self.steps * self.runs, " · ".join(parts))
+        self._progress(done, self.steps * self.runs, " · ".join(parts), record)
 
 
 @dataclass

@@ -1,0 +1,251 @@
+"""Panel without training: controls, live plan, simulated badge, errors, copy-as-code."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from precision_nb.views.panel import Panel
+from precision_nb.views.panel_code import CodeSpec, plan_code
+
+
+@pytest.fixture(scope="module")
+def panel() -> Panel:
+    return Panel(steps=5)
+
+
+@pytest.fixture(autouse=True)
+def _reset(panel: Panel) -> None:
+    panel.set(device="cpu", mode="auto", dtype=None, fused=None, loss_scale_lab=False)
+
+
+def _classes(widget) -> set[str]:
+    return set(widget._dom_classes)
+
+
+def test_key_widgets_carry_stable_css_classes(panel: Panel) -> None:
+    found: set[str] = set()
+
+    def walk(w) -> None:
+        found.update(c for c in getattr(w, "_dom_classes", ()) if c.startswith("pnb-"))
+        for child in getattr(w, "children", ()):
+            walk(child)
+
+    walk(panel.widget)
+    for css in (
+        "pnb-panel",
+        "pnb-device",
+        "pnb-mode",
+        "pnb-dtype",
+        "pnb-fused",
+        "pnb-workload",
+        "pnb-preset",
+        "pnb-steps",
+        "pnb-accumulation",
+        "pnb-lab",
+        "pnb-compare-plans",
+        "pnb-run",
+        "pnb-compare",
+        "pnb-stop",
+        "pnb-plan",
+        "pnb-error",
+        "pnb-progress",
+        "pnb-progress-label",
+        "pnb-figures",
+        "pnb-results",
+        "pnb-badge",
+        "pnb-code",
+        "pnb-run-reason",
+        "pnb-status",
+    ):
+        assert css in found, css
+
+
+def test_device_menu_lists_real_devices_then_simulated_presets(panel: Panel) -> None:
+    options = panel.controls.device.options
+    values = [value for _label, value in options]
+    assert values[:2] == ["auto", "cpu"]
+    simulated = [(label, value) for label, value in options if value.startswith("sim:")]
+    assert {"sim:cuda-bf16", "sim:cuda-no-bf16", "sim:mps"} <= {v for _l, v in simulated}
+    assert all(label.startswith("[simulated]") for label, _v in simulated)
+    real = [label for label, value in options if not value.startswith("sim:")]
+    assert not any("simulated" in label for label in real)
+
+
+def test_widget_change_resolves_plan_and_marks_matrix_row(panel: Panel) -> None:
+    panel.controls.mode.value = "bf16"  # as a click on the toggle would
+    assert panel.plan.mode == "bf16" and panel.plan.autocast_enabled
+    assert "bf16 on cpu" in panel.plan_text
+    html = panel.plan_html.value
+    applied = re.search(r'<tr[^>]*data-row="([^"]+)"><td>&#9654; applied', html)
+    assert applied is not None and applied.group(1) == "cpu-bf16"
+    assert "explicit bf16 on CPU is kept" in html  # the decision's reason is shown
+
+    panel.controls.mode.value = "fp16"
+    assert panel.plan.mode == "fp32"  # the matrix's CPU fp16 fallback
+    assert 'data-row="cpu-fp16"><td>&#9654; applied' in panel.plan_html.value
+    assert "(fallback)" in panel.plan_html.value
+
+
+def test_dtype_enabled_only_when_mode_is_auto(panel: Panel) -> None:
+    controls = panel.controls
+    assert panel.mode == "auto" and not controls.dtype.disabled
+    panel.set(dtype="bf16")
+    assert panel.plan.mode == "bf16"  # auto + dtype bf16 requests bf16
+    for mode in ("fp32", "bf16", "fp16"):
+        panel.set(mode=mode)
+        assert controls.dtype.disabled, mode
+    panel.set(mode="fp32")
+    assert panel.plan.mode == "fp32"
+    dtype_decision = next(d for d in panel.explanation.decisions if d.field == "dtype")
+    assert "ignored" in dtype_decision.reason
+    panel.set(mode="auto")
+    assert not controls.dtype.disabled
+
+
+def test_loss_scale_lab_only_applies_to_fp16_on_cpu(panel: Panel) -> None:
+    lab = panel.controls.loss_scale_lab
+    assert lab.disabled  # auto on CPU
+    panel.set(mode="bf16")
+    assert lab.disabled
+    panel.set(mode="fp16")
+    assert not lab.disabled
+    assert panel.plan.mode == "fp32"
+    panel.set(loss_scale_lab=True)
+    assert panel.plan.mode == "fp16" and panel.plan.use_scaler
+    assert 'data-row="cpu-fp16-lab"><td>&#9654; applied' in panel.plan_html.value
+    # fp16 on (simulated) CUDA already has its scaler: the lab does not apply there
+    panel.set(device="cuda-no-bf16")
+    assert lab.disabled
+    assert "ignored here" in panel.controls.lab_note.value
+    assert panel.explanation.config.loss_scale_lab is False
+    # auto with dtype fp16 is an fp16 request too
+    panel.set(device="cpu", mode="auto", dtype="fp16")
+    assert not lab.disabled and panel.plan.mode == "fp16"
+
+
+def test_simulated_hardware_shows_badge_and_disables_run(panel: Panel) -> None:
+    assert "this machine" in panel.badge.value
+    assert "pnb-simulated" not in _classes(panel.badge)
+    assert not panel.run_button.disabled
+
+    panel.set(device="cuda-bf16")  # the preset name works without the sim: prefix
+    assert panel.device == "sim:cuda-bf16"
+    assert panel.simulated
+    assert "SIMULATED" in panel.badge.value and "cuda-bf16" in panel.badge.value
+    assert "pnb-simulated" in _classes(panel.badge)
+    assert panel.plan.mode == "bf16" and panel.plan.device_type == "cuda"
+    assert panel.run_button.disabled and panel.compare_button.disabled
+    assert "simulated hardware" in panel.run_reason.value
+    with pytest.raises(RuntimeError, match="simulated"):
+        panel.run()
+    assert 'device = torch.device("cuda")' in panel.code
+    assert "simulated hardware" in panel.code
+
+    panel.set(device="sim:cuda-no-bf16")
+    assert panel.plan.mode == "fp16" and panel.plan.use_scaler
+    assert 'torch.amp.GradScaler("cuda")' in panel.code
+
+    panel.set(device="cpu")
+    assert not panel.simulated and not panel.run_button.disabled
+    assert panel.run_reason.value == ""
+
+
+def test_bad_input_raises_and_is_shown_in_the_panel(panel: Panel) -> None:
+    before = panel.plan
+    with pytest.raises(ValueError, match=r"mode='fp8'.*allowed: auto, fp32, bf16, fp16"):
+        panel.set(mode="fp8")
+    assert panel.error is not None and "fp8" in panel.error
+    assert "fp8" in panel.error_box.value
+    assert panel.error_box.layout.display != "none"
+    assert panel.plan == before  # nothing changed
+    with pytest.raises(ValueError, match="steps=0"):
+        panel.steps = 0
+    with pytest.raises(ValueError, match="device='tpu:3'"):
+        panel.set(device="tpu:3")
+    with pytest.raises(ValueError, match="preset='huge'"):
+        panel.set(preset="huge")
+    # the panel stays usable: a good value clears the message
+    panel.set(mode="bf16")
+    assert panel.error is None and panel.error_box.layout.display == "none"
+    assert panel.plan.mode == "bf16"
+
+
+def test_constructor_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="batches is None"):
+        Panel(model=torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="train_options\\['steps'\\]"):
+        Panel(train_options={"steps": 3})
+    with pytest.raises(ValueError, match="not a TrainConfig field"):
+        Panel(train_options={"bogus": 1})
+    with pytest.raises(ValueError, match="mode="):
+        Panel(mode="int8")
+
+
+def test_fused_choice_reaches_explanation_and_code(panel: Panel) -> None:
+    panel.set(fused="off")
+    fused = next(d for d in panel.explanation.decisions if d.field == "fused AdamW")
+    assert fused.outcome == "plain AdamW" and "fused=False" in panel.code
+    panel.set(fused=True)
+    fused = next(d for d in panel.explanation.decisions if d.field == "fused AdamW")
+    assert panel.fused is True
+    expected = "fused=True" if fused.outcome.startswith("fused") else "fused=False"
+    assert expected in panel.code
+
+
+def _exec_snippet(code: str) -> dict:
+    namespace: dict = {"__name__": "__snippet__"}
+    exec(compile(code, "<copy-as-code>", "exec"), namespace)  # noqa: S102 - the test's point
+    return namespace
+
+
+@pytest.mark.parametrize(
+    ("settings", "mode", "autocast_dtype", "scaler"),
+    [
+        ({"mode": "fp32"}, "fp32", None, False),
+        ({"mode": "bf16"}, "bf16", torch.bfloat16, False),
+        ({"mode": "fp16", "loss_scale_lab": True}, "fp16", torch.float16, True),
+    ],
+)
+def test_copy_as_code_runs_and_reproduces_cpu_plan(
+    panel: Panel, settings: dict, mode: str, autocast_dtype, scaler: bool, capsys
+) -> None:
+    panel.set(steps=6, accumulation=2, **settings)
+    assert panel.plan.mode == mode
+    code = panel.code
+    assert "precision_nb" not in code.replace("without precision_nb", "")
+    namespace = _exec_snippet(code)
+    assert "final loss" in capsys.readouterr().out
+    assert math.isfinite(namespace["loss"].item())
+    assert namespace["device"] == torch.device("cpu")
+    assert isinstance(namespace["optimizer"], torch.optim.AdamW)
+    assert ("scaler" in namespace) is scaler
+    if scaler:
+        assert namespace["scaler"].is_enabled()
+        assert namespace["scaler"].get_scale() > 0
+    if autocast_dtype is None:
+        assert "torch.autocast" not in code
+    else:
+        assert f'torch.autocast(device_type="cpu", dtype={autocast_dtype})' in code
+    assert namespace["steps"] == 6 and namespace["accumulation"] == 2
+
+
+def test_plan_code_rejects_unknown_dtype() -> None:
+    spec = CodeSpec("cpu", "fp8", "fp8", True, False, None)
+    with pytest.raises(ValueError, match="dtype='fp8'"):
+        plan_code(spec)
+
+
+def test_user_model_panel_hides_workloads() -> None:
+    model = torch.nn.Linear(4, 2)
+    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
+    panel = Panel(model, batches, mode="bf16")
+    assert panel.controls.workload.disabled and panel.controls.preset.disabled
+    assert panel.controls.workload.value == "your model"
+    assert panel.workload is None
+    with pytest.raises(ValueError, match="workload cannot be chosen"):
+        panel.set(workload="mlp")
+    assert panel.plan.mode == "bf16"

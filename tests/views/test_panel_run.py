@@ -1,0 +1,209 @@
+"""Panel runs, headless: Run / Compare / Stop by Button.click(), refusal of a second run,
+failures shown in the panel, live-update throttling. Tiny workloads, a few steps each."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from precision_nb.views.figures import figure_to_png
+from precision_nb.views.panel import Panel
+from precision_nb.views.panel_run import LiveView, describe_failure
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TIMEOUT = 120
+
+
+def _wait_until(predicate, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+
+def test_run_button_trains_and_fills_every_view() -> None:
+    panel = Panel(steps=5, log_every=1, mode="bf16")
+    panel.run_button.click()
+    assert panel.running and panel.run_button.disabled and not panel.stop_button.disabled
+    assert panel.wait(TIMEOUT)
+    assert panel.error is None, panel.error
+    result = panel.result
+    assert result.steps == 5 and not result.stopped
+    frame = panel.results
+    assert list(frame["step"]) == [1, 2, 3, 4, 5]
+    assert set(frame["mode"]) == {"bf16"} and set(frame["run"]) == {"bf16"}
+    assert panel.progress.value == panel.progress.max == 5
+    assert panel.progress_label.value.startswith("5/5 steps")
+    assert "steps/s" in panel.progress_label.value
+    assert bytes(panel.figure_image.value).startswith(PNG) and len(panel.figure_image.value) > 2000
+    assert "<table" in panel.results_html.value and "bf16" in panel.results_html.value
+    assert "Finished" in panel.status.value
+    assert not panel.run_button.disabled and panel.stop_button.disabled
+    assert "loss" in panel.live_metrics.value and "samples/s" in panel.live_metrics.value
+    figures = panel.figures
+    assert set(figures) == {"loss", "loss_scale", "throughput", "memory", "dashboard"}
+    for fig in figures.values():
+        assert fig.axes
+    loss_lines = figures["loss"].axes[0].get_lines()
+    assert len(loss_lines) == 1 and list(loss_lines[0].get_xdata()) == [1, 2, 3, 4, 5]
+    assert figure_to_png(figures["loss"], dpi=40).startswith(PNG)
+    assert len(panel.summary) == 1
+
+
+def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
+    panel = Panel(steps=100_000, log_every=1)
+    panel.run_button.click()
+    _wait_until(lambda: panel.progress.value >= 3)
+    assert panel.run_button.disabled and panel.compare_button.disabled
+    # a second Run: the button is disabled, and the guard refuses a click or a call anyway
+    first_job = panel._job
+    panel.run_button.click()
+    assert panel._job is first_job
+    assert "already going" in panel.status.value
+    with pytest.raises(RuntimeError, match="already going"):
+        panel.run()
+    with pytest.raises(RuntimeError, match="already going"):
+        panel.compare()
+    assert len(panel.results) >= 3  # live records are readable while running
+
+    panel.stop_button.click()
+    assert panel.wait(TIMEOUT)
+    result = panel.result
+    assert result.stopped and 3 <= result.steps < 100_000
+    assert len(panel.results) == result.steps == len(result.records)
+    assert any("stopped by request" in e for e in result.events)
+    assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
+    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert not panel.run_button.disabled and panel.stop_button.disabled
+    assert panel.error is None
+
+
+def test_compare_overlays_plans_with_summary_table() -> None:
+    panel = Panel(steps=4, log_every=1, compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"))
+    panel.compare_button.click()
+    assert panel.wait(TIMEOUT)
+    assert panel.error is None, panel.error
+    comparison = panel.result
+    labels = list(comparison.results)
+    assert labels == ["fp32", "bf16", "fp16 (loss-scale lab)"]
+    assert list(dict.fromkeys(panel.results["run"])) == labels
+    table = panel.summary
+    assert list(table["run"]) == labels
+    lab = table.set_index("run").loc["fp16 (loss-scale lab)"]
+    assert bool(lab["use_scaler"]) and lab["mode"] == "fp16"
+    # same seed and data: the fp32 reference has zero drift, the others are measured
+    assert comparison.drift["fp32"]["param_rel_diff"] == 0.0
+    assert comparison.drift["bf16"]["param_rel_diff"] > 0.0
+    assert all(label in panel.results_html.value for label in labels)
+    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert panel.progress.value == panel.progress.max
+
+
+def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
+    model = nn.Linear(4, 2)
+    bad = [(torch.randn(3, 5), torch.randint(0, 2, (3,)))]  # 5 features for a 4-input model
+    panel = Panel(model, bad, steps=2)
+    panel.run_button.click()  # a click never raises
+    assert panel.wait(TIMEOUT)
+    assert panel.error is not None and panel.error.startswith("Run failed")
+    assert "mat1 and mat2" in panel.error  # torch's own words about the shapes
+    assert "Traceback" not in panel.error_box.value
+    assert panel.error_box.layout.display != "none"
+    assert panel.progress.bar_style == "danger"
+    assert not panel.run_button.disabled and panel.stop_button.disabled
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        panel.run(block=True)
+    # still usable: the plan keeps resolving
+    panel.set(mode="bf16")
+    assert panel.plan.mode == "bf16"
+
+
+class _OutOfMemoryModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_out_of_memory_says_what_to_change() -> None:
+    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
+    panel = Panel(_OutOfMemoryModel(), batches, steps=2)
+    panel.run_button.click()
+    assert panel.wait(TIMEOUT)
+    assert panel.error is not None and panel.error.startswith("Out of memory")
+    assert "smaller preset or batch" in panel.error and "accumulation" in panel.error
+    assert not panel.run_button.disabled
+
+
+def test_describe_failure_gives_advice_for_raw_torch_oom() -> None:
+    message = describe_failure(torch.OutOfMemoryError("CUDA out of memory"), batch_hint="now large")
+    assert message.startswith("Out of memory") and "(now large)" in message
+    assert "accumulation" in message and "mixed-precision" in message
+    assert describe_failure(ValueError("steps bad")) == "Run failed (ValueError): steps bad"
+
+
+def test_user_model_is_trained_on_a_copy() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    before = [p.detach().clone() for p in model.parameters()]
+    batches = [(torch.randn(6, 8), torch.randint(0, 3, (6,))) for _ in range(4)]
+    panel = Panel(model, batches, steps=3, log_every=1)
+    result = panel.run(block=True)
+    assert result.steps == 3 and len(panel.results) == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
+    clock = _Clock()
+    draws: list[float] = []
+    progress: list[tuple[int, int, str]] = []
+
+    def draw(records, results) -> None:
+        draws.append(clock.now)
+        clock.now += 0.4  # an expensive frame
+
+    live = LiveView(
+        steps=1000,
+        runs=1,
+        progress=lambda d, t, s, r: progress.append((d, t, s)),
+        draw=draw,
+        budget=0.05,
+        min_interval_s=0.5,
+        clock=clock,
+    )
+
+    class _Result:
+        label = "fp32"
+        records: list = []
+        scale_history: list = []
+
+    live.on_fit_start(_Result())
+    for step in range(1, 1001):
+        clock.now += 0.02  # 20 ms of training per step
+        live.on_log({"step": step, "step_time_s": 0.02})
+        training = clock.now - live.plot_seconds
+        assert live.plot_seconds <= 0.05 * training + 1e-9
+    assert live.frames == len(draws) >= 2  # some live frames, not one per step
+    assert all(b - a >= 0.5 for a, b in zip(draws, draws[1:], strict=False))
+    assert progress[-1][0] <= 1000 and progress[-1][1] == 1000
+    assert len(progress) < 1000  # progress is throttled too
+    assert "steps/s" in progress[-1][2]
+
+
+def test_live_view_rejects_bad_budget() -> None:
+    with pytest.raises(ValueError, match="budget=1.5"):
+        LiveView(steps=1, runs=1, progress=print, draw=print, budget=1.5)

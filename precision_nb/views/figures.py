@@ -18,7 +18,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from precision_nb.views.tables import RecordSource, scale_histories, to_frame
 
@@ -44,6 +44,7 @@ MEMORY_KIND_LABELS = {
 }
 
 SINGLE_SIZE = (7.0, 4.0)
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 DASHBOARD_SIZE = (11.0, 7.5)
 
 
@@ -75,7 +76,7 @@ def plan_colors(labels: Sequence[str] | Any) -> dict[str, str]:
 def figure_to_png(fig: Figure, *, dpi: int = 100) -> bytes:
     """Render ``fig`` to PNG bytes (for ``ipywidgets.Image`` or a report)."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
 
 
@@ -111,6 +112,8 @@ def _numeric(series: Any) -> Any:
 
 
 def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    if xlabel != "plan":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -388,5 +391,5 @@ def _pow2_label(value: float, _pos: int) -> str:
         return ""
     exponent = math.log2(value)
     if abs(exponent - round(exponent)) < 1e-9:
-        return f"$2^{{{int(round(exponent))}}}$"
+        return "2" + str(int(round(exponent))).translate(_SUPERSCRIPT)
     return f"{value:g}"

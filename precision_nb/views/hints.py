@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from precision_nb.views.tables import RecordSource, results_of, summary
+from precision_nb.views.tables import RecordSource, results_of, summary, to_frame
 
 __all__ = ["Hint", "hints", "matmul_dims_not_multiple_of_8"]
 
@@ -26,6 +26,8 @@ OVERHEAD_MFU = 0.10
 OVERHEAD_FLOPS_PER_S = 5e9
 #: A scaled plan skipping more than this fraction of its optimizer attempts skips "often".
 SKIP_FRACTION = 0.05
+#: Step times whose 10th-90th percentile range exceeds this fraction of the median are noisy.
+NOISY_SPREAD = 0.5
 
 # Workload dims that become matmul (GEMM) dimensions in the built-in models.
 _MATMUL_DIM_KEYS = (
@@ -96,6 +98,9 @@ def hints(source: RecordSource) -> list[Hint]:
     out += _bf16_emulated(rows, results)
     out += _skips(rows, results)
     out += _fused(rows, results)
+    frame = to_frame(source)
+    if "step_time_s" in frame:
+        out += _noise(rows, frame)
     return out
 
 
@@ -149,9 +154,7 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
         low = {k: r for k, r in with_mfu.items() if r["mfu"] < OVERHEAD_MFU}
         if not low:
             return []
-        parts = ", ".join(
-            f"{k} {r['flops_per_s'] / 1e9:.1f} GFLOP/s = {r['mfu']:.1%}" for k, r in low.items()
-        )
+        parts = ", ".join(f"{k} {_rate(r['flops_per_s'])} = {r['mfu']:.1%}" for k, r in low.items())
         source = next(iter(low.values())).get("mfu_peak_source") or "peak"
         return [
             Hint(
@@ -169,7 +172,7 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
         return []
     flops_step = _workload(results).get("flops_per_step")
     per_step = f" for {flops_step / 1e6:.1f} MFLOP per step" if _ok(flops_step) else ""
-    parts = ", ".join(f"{k} {r['flops_per_s'] / 1e9:.2f} GFLOP/s" for k, r in low_rates.items())
+    parts = ", ".join(f"{k} {_rate(r['flops_per_s'])}" for k, r in low_rates.items())
     return [
         Hint(
             "all" if len(low_rates) == len(rows) else ", ".join(low_rates),
@@ -264,7 +267,8 @@ def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
 
 
 def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
-    out = []
+    """One hint per distinct reason, naming every run it applies to."""
+    by_message: dict[tuple[str, str], list[str]] = {}
     for label, row in rows.items():
         outcome = getattr(results.get(label), "optimizer_outcome", None)
         used = getattr(outcome, "used", row.get("fused_adamw"))
@@ -272,7 +276,7 @@ def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
             continue
         if outcome is not None:
             requested = getattr(outcome, "requested", None)
-            reason = getattr(outcome, "reason", "") or "no reason recorded"
+            reason = str(getattr(outcome, "reason", "") or "no reason recorded").rstrip(".")
             asked = {True: "requested", False: "disabled", None: "left to the probe"}.get(
                 requested, str(requested)
             )
@@ -283,5 +287,40 @@ def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
         else:
             message = "Fused AdamW was not used; the records do not say why."
             measurement = "fused_adamw record field"
-        out.append(Hint(label, "fused_adamw", message, measurement))
-    return out
+        by_message.setdefault((message, measurement), []).append(label)
+    return [
+        Hint("all" if len(labels) == len(rows) > 1 else ", ".join(labels), "fused_adamw", m, k)
+        for (m, k), labels in by_message.items()
+    ]
+
+
+def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any) -> list[Hint]:
+    """Step times that spread widely make every speedup above uncertain; say so."""
+    noisy = []
+    for label in rows:
+        times = frame.loc[frame["run"] == label, "step_time_s"].dropna().astype(float)
+        if len(times) < 4:
+            continue
+        median = float(times.median())
+        spread = float(times.quantile(0.9) - times.quantile(0.1)) / median if median > 0 else 0.0
+        if spread > NOISY_SPREAD:
+            noisy.append(f"{label} {spread:.0%}")
+    if not noisy:
+        return []
+    return [
+        Hint(
+            "all" if len(noisy) == len(rows) else ", ".join(n.rsplit(" ", 1)[0] for n in noisy),
+            "noise",
+            "Step times varied widely (" + ", ".join(noisy) + " of the median between the 10th "
+            "and 90th percentile): the machine was busy or still warming up, so treat the "
+            "speedups as rough; more --steps or a quieter machine give steadier numbers.",
+            "step_time_s spread (p90 - p10) / median",
+        )
+    ]
+
+
+def _rate(flops_per_s: float) -> str:
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.1f} {unit}"
+    return f"{flops_per_s:.0f} FLOP/s"

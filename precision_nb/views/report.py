@@ -52,6 +52,11 @@ FIGURES: dict[str, Callable[..., Figure]] = {
     "memory": F.memory_figure,
 }
 
+#: Optimizer steps per plan when ``profile`` is not given ``steps``.
+DEFAULT_STEPS = 50
+#: About this many logged points per plan in a profile.
+PROFILE_POINTS = 25
+
 #: Every file :func:`write_report` writes.
 OUTPUT_FILES = ("metrics.csv", "summary.csv", *(f"{s}.png" for s in FIGURES), "report.html")
 
@@ -66,7 +71,9 @@ img{max-width:100%;height:auto}.swatch{display:inline-block;width:.9em;height:.9
 border-radius:2px;margin-right:.35em;vertical-align:-.1em}
 .hint{margin:.3em 0}.measure{color:#666;font-size:.88em}.merged{background:#fff8e1;
 padding:.5em .8em;border-left:4px solid #f0ad4e}.scroll{overflow-x:auto}
-pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.85em}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(420px,1fr));gap:.5em}
+details{margin:.5em 0}summary{cursor:pointer;color:#245}
+pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap;font-size:.85em}
 """
 
 
@@ -159,16 +166,27 @@ def render_html(
         "<h2>Figures</h2>",
     ]
     for stem, png in pngs.items():
-        data = base64.b64encode(png).decode("ascii")
+        if stem == "dashboard":
+            parts.append(_img_html(stem, png))
+    singles = [_img_html(stem, png) for stem, png in pngs.items() if stem != "dashboard"]
+    if singles:
         parts.append(
-            f'<figure><img alt="{e(stem)} figure" data-figure="{e(stem)}" '
-            f'src="data:image/png;base64,{data}"></figure>'
+            "<details><summary>Each figure on its own (also written as PNG files)</summary>"
+            f'<div class="grid">{"".join(singles)}</div></details>'
         )
     parts += ["<h2>Summary</h2>", _table_html(table, colors)]
     parts += ["<h2>Plans and why they resolved that way</h2>", _plans_html(results, colors)]
     parts += ["<h2>Events</h2>", _events_html(comparison, results)]
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
+
+
+def _img_html(stem: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img alt="{html.escape(stem)} figure" data-figure="{html.escape(stem)}" '
+        f'src="data:image/png;base64,{data}"></figure>'
+    )
 
 
 def _fmt(value: Any) -> str:
@@ -227,14 +245,13 @@ def _merged_html(comparison: Any) -> str:
 
 
 def _merge_reasons(comparison: Any, request: str) -> str:
-    """The fallback decisions behind a merged request, when the comparison kept them."""
-    explanations = getattr(comparison, "explanations", None) or {}
-    explanation = explanations.get(request) if isinstance(explanations, Mapping) else None
-    decisions = getattr(explanation, "fallbacks", None) or ()
-    if not decisions:
-        return ""
-    reasons = "; ".join(f"{d.field} → {d.outcome}: {d.reason}" for d in decisions)
-    return f" Why: {html.escape(reasons)}"
+    """The comparison's own event that explains why ``request`` was merged, when present."""
+    prefix = f"{request} resolves to the same plan"
+    for event in getattr(comparison, "events", None) or []:
+        text = str(event)
+        if text.startswith(prefix) and "Why:" in text:
+            return " Why: " + html.escape(text.split("Why:", 1)[1].strip())
+    return ""
 
 
 def _hints_html(hint_list: Sequence[Hint]) -> str:
@@ -250,28 +267,30 @@ def _hints_html(hint_list: Sequence[Hint]) -> str:
 
 
 def _table_html(table: Any, colors: Mapping[str, str]) -> str:
+    """The summary transposed: one column per plan, one row per measurement (fits the page)."""
     e = html.escape
-    columns = list(table.columns)
-    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    records = table.to_dict("records")
+    head = "".join(
+        f'<th><span class="swatch" style="background:{colors.get(str(r["run"]), "#999")}">'
+        f"</span>{e(str(r['run']))}</th>"
+        for r in records
+    )
     body = []
-    for row in table.to_dict("records"):
+    for column in table.columns:
+        if column == "run":
+            continue
         cells = []
-        for c in columns:
-            value = row[c]
-            text = e(_fmt(value))
-            if c == "run":
-                swatch = colors.get(str(value), "#999")
-                cells.append(
-                    f'<td><span class="swatch" style="background:{swatch}"></span>{text}</td>'
-                )
-            elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                cells.append(f'<td class="num">{text}</td>')
-            else:
-                cells.append(f"<td>{text}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        for r in records:
+            value = r[column]
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            css = ' class="num"' if numeric else ""
+            cells.append(f"<td{css}>{e(_fmt(value))}</td>")
+        body.append(f"<tr><th>{e(str(column))}</th>{''.join(cells)}</tr>")
     return (
-        f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+        f'<div class="scroll"><table id="summary"><thead><tr><th>plan</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
+        '<p class="measure">Also written as summary.csv (one row per plan); every logged step is '
+        "in metrics.csv.</p>"
     )
 
 
@@ -284,10 +303,13 @@ def _plans_html(results: Mapping[str, Any], colors: Mapping[str, str]) -> str:
         explanation = getattr(result, "explanation", None)
         if explanation is None:
             parts.append(f"<p>Plan: {e(str(getattr(result, 'plan', '')))}</p>")
-        elif hasattr(explanation, "_repr_html_"):
-            parts.append(f'<div class="scroll explanation">{explanation._repr_html_()}</div>')
         else:
-            parts.append(f"<pre>{e(str(explanation))}</pre>")
+            parts.append(f'<pre class="explanation">{e(str(explanation))}</pre>')
+            if hasattr(explanation, "_repr_html_"):
+                parts.append(
+                    "<details><summary>Resolution matrix with the applied row</summary>"
+                    f'<div class="scroll">{explanation._repr_html_()}</div></details>'
+                )
         outcome = getattr(result, "optimizer_outcome", None)
         if outcome is not None:
             parts.append(
@@ -304,7 +326,7 @@ def _events_html(comparison: Any, results: Mapping[str, Any]) -> str:
     seen = {str(ev) for ev in getattr(comparison, "events", None) or []}
     for label, result in results.items():
         for ev in getattr(result, "events", None) or []:
-            if str(ev) not in seen:
+            if str(ev) not in seen and f"{label}: {ev}" not in seen:
                 items.append(f"<li><b>{e(label)}</b>: {e(str(ev))}</li>")
     if not items:
         return "<p>No event: no fallback, warning or stop happened.</p>"
@@ -506,19 +528,27 @@ def run_profile(
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
-    """Call the engine's ``compare()`` for a validated request."""
+    """Call the engine's ``compare()`` for a validated request.
+
+    Logs about 25 points per plan (``log_every``) so the figures have curves while host syncs
+    stay rare.
+    """
+    from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import compare
 
-    kwargs: dict[str, Any] = dict(
-        modes=request.modes,
-        workload=request.workload,
-        preset=request.preset,
-        device=request.device,
-        accumulation=request.accumulation,
-        fused=request.fused,
-        loss_scale_lab=request.loss_scale_lab,
-        progress=progress,
-    )
+    options: dict[str, Any] = dict(accumulation=request.accumulation, progress=progress)
     if request.steps is not None:
-        kwargs["steps"] = request.steps
-    return compare(**kwargs)
+        options["steps"] = request.steps
+        options["log_every"] = max(1, request.steps // PROFILE_POINTS)
+    else:
+        options["steps"] = DEFAULT_STEPS
+        options["log_every"] = max(1, DEFAULT_STEPS // PROFILE_POINTS)
+    return compare(
+        request.modes,
+        request.workload,
+        request.preset,
+        device=request.device,
+        optimizer=OptimizerConfig(fused=request.fused),
+        loss_scale_lab=request.loss_scale_lab,
+        **options,
+    )

@@ -140,3 +140,31 @@ def test_fused_hint_from_bare_records(make_records):
 
 def test_no_records_no_hints():
     assert hints([]) == []
+
+
+def test_fused_hint_names_every_run_with_the_same_reason_once(make_records):
+    outcome = SimpleNamespace(requested=None, probed=False, used=False, reason="probe false on cpu")
+    comparison = _comparison(
+        fp32=_result(make_records("fp32", "fp32", fused=False), outcome=outcome),
+        bf16=_result(make_records("bf16", "bf16", fused=False), outcome=outcome),
+    )
+    (hint,) = _by_topic(hints(comparison))["fused_adamw"]
+    assert hint.run == "all"
+    assert "left to the probe" in hint.message
+
+
+def test_noisy_step_times_are_flagged(make_records):
+    steady = make_records("fp32", "fp32", steps=10)
+    assert "noise" not in _by_topic(hints(steady))
+    noisy = make_records("fp32", "fp32", steps=10)
+    for record in noisy[::2]:
+        record["step_time_s"] *= 30
+    (hint,) = _by_topic(hints(noisy))["noise"]
+    assert hint.run == "all"
+    assert "(p90 - p10) / median" in hint.measurement
+
+
+def test_overhead_rate_is_written_in_a_readable_unit(make_records):
+    records = make_records("fp32", "fp32", step_time_s=1000.0, mfu=0.001)  # 1 MFLOP/s
+    (hint,) = _by_topic(hints(records))["overhead"]
+    assert "1.0 MFLOP/s" in hint.message

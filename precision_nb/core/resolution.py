@@ -183,11 +183,10 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
     fallback = req not in ("auto", plan.mode)
 
     # mode
+    request_text = ""
     if cfg.mode == "auto" and cfg.dtype is not None:
-        request_text = f"mode auto with dtype {cfg.dtype} requests {cfg.dtype}"
-    else:
-        request_text = f"mode {cfg.mode}"
-    mode_reason = f"{request_text}; {why} (matrix row {row.id!r}, {row.source})"
+        request_text = f"mode auto with dtype {cfg.dtype} requests {cfg.dtype}; "
+    mode_reason = f"{request_text}{why} (matrix row {row.id!r}, {row.source})"
     decisions = [Decision("mode", plan.mode, mode_reason, fallback)]
 
     # dtype (the spec's rule: precision.dtype counts only when mode is auto)

@@ -346,7 +346,8 @@ class Explanation:
             f"<p><b>Precision plan:</b> {e(self.summary())}<br>",
             f"<b>Hardware:</b> {e(caps.name)}{' (simulated)' if caps.simulated else ''}"
             f" &mdash; {e(caps.description)}</p>",
-            "<table><thead><tr><th>#</th><th>decision</th><th>outcome</th><th>why</th>"
+            "<table><caption>Decisions, in order</caption>"
+            "<thead><tr><th>#</th><th>decision</th><th>outcome</th><th>why</th>"
             "</tr></thead><tbody>",
         ]
         for i, d in enumerate(self.decisions, 1):
@@ -362,7 +363,8 @@ class Explanation:
             out.extend(f'<li style="color:#a15c00">&#9888; {e(w)}</li>' for w in self.warnings)
             out.append("</ul>")
         out.append(
-            "<table><thead><tr><th></th><th>device</th><th>request</th><th>resolved mode</th>"
+            "<table><caption>Resolution matrix (spec rows, implied rows, opt-in lab)</caption>"
+            "<thead><tr><th></th><th>device</th><th>request</th><th>resolved mode</th>"
             "<th>scaler</th><th>autocast</th><th>source</th></tr></thead><tbody>"
         )
         applied = self.row.id if self.row is not None else None

@@ -138,8 +138,8 @@ def check_fused(checks: Checks) -> None:
         )
 
 
-def run_engine_checks() -> Any:
-    path = HERE / "gpu_check_engine.py"
+def run_engine_checks(path: Path = HERE / "gpu_check_engine.py") -> Any:
+    """``run_checks()`` of the engine's GPU check file, or why it was not run."""
     if not path.exists():
         return {"skipped": True, "reason": f"{path.name} not found"}
     spec = importlib.util.spec_from_file_location("gpu_check_engine", path)

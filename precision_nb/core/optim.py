@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from precision_nb.core.device import normalize_device_request, resolve_device
+from precision_nb.core.device import resolve_device
 
 if TYPE_CHECKING:
     from precision_nb.core.capabilities import Capabilities
@@ -280,9 +280,11 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
             f"model: invalid value of type {type(model).__name__}; expected a torch.nn.Module"
         )
     cfg = _as_optimizer_config(config)
-    text = normalize_device_request(device)
-    dev = resolve_device(text) if text == "auto" else torch.device(text)
-    model.to(dev)
+    dev = resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for bad input
+    try:
+        model.to(dev)
+    except AssertionError as exc:  # a torch build without this backend asserts
+        raise RuntimeError(f"device: cannot move the model to {dev}: {exc}") from exc
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("model: has no trainable parameters (requires_grad=True) to optimize")

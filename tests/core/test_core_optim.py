@@ -212,3 +212,9 @@ def test_explained_fused_true_without_a_cpu_kernel_is_a_fallback(monkeypatch):
 def test_explained_fused_on_simulated_cuda_is_not_probed():
     assert _fused_decision(None, "cuda", "cuda-bf16").outcome == "fused AdamW (expected)"
     assert _fused_decision(False, "cuda", "cuda-bf16").outcome == "plain AdamW"
+
+
+def test_absent_device_is_a_runtime_error(fake_torch):
+    fake_torch(cuda=False)
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        build_optimizer(_model(), None, "cuda")

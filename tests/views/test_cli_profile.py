@@ -1,0 +1,187 @@
+"""`precision-nb profile` end to end on a tiny preset, and every bad input (exit 2, no writes)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+
+from precision_nb.views import report
+from precision_nb.views.cli import main
+from precision_nb.views.tables import SUMMARY_COLUMNS
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png", "memory.png")
+
+
+def _profile(*args: str) -> int:
+    return main(["profile", "--no-progress", *args])
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory) -> tuple[Path, int]:
+    out = tmp_path_factory.mktemp("profile") / "out"
+    code = _profile("--preset", "tiny", "--steps", "4", "--out", str(out))
+    return out, code
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_profile_writes_every_file(profiled):
+    out, code = profiled
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_FILES)
+    # Nothing staged is left beside the output folder.
+    assert [p.name for p in out.parent.iterdir()] == ["out"]
+
+
+def test_metrics_csv_has_the_record_columns_and_one_row_per_step(profiled):
+    from precision_nb.engine.results import RECORD_KEYS
+
+    rows = _rows(profiled[0] / "metrics.csv")
+    assert set(RECORD_KEYS) <= set(rows[0])
+    # fp16 on CPU resolves to fp32, so two plans ran, four logged steps each.
+    assert sorted({r["run"] for r in rows}) == ["bf16", "fp32"]
+    assert [r["step"] for r in rows if r["run"] == "bf16"] == ["1", "2", "3", "4"]
+    assert {r["memory_kind"] for r in rows} == {"host_rss"}
+
+
+def test_summary_csv_has_one_row_per_plan(profiled):
+    rows = _rows(profiled[0] / "summary.csv")
+    assert list(rows[0]) == list(SUMMARY_COLUMNS)
+    by_run = {r["run"]: r for r in rows}
+    assert set(by_run) == {"fp32", "bf16"}
+    assert by_run["fp32"]["also_requested_as"] == "fp16"
+    assert float(by_run["fp32"]["speedup_vs_fp32"]) == 1.0
+    assert by_run["bf16"]["mode"] == "bf16"
+    assert float(by_run["bf16"]["median_step_time_s"]) > 0
+
+
+def test_figures_are_png(profiled):
+    for name in FIGURE_FILES:
+        data = (profiled[0] / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+
+
+def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
+    text = (profiled[0] / "report.html").read_text(encoding="utf-8")
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == len(FIGURE_FILES)
+    assert not re.search(r'(src|href)="(https?:|file:|/)', text)
+    assert "Precision plan: fp32 on cpu" in text
+    assert "Precision plan: bf16 on cpu" in text
+    assert "<b>fp16</b> resolved to the same plan as <b>fp32</b>" in text
+    assert "fp16 on CPU falls back to fp32" in text
+    assert 'id="summary"' in text
+    assert "measured:" in text  # hints name their measurement
+
+
+def test_profile_into_an_existing_folder_keeps_other_files(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code = _profile("--preset", "tiny", "--steps", "2", "--compare", "fp32", "--out", str(out))
+    assert code == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "report.html").exists()
+    assert "wrote 8 files" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workload", "nope"], "known: mlp"),
+        (["--preset", "huge"], "known: tiny, small, medium, large"),
+        (["--steps", "0"], "steps: invalid value 0"),
+        (["--steps", "-3"], "steps: invalid value -3"),
+        (["--accumulation", "0"], "accumulation: invalid value 0"),
+        (["--compare", ""], "give at least one precision request"),
+        (["--compare", " , "], "give at least one precision request"),
+        (["--compare", "fp32,fp8"], "'fp8'"),
+        (["--simulate", "cuda-bf16"], "nothing can train on simulated hardware"),
+        (["--simulate"], "nothing can train on simulated hardware"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    before = _snapshot(tmp_path)
+    code = _profile(*args, "--out", str(tmp_path / "out"))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert message in captured.err
+    assert "Traceback" not in captured.err
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_output_that_is_a_file_is_refused(tmp_path, capsys):
+    target = tmp_path / "report"
+    target.write_text("a file")
+    assert _profile("--preset", "tiny", "--out", str(target)) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+    assert target.read_text() == "a file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_output_below_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert _profile("--preset", "tiny", "--out", str(tmp_path / "file" / "out")) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_output_not_writable_is_refused(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    # The suite may run as root, where permission bits do not stop writes; ask os.access instead.
+    monkeypatch.setattr(report.os, "access", lambda path, mode: Path(path) != out)
+    assert _profile("--preset", "tiny", "--out", str(out)) == 2
+    assert "is not writable" in capsys.readouterr().err
+    assert list(out.iterdir()) == []
+
+
+def test_a_failed_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.html").write_text("previous report")
+
+    def boom(request, progress=True):
+        raise RuntimeError("bf16: loss became NaN at step 3")
+
+    monkeypatch.setattr(report, "run_comparison", boom)
+    assert _profile("--preset", "tiny", "--out", str(out)) == 1
+    assert "run failed: bf16: loss became NaN" in capsys.readouterr().err
+    assert (out / "report.html").read_text() == "previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["profile", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--workload",
+        "--preset",
+        "--compare",
+        "--device",
+        "--steps",
+        "--accumulation",
+        "--fused",
+        "--loss-scale-lab",
+        "--out",
+    ):
+        assert flag in text
+    assert "--simulate" not in text

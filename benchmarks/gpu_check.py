@@ -58,7 +58,7 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _train_steps(model: torch.nn.Module, optimizer: Any, plan: Any, steps: int = 5) -> list[float]:
+def _train_steps(model: torch.nn.Module, optimizer: Any, plan: Any, steps: int = 10) -> list[float]:
     scaler = make_grad_scaler(plan)
     x = torch.randn(64, 256, device="cuda")
     y = torch.randn(64, 256, device="cuda")

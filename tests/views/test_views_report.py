@@ -1,0 +1,113 @@
+"""report.html and the report folder, from a hand-built comparison (no training)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from precision_nb.views import report
+
+
+class _Explanation:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def __str__(self) -> str:
+        return f"Precision plan: {self.mode} on cpu <explained>"
+
+    def _repr_html_(self) -> str:
+        return f'<table data-row="cpu-{self.mode}"><tr><td>applied</td></tr></table>'
+
+    def summary(self) -> str:
+        return f"{self.mode} on cpu"
+
+
+@pytest.fixture
+def comparison(make_records):
+    def result(label, mode, **kw):
+        return SimpleNamespace(
+            label=label,
+            records=make_records(label, mode, **kw),
+            plan=None,
+            explanation=_Explanation(mode),
+            optimizer_outcome=SimpleNamespace(
+                requested=None, probed=False, used=False, reason="probe is false off CUDA"
+            ),
+            scale_history=[],
+            events=["a run event"] if mode == "bf16" else [],
+            workload={"name": "mlp", "preset": "tiny", "dims": {"hidden": 100, "batch_size": 32}},
+        )
+
+    return SimpleNamespace(
+        results={"fp32": result("fp32", "fp32"), "bf16": result("bf16", "bf16")},
+        drift={"bf16": {"final_loss_diff": 0.01, "param_rel_diff": 0.002}},
+        merged={"fp16": "fp32"},
+        events=[
+            "fp16 resolves to the same plan as fp32 (fp32 on cpu); run once. Why: no CPU scaler",
+            "bf16: a run event",
+        ],
+    )
+
+
+def test_render_html_embeds_every_figure_and_nothing_external(comparison):
+    text = report.render_html(comparison, settings={"command": "precision-nb profile"})
+    images = re.findall(r'data-figure="([a-z_]+)" src="data:image/png;base64,([^"]+)"', text)
+    assert [stem for stem, _ in images] == list(report.FIGURES)
+    for _, data in images:
+        assert base64.b64decode(data).startswith(b"\x89PNG")
+    assert "<script" not in text
+    assert not re.search(r'(src|href)="(?!data:)', text)
+
+
+def test_render_html_shows_plans_merge_summary_hints_and_events(comparison):
+    text = report.render_html(comparison, pngs={})  # figures are checked above
+    # Explanations are escaped text plus their own HTML matrix.
+    assert "Precision plan: fp32 on cpu &lt;explained&gt;" in text
+    assert 'data-row="cpu-bf16"' in text
+    assert "<b>fp16</b> resolved to the same plan as <b>fp32</b>" in text
+    assert "Why: no CPU scaler" in text
+    assert 'id="summary"' in text
+    assert "param_rel_diff_vs_fp32" in text and "0.002" in text
+    assert 'data-topic="dims"' in text and "hidden=100" in text
+    assert 'data-topic="fused_adamw"' in text
+    # A result event already listed by the comparison is not repeated.
+    assert text.count("a run event") == 1
+    assert "workload dims" in text
+
+
+def test_render_html_escapes_labels(make_records):
+    records = make_records("<b>x</b>", "fp32")
+    text = report.render_html(records, pngs={})
+    assert "<b>x</b>" not in text
+    assert "&lt;b&gt;x&lt;/b&gt;" in text
+
+
+def test_write_report_writes_every_output_file(comparison, tmp_path):
+    files = report.write_report(comparison, tmp_path)
+    assert sorted(files) == sorted(report.OUTPUT_FILES)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(report.OUTPUT_FILES)
+    header = (tmp_path / "summary.csv").read_text().splitlines()[0]
+    assert header.startswith("run,final_loss,")
+    assert (tmp_path / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_parse_modes():
+    assert report.parse_modes("fp32, BF16,float16") == ("fp32", "bf16", "fp16")
+    assert report.parse_modes(["fp16", "half"]) == ("fp16",)
+    with pytest.raises(ValueError, match="at least one precision request"):
+        report.parse_modes(" , ")
+    with pytest.raises(ValueError, match="fp8"):
+        report.parse_modes("fp8")
+
+
+def test_validate_request_defaults_to_the_engine_default_workload(tmp_path):
+    from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
+
+    request = report.validate_request(out=tmp_path / "o")
+    assert (request.workload, request.preset) == (DEFAULT_WORKLOAD, DEFAULT_PRESET)
+    assert request.modes == ("fp32", "bf16", "fp16")
+    assert request.steps is None
+    assert not (tmp_path / "o").exists()

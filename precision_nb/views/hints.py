@@ -155,14 +155,17 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
         if not low:
             return []
         parts = ", ".join(f"{k} {_rate(r['flops_per_s'])} = {r['mfu']:.1%}" for k, r in low.items())
-        source = next(iter(low.values())).get("mfu_peak_source") or "peak"
+        sources = "; ".join(
+            dict.fromkeys(str(r.get("mfu_peak_source") or "unnamed peak") for r in low.values())
+        )
         return [
             Hint(
                 "all" if len(low) == len(rows) else ", ".join(low),
                 "overhead",
                 f"The step is dominated by overhead, not matmul FLOPs: {parts} of the peak "
-                f"({source}). Python, kernel launches and the optimizer cost about as much in any "
-                "precision, so a larger model or batch shows the precision effect better.",
+                f"(peaks: {sources}). Python, kernel launches and the optimizer cost about as "
+                "much in any precision, so a larger model or batch shows the precision effect "
+                "better.",
                 f"mfu (median flops_per_s / peak, below {OVERHEAD_MFU:.0%})",
             )
         ]

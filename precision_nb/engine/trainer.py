@@ -157,7 +157,6 @@ class _Chunk:
     scales: list[torch.Tensor]
     norms: list[torch.Tensor]
     host_skips: list[int]  # attempt indices skipped on the host side (skip_nonfinite)
-    lrs: list[float]
     first_attempt: int
 
 
@@ -382,6 +381,10 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         base_lrs = [g["initial_lr"] for g in self.optimizer.param_groups]
+        self._scheduled = bool(cfg.warmup_steps) or cfg.schedule != "constant"
+        if not self._scheduled:
+            for group, lr in zip(self.optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = lr
         bar = tqdm(
             total=cfg.steps, desc=result.label, unit="step", disable=not cfg.progress, leave=False
         )
@@ -436,16 +439,12 @@ class Trainer:
             n = len(chunk.losses)
             if n == 0:
                 return 0
-            if sync_mode:
-                torch.cuda.set_sync_debug_mode(0)
             parts = [torch.stack(chunk.losses).double()]
             if chunk.scales:
                 parts.append(torch.stack(chunk.scales).double())
             if chunk.norms:
                 parts.append(torch.stack(chunk.norms).double())
             flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
-            if sync_mode:
-                torch.cuda.set_sync_debug_mode(sync_mode)
             losses = [v / K for v in flat[:n]]
             scales = flat[n : 2 * n] if chunk.scales else [None] * n
             norms = flat[-n:] if chunk.norms else [None] * n
@@ -485,19 +484,19 @@ class Trainer:
                     interval["skipped"] += 1
                     result.skipped_total += 1
             interval["attempts"] += n
-            interval["lr"] = chunk.lrs[-1]
+            interval["lr"] = self.optimizer.param_groups[0]["lr"]
             interval["norm"] = norms[-1]
             result.attempts += n
             self.steps_done += good
             result.steps += good
             return good
 
-        if sync_mode:
-            torch.cuda.set_sync_debug_mode(sync_mode)
         try:
             while counted < cfg.steps and stop_reason is None:
                 want = min(cfg.steps - counted, cfg.log_every - counted % cfg.log_every)
-                chunk = _Chunk([], [], [], [], [], self.attempts_done)
+                chunk = _Chunk([], [], [], [], self.attempts_done)
+                if sync_mode:  # CUDA sync check on for the attempts, off for logging
+                    torch.cuda.set_sync_debug_mode(sync_mode)
                 try:
                     for _ in range(want):
                         if stop is not None and stop.is_set():
@@ -509,6 +508,8 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                 except BatchesExhausted:
                     stop_reason = "batch source ran out"
+                if sync_mode:
+                    torch.cuda.set_sync_debug_mode(old_sync_mode)
                 good = flush(chunk)
                 counted += good
                 bar.update(good)
@@ -539,24 +540,28 @@ class Trainer:
     ) -> None:
         """One optimizer attempt: K microbatches, (unscale, clip,) step, schedule, zero_grad."""
         opt, scaler, K = self.optimizer, self.scaler, cfg.accumulation
-        factor = lr_factor(self.attempts_done, cfg, total_sched)
-        for group, lr in zip(opt.param_groups, base_lrs, strict=True):
-            group["lr"] = lr * factor
+        if self._scheduled:  # a constant LR without warmup needs no per-step work
+            factor = lr_factor(self.attempts_done, cfg, total_sched)
+            for group, lr in zip(opt.param_groups, base_lrs, strict=True):
+                group["lr"] = lr * factor
         acc = None
         for _ in range(K):
             index = self.microbatches_done
-            peeked = self._peeked
-            if peeked is not None and peeked[0] == index:
-                batch = peeked[1]
+            if self._peeked is not None and self._peeked[0] == index:
+                batch = self._peeked[1]
                 self._peeked = None
             else:
                 batch = to_device(self.source.get(index), self.device)
             loss = self._loss(batch)
             self.microbatches_done += 1
             d = loss.detach()
-            acc = d if acc is None else acc + d
-            scaled = loss / K
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            if acc is None:
+                acc = d
+            else:
+                acc = acc + d
+            if K > 1:
+                loss = loss / K
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         self.attempts_done += 1
         attempt = self.attempts_done
         if attempt in overflow:  # teaching: a real overflow the real scaler must catch
@@ -581,7 +586,6 @@ class Trainer:
             opt.step()
         opt.zero_grad(set_to_none=True)
         chunk.losses.append(acc)
-        chunk.lrs.append(opt.param_groups[0]["lr"])
 
     # ------------------------------------------------------------------------- checkpoints
 

@@ -1,0 +1,162 @@
+"""Step time of ``Trainer.fit()`` against a minimal hand-written torch loop and Accelerate's loop.
+
+Same model weights, data, plan (autocast dtype) and optimizer (plain AdamW) for all three; every
+loop logs the loss every 10 steps. Variants are interleaved (fit, torch, accelerate, fit, ...),
+each timed over ``--steps`` steps after a warm-up, and the medians are compared side by side.
+
+    python benchmarks/bench_fit.py            # CPU: mlp, tiny + small, fp32 + bf16
+    python benchmarks/bench_fit.py --quick    # fewer repeats (a smoke run)
+
+Targets: fit / torch <= 1.05 and fit / accelerate <= 1.00.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.trainer import TrainConfig, Trainer
+from precision_nb.engine.workloads import get_workload
+
+LOG_EVERY = 10
+
+
+def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if out.dim() == 3:
+        return torch.nn.functional.cross_entropy(
+            out[:, :-1].reshape(-1, out.shape[-1]).float(), y[:, 1:].reshape(-1)
+        )
+    return torch.nn.functional.cross_entropy(out.float(), y)
+
+
+def torch_loop(model: torch.nn.Module, batches: Any, mode: str, steps: int, start: int) -> float:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    dtype = torch.bfloat16 if mode == "bf16" else None
+    logged = []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        x, y = batches(start + step)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            loss = loss_of(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % LOG_EVERY == 0:
+            logged.append(loss.item())
+    return time.perf_counter() - t0
+
+
+def accelerate_loop(
+    accelerator: Any, model: torch.nn.Module, batches: Any, steps: int, start: int
+) -> float:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    model, opt = accelerator.prepare(model, opt)
+    logged = []
+    t0 = time.perf_counter()
+    for step in range(steps):
+        x, y = batches(start + step)
+        loss = loss_of(model(x), y)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if (step + 1) % LOG_EVERY == 0:
+            logged.append(loss.item())
+    return time.perf_counter() - t0
+
+
+def fit_loop(model: torch.nn.Module, batches: Any, mode: str, steps: int, info: dict) -> float:
+    train = TrainConfig(steps=steps, log_every=LOG_EVERY, progress=False)
+    trainer = Trainer(
+        model,
+        batches,
+        device="cpu",
+        precision=PrecisionConfig(mode=mode),
+        optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.01, fused=False),
+        train=train,
+        workload_info=info,
+    )
+    t0 = time.perf_counter()
+    trainer.fit()
+    return time.perf_counter() - t0
+
+
+def make_accelerator(mode: str) -> Any:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return Accelerator(mixed_precision="bf16" if mode == "bf16" else "no", cpu=True)
+
+
+def bench_case(name: str, preset: str, mode: str, steps: int, repeats: int) -> dict[str, float]:
+    wl = get_workload(name, preset)
+    torch.manual_seed(0)
+    initial = wl.make_model()
+    batches = wl.make_batches("cpu")
+    accelerator = make_accelerator(mode)
+    variants = {
+        "fit": lambda m: fit_loop(m, batches, mode, steps, wl.info),
+        "torch": lambda m: torch_loop(m, batches, mode, steps, 0),
+        "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for rep in range(repeats + 1):  # repeat 0 is the warm-up
+        for key, run in variants.items():
+            seconds = run(copy.deepcopy(initial))
+            if rep > 0:
+                times[key].append(seconds / steps)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps")
+    parser.add_argument("--workloads", default="mlp")
+    parser.add_argument("--presets", default="tiny,small")
+    parser.add_argument("--modes", default="fp32,bf16")
+    args = parser.parse_args(argv)
+    steps, repeats = (20, 3) if args.quick else (args.steps, args.repeats)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {steps} steps x "
+        f"{repeats} repeats (interleaved, medians), logging every {LOG_EVERY} steps"
+    )
+    header = (
+        f"{'workload':<12}{'preset':<7}{'mode':<6}{'fit ms':>9}{'torch ms':>10}{'accel ms':>10}"
+        f"{'fit/torch':>11}{'fit/accel':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    worst_torch, worst_accel = 0.0, 0.0
+    for name in args.workloads.split(","):
+        for preset in args.presets.split(","):
+            for mode in args.modes.split(","):
+                med = bench_case(name, preset, mode, steps, repeats)
+                r_torch = med["fit"] / med["torch"]
+                r_accel = med["fit"] / med["accelerate"]
+                worst_torch, worst_accel = max(worst_torch, r_torch), max(worst_accel, r_accel)
+                print(
+                    f"{name:<12}{preset:<7}{mode:<6}{med['fit'] * 1e3:>9.2f}"
+                    f"{med['torch'] * 1e3:>10.2f}{med['accelerate'] * 1e3:>10.2f}"
+                    f"{r_torch:>11.3f}{r_accel:>11.3f}",
+                    flush=True,
+                )
+    ok = worst_torch <= 1.05 and worst_accel <= 1.00
+    print(
+        f"worst fit/torch {worst_torch:.3f} (target <= 1.05), worst fit/accelerate "
+        f"{worst_accel:.3f} (target <= 1.00): {'met' if ok else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -442,9 +442,14 @@ def _staging_folder(out: Path) -> Path:
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
     except OSError as err:
         raise ValueError(f"out: cannot write next to {str(out)!r}: {err.strerror}") from err
+    # mkdtemp makes the folder private (0o700); the report folder gets the usual permissions.
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
+    return staging
 
 
 def _move_into_place(staging: Path, out: Path) -> dict[str, Path]:

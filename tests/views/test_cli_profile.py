@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import re
 from pathlib import Path
 
@@ -36,8 +37,11 @@ def test_profile_writes_every_file(profiled):
     out, code = profiled
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_FILES)
-    # Nothing staged is left beside the output folder.
+    # Nothing staged is left beside the output folder, which has the usual permissions.
     assert [p.name for p in out.parent.iterdir()] == ["out"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_metrics_csv_has_the_record_columns_and_one_row_per_step(profiled):

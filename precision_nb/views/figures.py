@@ -24,6 +24,7 @@ from precision_nb.views.tables import RecordSource, scale_histories, to_frame
 
 __all__ = [
     "MEMORY_KIND_LABELS",
+    "PlanFigure",
     "dashboard_figure",
     "figure_to_png",
     "loss_figure",
@@ -46,6 +47,17 @@ MEMORY_KIND_LABELS = {
 SINGLE_SIZE = (7.0, 4.0)
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 DASHBOARD_SIZE = (11.0, 7.5)
+
+
+class PlanFigure(Figure):
+    """A standalone Figure that also shows itself as PNG in Jupyter under any backend.
+
+    The inline backend registers its own PNG formatter for figures; with the widget backend (or
+    none) IPython falls back to :meth:`_repr_png_`, so a returned figure still displays.
+    """
+
+    def _repr_png_(self) -> bytes:
+        return figure_to_png(self)
 
 
 def plan_colors(labels: Sequence[str] | Any) -> dict[str, str]:
@@ -98,7 +110,7 @@ def _prepare(
 
 
 def _new_figure(size: tuple[float, float] = SINGLE_SIZE) -> Figure:
-    return Figure(figsize=size, layout="constrained")
+    return PlanFigure(figsize=size, layout="constrained")
 
 
 def _no_data(ax: Axes, message: str) -> None:

@@ -138,3 +138,11 @@ def test_dashboard_is_two_by_two_with_all_four_views(three_plans):
     assert titles[3].startswith("Peak memory")
     assert fig.axes[1].get_yscale() == "log"
     assert "fp32, bf16, fp16" in fig.get_suptitle()
+
+
+def test_figures_display_as_png_in_ipython_without_the_inline_backend(three_plans):
+    from IPython.core.formatters import PNGFormatter
+
+    fig = F.loss_figure(three_plans)
+    png = PNGFormatter()(fig)  # a fresh formatter: nothing registered for Figure
+    assert png is not None and png.startswith(PNG_MAGIC)

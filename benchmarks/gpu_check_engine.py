@@ -27,7 +27,7 @@ import torch
 
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.engine.compare import compare
-from precision_nb.engine.results import DeviceOutOfMemoryError
+from precision_nb.engine.results import RECORD_KEYS, DeviceOutOfMemoryError
 from precision_nb.engine.trainer import TrainConfig, Trainer, fit
 from precision_nb.engine.workloads import get_workload
 
@@ -42,34 +42,28 @@ def _cfg(**kw: Any) -> TrainConfig:
 
 def _summary(result: Any) -> dict[str, Any]:
     last = result.records[-1]
-    keys = (
-        "step",
-        "loss",
-        "loss_scale",
-        "skipped_total",
-        "step_time_s",
-        "samples_per_s",
-        "tokens_per_s",
-        "flops_per_s",
-        "mfu",
-        "mfu_peak_source",
-        "memory_kind",
-        "memory_peak_bytes",
-        "memory_reserved_bytes",
-        "fused_adamw",
-        "mode",
-    )
+    skip = {"run", "dtype", "use_scaler", "autocast_enabled", "device_type", "device"}
+    keys = [k for k in RECORD_KEYS if k not in skip]
     return {k: last[k] for k in keys} | {"steps": result.steps, "attempts": result.attempts}
 
 
+def _run(name: str, preset: str, device: str, mode: str, **train: Any) -> Any:
+    opt = train.pop("optimizer", FUSED)
+    return fit(
+        name, preset=preset, device=device, precision=mode, optimizer=opt, train=_cfg(**train)
+    )
+
+
 def check_sync_free_bf16(device: str) -> dict[str, Any]:
-    r = fit(
+    r = _run(
         "mlp",
-        preset="small",
-        device=device,
-        precision="bf16",
-        optimizer=FUSED,
-        train=_cfg(steps=30, accumulation=4, grad_clip=1.0, cuda_sync_debug="error"),
+        "small",
+        device,
+        "bf16",
+        steps=30,
+        accumulation=4,
+        grad_clip=1.0,
+        cuda_sync_debug="error",
     )
     s = _summary(r)
     ok = r.steps == 30 and s["memory_kind"] == "cuda_allocated" and s["mfu"] is not None
@@ -77,15 +71,16 @@ def check_sync_free_bf16(device: str) -> dict[str, Any]:
 
 
 def check_sync_free_fp16_scaler(device: str) -> dict[str, Any]:
-    r = fit(
+    r = _run(
         "mlp",
-        preset="small",
-        device=device,
-        precision="fp16",
-        optimizer=FUSED,
-        train=_cfg(
-            steps=30, accumulation=2, grad_clip=1.0, overflow_at_steps=(5,), cuda_sync_debug="error"
-        ),
+        "small",
+        device,
+        "fp16",
+        steps=30,
+        accumulation=2,
+        grad_clip=1.0,
+        overflow_at_steps=(5,),
+        cuda_sync_debug="error",
     )
     hist = r.scale_history
     skip = [h for h in hist if h["skipped"]]
@@ -102,13 +97,14 @@ def check_sync_free_fp16_scaler(device: str) -> dict[str, Any]:
 def check_plain_adamw_scaler_sync(device: str) -> dict[str, Any]:
     """torch's GradScaler.step with non-fused AdamW syncs (found_inf.item()) once per step."""
     try:
-        fit(
+        _run(
             "mlp",
-            preset="tiny",
-            device=device,
-            precision="fp16",
+            "tiny",
+            device,
+            "fp16",
             optimizer=OptimizerConfig(fused=False),
-            train=_cfg(steps=3, cuda_sync_debug="error"),
+            steps=3,
+            cuda_sync_debug="error",
         )
         return {"ok": True, "syncs_per_step": False}
     except RuntimeError as exc:
@@ -116,14 +112,7 @@ def check_plain_adamw_scaler_sync(device: str) -> dict[str, Any]:
 
 
 def check_lm(device: str) -> dict[str, Any]:
-    r = fit(
-        "transformer",
-        preset="small",
-        device=device,
-        precision="bf16",
-        optimizer=FUSED,
-        train=_cfg(steps=20, cuda_sync_debug="error"),
-    )
+    r = _run("transformer", "small", device, "bf16", steps=20, cuda_sync_debug="error")
     s = _summary(r)
     return {"ok": r.steps == 20 and (s["tokens_per_s"] or 0) > 0, **s}
 

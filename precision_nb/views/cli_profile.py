@@ -134,3 +134,8 @@ def _print_outcome(output: Any) -> None:
     for hint in output.hints:
         print(f"hint: {hint}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")
+    if getattr(output.comparison, "stopped", False):
+        print(
+            "precision-nb profile: stopped early; the report covers the steps made before the stop",
+            file=sys.stderr,
+        )

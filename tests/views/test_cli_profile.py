@@ -6,6 +6,7 @@ import csv
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,14 +86,26 @@ def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
     assert "measured:" in text  # hints name their measurement
 
 
-def test_profile_into_an_existing_folder_keeps_other_files(tmp_path, capsys):
+def test_profile_into_an_existing_folder_keeps_other_files(
+    tmp_path, capsys, monkeypatch, make_records
+):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    (out / "report.html").write_text("previous report")
+    fake = SimpleNamespace(
+        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
+        drift={},
+        merged={},
+        events=[],
+    )
+    monkeypatch.setattr(report, "run_comparison", lambda request, progress=True: fake)
     code = _profile("--preset", "tiny", "--steps", "2", "--compare", "fp32", "--out", str(out))
     assert code == 0
     assert (out / "notes.txt").read_text() == "mine"
-    assert (out / "report.html").exists()
+    assert (out / "report.html").read_text() != "previous report"
+    assert sorted(p.name for p in out.iterdir()) == sorted([*report.OUTPUT_FILES, "notes.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert "wrote 8 files" in capsys.readouterr().out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.device import resolve_device

@@ -92,3 +92,21 @@ def test_host_memory_probe_tracks_a_peak():
     assert a.kind == "host_rss" and a.reserved is None
     assert b.current > a.current + 32 * 2**20
     assert c.peak >= b.current
+
+
+def test_cuda_memory_probe_reads_allocator_stats(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 300)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 512)
+    probe = MemoryProbe(torch.device("cuda"))
+    probe.reset()
+    reading = probe.read()
+    assert calls == ["reset"]
+    assert (reading.kind, reading.current, reading.peak, reading.reserved) == (
+        "cuda_allocated",
+        100,
+        300,
+        512,
+    )

@@ -185,7 +185,8 @@ class Panel:
         self._live: LiveView | None = None
         self.last_exception: BaseException | None = None
         self.last_live: LiveView | None = None
-        self.refresh_seconds: float = 0.0
+        self.refresh_seconds: float = 0.0  # the last plan refresh
+        self.last_render_seconds: float = 0.0  # final figures + table of the last run
 
         workloads = {} if model is not None else _workload_presets()
         self.controls = Controls(
@@ -612,7 +613,9 @@ class Panel:
             self._source = source
             if source is None and live is not None and live.records:
                 self._source = list(live.records)
+            start = time.perf_counter()
             self._render_final()
+            self.last_render_seconds = time.perf_counter() - start
         finally:
             self._live = None
 

@@ -59,6 +59,7 @@ class LiveView:
         self.results: list[Any] = []
         self.frames = 0
         self.plot_seconds = 0.0
+        self.callback_seconds = 0.0  # everything spent inside the engine's callbacks
         self._cost_estimate = first_cost_guess_s
         self._start = clock()
         self._last_draw = -float("inf")
@@ -68,20 +69,26 @@ class LiveView:
     # ------------------------------------------------------------------ engine callbacks
 
     def on_fit_start(self, result: Any) -> None:
+        start = time.perf_counter()
         with self._lock:
             self.results.append(result)
         self._report(step=0, record=None, force=True)
+        self.callback_seconds += time.perf_counter() - start
 
     def on_log(self, record: dict[str, Any]) -> None:
+        start = time.perf_counter()
         with self._lock:
             self.records.append(record)
         self._report(step=int(record.get("step") or 0), record=record, force=False)
         self.maybe_draw()
+        self.callback_seconds += time.perf_counter() - start
 
     def on_fit_end(self, result: Any) -> None:
+        start = time.perf_counter()
         step = result.records[-1]["step"] if result.records else 0
         last = result.records[-1] if result.records else None
         self._report(step=int(step), record=last, force=True)
+        self.callback_seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------ throttling
 

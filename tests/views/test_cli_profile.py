@@ -202,3 +202,16 @@ def test_help_lists_every_flag(capsys):
     ):
         assert flag in text
     assert "--simulate" not in text
+
+
+def test_the_cli_module_imports_no_heavy_library():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, precision_nb.views.cli_profile;"
+        "heavy = [m for m in ('matplotlib', 'pandas', 'torch', 'ipywidgets') if m in sys.modules];"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

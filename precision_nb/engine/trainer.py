@@ -508,6 +508,15 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                 except BatchesExhausted:
                     stop_reason = "batch source ran out"
+                except Exception:
+                    if sync_mode:
+                        torch.cuda.set_sync_debug_mode(old_sync_mode)
+                    try:  # keep the finished attempts of this interval, then re-raise
+                        flush(chunk)
+                        emit(time.perf_counter())
+                    except Exception:
+                        log.exception("could not record the steps made before the failure")
+                    raise
                 if sync_mode:
                     torch.cuda.set_sync_debug_mode(old_sync_mode)
                 good = flush(chunk)

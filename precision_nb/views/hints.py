@@ -8,13 +8,13 @@ the summary table or the records. Thresholds are module constants, documented wh
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from precision_nb.views.tables import RecordSource, results_of, summary, to_frame
 
-__all__ = ["Hint", "hints", "matmul_dims_not_multiple_of_8"]
+__all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8"]
 
 #: A mixed plan must be at least this much faster than fp32 to count as "paid off" ...
 PAYOFF_SPEEDUP = 1.10
@@ -53,6 +53,10 @@ class Hint:
 
     def __str__(self) -> str:
         return f"[{self.run}] {self.message} (measured: {self.measurement})"
+
+    def applies_to(self, label: str) -> bool:
+        """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""
+        return self.run == "all" or label == self.run or label in self.run.split(", ")
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -102,6 +106,11 @@ def hints(source: RecordSource) -> list[Hint]:
     if "step_time_s" in frame:
         out += _noise(rows, frame)
     return out
+
+
+def hints_by_run(hint_list: Sequence[Hint], labels: Sequence[str]) -> dict[str, list[Hint]]:
+    """Label -> the hints that apply to it (a hint about several runs is listed under each)."""
+    return {label: [h for h in hint_list if h.applies_to(label)] for label in labels}
 
 
 # ----------------------------------------------------------------------------- rules

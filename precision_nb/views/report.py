@@ -24,7 +24,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from precision_nb.views import figures as F
-from precision_nb.views.hints import Hint, hints
+from precision_nb.views.hints import Hint, hints, hints_by_run
 from precision_nb.views.tables import results_of, scale_histories, summary, to_frame
 
 __all__ = [
@@ -100,7 +100,9 @@ def write_report(
 ) -> dict[str, Path]:
     """Write metrics.csv, summary.csv, one PNG per figure and report.html into ``out_dir``.
 
-    ``out_dir`` must exist. Returns file name -> path for every file written.
+    summary.csv is :func:`~precision_nb.views.tables.summary` plus a ``hints`` column (the
+    messages of the hints about that plan, `` | ``-separated). ``out_dir`` must exist.
+    Returns file name -> path for every file written.
     """
     out_dir = Path(out_dir)
     frame = to_frame(comparison)
@@ -115,16 +117,28 @@ def write_report(
             path.write_text(data, encoding="utf-8")
         written[name] = path
 
+    hint_list = hints(comparison)
     frame.to_csv(out_dir / "metrics.csv", index=False)
     written["metrics.csv"] = out_dir / "metrics.csv"
-    table.to_csv(out_dir / "summary.csv", index=False)
+    per_run = hints_by_run(hint_list, [str(label) for label in table["run"]])
+    with_hints = table.assign(
+        hints=[" | ".join(h.message for h in per_run[str(label)]) for label in table["run"]]
+    )
+    with_hints.to_csv(out_dir / "summary.csv", index=False)
     written["summary.csv"] = out_dir / "summary.csv"
     pngs = {stem: F.figure_to_png(fig) for stem, fig in make_figures(comparison).items()}
     for stem, png in pngs.items():
         _write(f"{stem}.png", png)
     _write(
         "report.html",
-        render_html(comparison, settings=settings, title=title, pngs=pngs, table=table),
+        render_html(
+            comparison,
+            settings=settings,
+            title=title,
+            pngs=pngs,
+            table=table,
+            hint_list=hint_list,
+        ),
     )
     log.info("wrote %d files into %s", len(written), out_dir)
     return written

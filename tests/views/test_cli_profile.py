@@ -58,13 +58,15 @@ def test_metrics_csv_has_the_record_columns_and_one_row_per_step(profiled):
 
 def test_summary_csv_has_one_row_per_plan(profiled):
     rows = _rows(profiled[0] / "summary.csv")
-    assert list(rows[0]) == list(SUMMARY_COLUMNS)
+    assert list(rows[0]) == [*SUMMARY_COLUMNS, "hints"]
     by_run = {r["run"]: r for r in rows}
     assert set(by_run) == {"fp32", "bf16"}
     assert by_run["fp32"]["also_requested_as"] == "fp16"
     assert float(by_run["fp32"]["speedup_vs_fp32"]) == 1.0
     assert by_run["bf16"]["mode"] == "bf16"
     assert float(by_run["bf16"]["median_step_time_s"]) > 0
+    # bf16 is compared with fp32, so its hints column says whether it paid off.
+    assert "the fp32 speed" in by_run["bf16"]["hints"] or "no measurable" in by_run["bf16"]["hints"]
 
 
 def test_figures_are_png(profiled):

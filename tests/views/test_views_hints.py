@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from precision_nb.views.hints import Hint, hints, matmul_dims_not_multiple_of_8
+from precision_nb.views.hints import Hint, hints, hints_by_run, matmul_dims_not_multiple_of_8
 
 
 def _result(records, *, workload=None, explanation=None, outcome=None, history=None):
@@ -168,3 +168,15 @@ def test_overhead_rate_is_written_in_a_readable_unit(make_records):
     records = make_records("fp32", "fp32", step_time_s=1000.0, mfu=0.001)  # 1 MFLOP/s
     (hint,) = _by_topic(hints(records))["overhead"]
     assert "1.0 MFLOP/s" in hint.message
+
+
+def test_hints_by_run_lists_shared_hints_under_each_run():
+    shared = Hint("bf16, fp16 (loss-scale lab)", "dims", "m1", "workload dims")
+    everyone = Hint("all", "fused_adamw", "m2", "optimizer_outcome")
+    own = Hint("fp32", "noise", "m3", "step_time_s")
+    grouped = hints_by_run([shared, everyone, own], ["fp32", "bf16", "fp16 (loss-scale lab)"])
+    assert grouped == {
+        "fp32": [everyone, own],
+        "bf16": [shared, everyone],
+        "fp16 (loss-scale lab)": [shared, everyone],
+    }

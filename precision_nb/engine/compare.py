@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,7 @@ def compare(
     loss_scale_lab: bool = False,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
     **train_options: Any,
 ) -> Comparison:
     """Train each requested precision on identical weights and data; see module docstring.
@@ -80,6 +81,7 @@ def compare(
     ``modes``: mode strings or :class:`PrecisionConfig` values. ``loss_scale_lab=True`` turns a
     plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
     model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
+    ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``.
     """
     if isinstance(modes, (str, PrecisionConfig)):
         modes = [modes]
@@ -132,6 +134,7 @@ def compare(
             precision=request,
             optimizer=optimizer,
             train=dataclasses.replace(cfg, label=label),
+            loss_fn=loss_fn,
             workload_info=info,
         )
         result = trainer.fit(callbacks=callbacks, stop=stop)

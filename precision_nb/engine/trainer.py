@@ -376,7 +376,11 @@ class Trainer:
                 cb.on_fit_start(result)
         base = self._record_base(result.label)
         params_list = [p for p in self.model.parameters() if p.requires_grad]
-        overflow = set(cfg.overflow_at_steps) if self.scaler is not None else set()
+        # attempts of this fit, numbered from 1, that get an injected overflow (lab / teaching)
+        start_attempt = self.attempts_done
+        overflow = (
+            {start_attempt + a for a in cfg.overflow_at_steps} if self.scaler is not None else set()
+        )
         total_sched = self.attempts_done + cfg.steps
         for group in self.optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])

@@ -244,3 +244,11 @@ def test_bf16_on_cpu_autocasts():
     result = fit("mlp", precision="bf16", train=quiet(steps=3))
     rec = result.records[-1]
     assert rec["mode"] == "bf16" and rec["autocast_enabled"] and rec["dtype"] == "torch.bfloat16"
+
+
+def test_overflow_attempts_count_from_each_fit(make_model, batches):
+    cfg = quiet(steps=3, init_scale=64.0, overflow_at_steps=(2,))
+    t = Trainer(make_model(), batches, device="cpu", precision=LAB, train=cfg)
+    t.fit()
+    second = t.fit()
+    assert [h["attempt"] for h in second.scale_history if h["skipped"]] == [6]  # 4 + 2

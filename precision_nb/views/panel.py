@@ -572,7 +572,9 @@ class Panel:
             stop=stop,
         )
         if self._model is not None:
-            return compare(modes, model=self._model, batches=self._batches, **common)
+            return compare(
+                modes, model=self._model, batches=self._batches, loss_fn=self._loss_fn, **common
+            )
         return compare(modes, selection.workload, selection.preset, **common)
 
     def _set_progress(

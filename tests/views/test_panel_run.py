@@ -159,6 +159,24 @@ def test_user_model_is_trained_on_a_copy() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_user_loss_fn_is_used_by_run_and_compare() -> None:
+    calls: list[str] = []
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        calls.append("called")
+        return nn.functional.mse_loss(output.float(), target)
+
+    model = nn.Linear(4, 1)
+    batches = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(2)]
+    panel = Panel(model, batches, loss_fn=loss_fn, steps=2, compare_plans=("fp32", "bf16"))
+    panel.run(block=True)
+    after_run = len(calls)
+    assert after_run >= 2
+    comparison = panel.compare(block=True)
+    assert list(comparison.results) == ["fp32", "bf16"]
+    assert len(calls) >= after_run + 4
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0

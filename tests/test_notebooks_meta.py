@@ -1,0 +1,158 @@
+"""Static checks of the tutorial notebooks: what nbval cannot see by running them.
+
+nbval (scripts/test.sh, ``--nbval-lax``) executes every notebook and compares the stored output of
+the cells marked ``# NBVAL_CHECK_OUTPUT``. These tests make sure that run is a real test: every
+notebook checks cells that carry stored output, cells that demonstrate an error are marked as
+raising and show the message, nothing else stores an error, the stored outputs come from one
+top-to-bottom run in a python3 kernel, the notebooks use only the public API, and the sanitizer
+that scripts/test.sh names is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+NAMES = (
+    "01_explore_precision.ipynb",
+    "02_mixed_precision_tradeoffs.ipynb",
+    "03_profile_your_model.ipynb",
+)
+CHECK = "# NBVAL_CHECK_OUTPUT"
+RAISES = "# NBVAL_RAISES_EXCEPTION"
+MIN_CHECKED = 3
+MAX_BYTES = 1_000_000  # stored outputs stay small enough to review and to load on Binder
+MAX_IMAGES = 6
+
+# What notebook code may import from the package: the top-level API and the views modules the
+# architecture documents (figures, tables, hints, report).
+ALLOWED_IMPORT = re.compile(
+    r"^(import precision_nb as pnb"
+    r"|from precision_nb\.views\.(figures|tables|hints|report) import .+)$"
+)
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((NOTEBOOKS / name).read_text(encoding="utf-8"))
+
+
+def code_cells(nb: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def source(cell: dict[str, Any]) -> str:
+    src = cell["source"]
+    return src if isinstance(src, str) else "".join(src)
+
+
+def first_line(cell: dict[str, Any]) -> str:
+    lines = source(cell).splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def test_the_three_notebooks_are_all_there() -> None:
+    found = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    assert found == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_is_python3(name: str) -> None:
+    meta = load(name)["metadata"]
+    assert meta["kernelspec"]["name"] == "python3"
+    assert meta["kernelspec"]["language"] == "python"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checked_cells_have_stored_output(name: str) -> None:
+    checked = [c for c in code_cells(load(name)) if CHECK in source(c)]
+    assert len(checked) >= MIN_CHECKED, f"{name}: only {len(checked)} checked cells"
+    for cell in checked:
+        assert first_line(cell) == CHECK, f"{name}: marker not on the first line: {source(cell)!r}"
+        assert cell["outputs"], f"{name}: checked cell has no stored output: {source(cell)!r}"
+        kinds = {o["output_type"] for o in cell["outputs"]}
+        assert "error" not in kinds, f"{name}: checked cell stores an error: {source(cell)!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_errors_only_where_marked_as_raising(name: str) -> None:
+    for cell in code_cells(load(name)):
+        errors = [o for o in cell["outputs"] if o["output_type"] == "error"]
+        if RAISES in source(cell):
+            assert first_line(cell) == RAISES
+            # the comment is the one marker: a raises-exception tag too makes nbval warn
+            assert "raises-exception" not in cell["metadata"].get("tags", [])
+            assert len(errors) == 1, f"{name}: raising cell without its error: {source(cell)!r}"
+            assert errors[0]["ename"] in ("ValueError", "RuntimeError")
+            assert len(errors[0]["evalue"]) > 40, "the message should say what is allowed"
+        else:
+            assert not errors, f"{name}: unexpected stored error in {source(cell)!r}"
+
+
+def test_bad_input_is_demonstrated() -> None:
+    raising = [c for c in code_cells(load(NAMES[0])) if RAISES in source(c)]
+    names = {o["ename"] for c in raising for o in c["outputs"] if o["output_type"] == "error"}
+    assert names == {"ValueError", "RuntimeError"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outputs_come_from_one_top_to_bottom_run(name: str) -> None:
+    counts = [c["execution_count"] for c in code_cells(load(name))]
+    assert counts == list(range(1, len(counts) + 1)), f"{name}: execution counts {counts}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_skipped_cells(name: str) -> None:
+    for cell in code_cells(load(name)):
+        assert "NBVAL_SKIP" not in source(cell), f"{name}: skipped cell {source(cell)!r}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_only_public_api(name: str) -> None:
+    for cell in code_cells(load(name)):
+        for line in source(cell).splitlines():
+            stripped = line.strip()
+            if "precision_nb" in stripped and stripped.startswith(("import ", "from ")):
+                assert ALLOWED_IMPORT.match(stripped), f"{name}: {stripped}"
+            assert not re.search(r"\b(pnb|precision_nb)\._", stripped), f"{name}: {stripped}"
+            assert not re.search(r"\.\b_[a-z]\w*", stripped), f"{name}: private name: {stripped}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_as_a_document(name: str) -> None:
+    cells = load(name)["cells"]
+    assert cells[0]["cell_type"] == "markdown"
+    assert source(cells[0]).startswith("# ")
+    markdown = [c for c in cells if c["cell_type"] == "markdown"]
+    assert len(markdown) * 2 >= len(code_cells({"cells": cells})), f"{name}: too little prose"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stored_outputs_stay_small(name: str) -> None:
+    path = NOTEBOOKS / name
+    nb = load(name)
+    assert path.stat().st_size < MAX_BYTES
+    assert "widgets" not in nb["metadata"], f"{name}: stored widget state; strip it"
+    images = sum("image/png" in o.get("data", {}) for c in code_cells(nb) for o in c["outputs"])
+    assert images <= MAX_IMAGES
+
+
+def test_sanitizer_is_the_one_the_test_command_uses_and_is_valid() -> None:
+    cfg = NOTEBOOKS / "sanitize.cfg"
+    assert "--nbval-sanitize-with notebooks/sanitize.cfg" in (ROOT / "scripts/test.sh").read_text()
+    # the format nbval reads: "regex: ..." directly followed by "replace: ..."
+    pairs = re.findall(r"^regex: (.*)$\n^replace: (.*)$", cfg.read_text(), flags=re.MULTILINE)
+    assert len(pairs) >= 3
+    compiled = [re.compile(regex) for regex, _ in pairs]
+    assert compiled[0].sub("X", "at 0x7f3a2b1c9d00>") == "at X>"
+
+
+def test_readme_section_names_every_notebook() -> None:
+    text = (ROOT / "docs/readme/notebooks.md").read_text(encoding="utf-8")
+    for name in NAMES:
+        assert name in text

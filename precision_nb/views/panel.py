@@ -181,6 +181,7 @@ class Panel:
         self._error: str | None = None
         self._job: Job | None = None
         self._start_lock = threading.Lock()
+        self._applying = False
         self._source: Any = None  # the last RunResult or Comparison
         self._live: LiveView | None = None
         self.last_exception: BaseException | None = None
@@ -310,7 +311,8 @@ class Panel:
     # ================================================================== live plan
 
     def _on_control_change(self, _change: dict[str, Any]) -> None:
-        self.refresh()
+        if not self._applying:
+            self.refresh()
 
     def _capabilities_for(self, selection: Selection) -> Capabilities:
         preset = selection.simulated_preset
@@ -748,17 +750,24 @@ class Panel:
         """Set controls by name (device, mode, dtype, fused, workload, preset, steps,
         accumulation, seed, loss_scale_lab, compare_plans); the plan refreshes once.
 
-        A bad value raises ``ValueError`` (and is shown in the panel); nothing is changed then.
+        A bad value raises ``ValueError`` (a device this machine lacks: ``RuntimeError``), is
+        shown in the panel, and nothing is changed then.
         """
         try:
             values = self.controls.normalise(**controls)
-        except ValueError as exc:
+            device = values.get("device")
+            if device is not None and not device.startswith(SIM_PREFIX):
+                resolve_device(device, self._capabilities)  # absent hardware raises here
+        except (ValueError, RuntimeError) as exc:
             self._show_error(str(exc))
             raise
         if self._error is not None and not self.running:
             self._show_error(None)
-        # Apply all values, then resolve once.
-        self.controls.apply(values)
+        self._applying = True  # apply every value, then resolve once
+        try:
+            self.controls.apply(values)
+        finally:
+            self._applying = False
         self.refresh()
         return self
 

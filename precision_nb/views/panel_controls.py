@@ -13,6 +13,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from precision_nb.core.device import normalize_device_request
+
 __all__ = [
     "COMPARE_CHOICES",
     "Controls",
@@ -163,6 +165,15 @@ class Controls:
             style=style,
             layout=wide,
         )
+        self.device_text = widgets.Text(
+            value="",
+            placeholder="or type a device: cuda:1, mps, ...",
+            continuous_update=False,
+            style=style,
+            layout=wide,
+            description="Other device",
+            tooltip="Any torch device string; empty uses the menu above",
+        )
         self.mode = widgets.ToggleButtons(
             options=list(MODES),
             value="auto",
@@ -239,6 +250,7 @@ class Controls:
 
         for widget, css in (
             (self.device, "pnb-device"),
+            (self.device_text, "pnb-device-text"),
             (self.mode, "pnb-mode"),
             (self.dtype, "pnb-dtype"),
             (self.fused, "pnb-fused"),
@@ -254,6 +266,8 @@ class Controls:
             widget.add_class(css)
 
         self.workload.observe(self._on_workload, names="value")
+        # Picking from the menu replaces a typed device.
+        self.device.observe(self._on_device_menu, names="value")
         self.update_enabled(lab_applies=False, lab_reason="")
 
     # ------------------------------------------------------------------ layout
@@ -263,6 +277,7 @@ class Controls:
         """The widgets whose change re-resolves the plan."""
         return (
             self.device,
+            self.device_text,
             self.mode,
             self.dtype,
             self.fused,
@@ -278,6 +293,7 @@ class Controls:
         precision = widgets.VBox(
             [
                 self.device,
+                self.device_text,
                 self.mode,
                 self.dtype,
                 self.fused,
@@ -307,8 +323,9 @@ class Controls:
     def selection(self) -> Selection:
         dtype = self.dtype.value
         workload = None if self.user_model else self.workload.value
+        typed = self.device_text.value.strip()
         return Selection(
-            device=str(self.device.value),
+            device=typed or str(self.device.value),
             mode=str(self.mode.value),
             dtype=None if dtype == "none" else str(dtype),
             fused=FUSED_CHOICES[str(self.fused.value)],
@@ -393,8 +410,20 @@ class Controls:
         """Set already-normalised values (workload before preset)."""
         order = ("workload", "preset", *[k for k in values if k not in ("workload", "preset")])
         for name in order:
-            if name in values:
+            if name not in values:
+                continue
+            if name == "device":
+                self.set_device(values[name])
+            else:
                 getattr(self, name).value = values[name]
+
+    def set_device(self, value: str) -> None:
+        """A menu value selects it (and clears the typed device); anything else is typed."""
+        if value in [o.value for o in self.device_options]:
+            self.device_text.value = ""
+            self.device.value = value
+        else:
+            self.device_text.value = value
 
     def update_enabled(self, *, lab_applies: bool, lab_reason: str) -> None:
         """dtype only matters for mode auto; the lab only for an fp16 request on CPU."""
@@ -412,17 +441,31 @@ class Controls:
     # ------------------------------------------------------------------ helpers
 
     def _device_value(self, value: Any) -> str:
-        text = str(value).strip()
+        """A menu value (real device or ``sim:<preset>``), or a torch device string to type."""
+        text = str(value).strip() if isinstance(value, str) else value
         values = [o.value for o in self.device_options]
-        if text in values:
-            return text
-        for candidate in (SIM_PREFIX + text, SIM_PREFIX + text.removeprefix("simulated:")):
-            if candidate in values:
-                return candidate
-        raise ValueError(
-            f"device={value!r} is not available; allowed: {', '.join(values)} "
-            "(a simulated preset may be named without the 'sim:' prefix)"
-        )
+        if isinstance(text, str):
+            lowered = text.lower()
+            if lowered in values:
+                return lowered
+            for name in (lowered, lowered.removeprefix("simulated:")):
+                if SIM_PREFIX + name in values:
+                    return SIM_PREFIX + name
+            if lowered.startswith(SIM_PREFIX):
+                presets = [v[len(SIM_PREFIX) :] for v in values if v.startswith(SIM_PREFIX)]
+                raise ValueError(
+                    f"device={value!r} is not a simulated preset; allowed: {', '.join(presets)}"
+                )
+        try:
+            return normalize_device_request(text)
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc}; the menu offers: {', '.join(values)} (a simulated preset may be named "
+                "without the 'sim:' prefix)"
+            ) from None
+
+    def _on_device_menu(self, _change: dict[str, Any]) -> None:
+        self.device_text.value = ""
 
     def _presets_for(self, workload: str | None) -> list[str]:
         if self.user_model or workload is None:

@@ -164,14 +164,47 @@ def test_bad_input_raises_and_is_shown_in_the_panel(panel: Panel) -> None:
     assert panel.plan == before  # nothing changed
     with pytest.raises(ValueError, match="steps=0"):
         panel.steps = 0
-    with pytest.raises(ValueError, match="device='tpu:3'"):
+    with pytest.raises(ValueError, match="'tpu:3'"):
         panel.set(device="tpu:3")
+    with pytest.raises(RuntimeError, match="cuda:7"):
+        panel.set(device="cuda:7")  # CUDA is not on this machine (or not 8 devices)
+    assert panel.device == "cpu" and "cuda:7" in panel.error
     with pytest.raises(ValueError, match="preset='huge'"):
         panel.set(preset="huge")
     # the panel stays usable: a good value clears the message
     panel.set(mode="bf16")
     assert panel.error is None and panel.error_box.layout.display == "none"
     assert panel.plan.mode == "bf16"
+
+
+def test_typed_device_is_resolved_and_errors_show_in_the_panel(panel: Panel) -> None:
+    text = panel.controls.device_text
+    text.value = "cuda:7"  # as typed into the "Other device" box
+    assert panel.device == "cuda:7"
+    assert panel.plan is None and panel.error is not None
+    assert "cuda:7" in panel.error and "cuda:7" in panel.error_box.value
+    assert panel.run_button.disabled and "cannot be resolved" in panel.run_reason.value
+    text.value = ""  # clearing it falls back to the menu's device
+    assert panel.error is None and panel.plan.device_type == "cpu"
+    assert not panel.run_button.disabled
+    text.value = "cpu"
+    assert panel.plan is not None and panel.error is None
+    panel.controls.device.value = "auto"  # picking from the menu replaces the typed device
+    assert text.value == "" and panel.device == "auto"
+
+
+def test_set_refreshes_once(panel: Panel, monkeypatch) -> None:
+    calls: list[int] = []
+    original = Panel.refresh
+
+    def counting(self: Panel) -> None:
+        calls.append(1)
+        original(self)
+
+    monkeypatch.setattr(Panel, "refresh", counting)
+    panel.set(mode="bf16", device="cpu", fused="off", steps=7, seed=3)
+    assert len(calls) == 1
+    assert (panel.mode, panel.fused, panel.steps, panel.seed) == ("bf16", False, 7, 3)
 
 
 def test_constructor_rejects_bad_arguments() -> None:

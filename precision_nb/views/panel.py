@@ -606,10 +606,12 @@ class Panel:
             source = job.result
             if job.error is not None:
                 self.last_exception = job.error
+                # A failed fit keeps its RunResult on the error; a failed comparison keeps the
+                # live records of every run so far (below).
                 partial = getattr(job.error, "result", None) or getattr(
                     job.error, "precision_nb_result", None
                 )
-                source = partial
+                source = partial if job.kind == "run" else None
                 selection = job.context
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
                 self._show_error(describe_failure(job.error, batch_hint=hint))

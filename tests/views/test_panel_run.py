@@ -122,6 +122,32 @@ def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
     assert panel.plan.mode == "bf16"
 
 
+class _NoAutocastModel(nn.Module):
+    """Trains in fp32, fails under autocast (a custom op without a bf16 kernel, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            raise RuntimeError("custom_op has no kernel for BFloat16")
+        return self.linear(x)
+
+
+def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
+    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
+    panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
+    panel.compare_button.click()
+    assert panel.wait(TIMEOUT)
+    assert panel.error is not None and "no kernel for BFloat16" in panel.error
+    frame = panel.results
+    assert set(frame["run"]) == {"fp32"} and len(frame) == 3
+    assert "Failed" in panel.status.value
+    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert not panel.compare_button.disabled
+
+
 class _OutOfMemoryModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -352,6 +352,10 @@ class Trainer:
         flops_mb = count_step_flops(
             self.model, batch_shape(first, None).signature, lambda: self._loss(first)
         )
+        # The FLOP count is cached per model shape, so on a cache hit ``_loss`` did not run and
+        # ``_task`` is unknown; the workload's own task keeps tokens/s for built-in workloads.
+        if self._task is None:
+            self._task = self.workload_info.get("task")
         shape = batch_shape(first, self._task)
         flops_step = flops_mb * cfg.accumulation
         peak = peak_flops(self.device, compute_dtype(self.plan), calibrate=cfg.measure_peak)

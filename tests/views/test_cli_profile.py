@@ -218,3 +218,14 @@ def test_the_cli_module_imports_no_heavy_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_token_workload_reports_tokens_per_s_for_every_plan(tmp_path):
+    out = tmp_path / "lm"
+    args = ("--workload", "lm", "--preset", "tiny", "--steps", "1", "--compare", "fp32,bf16")
+    assert _profile(*args, "--device", "cpu", "--out", str(out)) == 0
+    by_run = {r["run"]: r for r in _rows(out / "summary.csv")}
+    assert set(by_run) == {"fp32", "bf16"}
+    # The second plan reuses the cached FLOP count; its tokens/s must not get lost with it.
+    for row in by_run.values():
+        assert float(row["tokens_per_s"]) > 0

@@ -1,7 +1,7 @@
 """Step time of ``Trainer.fit()`` against a minimal hand-written torch loop and Accelerate's loop.
 
 Same model weights, data, plan (autocast dtype) and optimizer (plain AdamW) for all three; every
-loop logs the loss every 10 steps. Variants are interleaved (fit, torch, accelerate, fit, ...),
+loop logs the loss every 10 steps. Variants are interleaved, their order rotated every repeat,
 each timed over ``--steps`` steps after a warm-up, and the medians are compared side by side.
 
     python benchmarks/bench_fit.py            # CPU: mlp, tiny + small, fp32 + bf16
@@ -108,9 +108,11 @@ def bench_case(name: str, preset: str, mode: str, steps: int, repeats: int) -> d
         "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
+    keys = list(variants)
     for rep in range(repeats + 1):  # repeat 0 is the warm-up
-        for key, run in variants.items():
-            seconds = run(copy.deepcopy(initial))
+        order = keys[rep % len(keys) :] + keys[: rep % len(keys)]  # rotate: no order advantage
+        for key in order:
+            seconds = variants[key](copy.deepcopy(initial))
             if rep > 0:
                 times[key].append(seconds / steps)
     return {k: statistics.median(v) for k, v in times.items()}

@@ -116,6 +116,11 @@ def hints_by_run(hint_list: Sequence[Hint], labels: Sequence[str]) -> dict[str, 
 # ----------------------------------------------------------------------------- rules
 
 
+def _who(labels: Sequence[str], rows: Mapping[str, Any]) -> str:
+    """``"all"`` when a hint is about every run of several, else the runs' labels."""
+    return "all" if len(rows) > 1 and len(labels) == len(rows) else ", ".join(labels)
+
+
 def _is_mixed(row: Mapping[str, Any]) -> bool:
     return row.get("mode") in ("bf16", "fp16")
 
@@ -169,7 +174,7 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
         )
         return [
             Hint(
-                "all" if len(low) == len(rows) else ", ".join(low),
+                _who(list(low), rows),
                 "overhead",
                 f"The step is dominated by overhead, not matmul FLOPs: {parts} of the peak "
                 f"(peaks: {sources}). Python, kernel launches and the optimizer cost about as "
@@ -187,7 +192,7 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
     parts = ", ".join(f"{k} {_rate(r['flops_per_s'])}" for k, r in low_rates.items())
     return [
         Hint(
-            "all" if len(low_rates) == len(rows) else ", ".join(low_rates),
+            _who(list(low_rates), rows),
             "overhead",
             f"The model is so small that the step is likely dominated by overhead: {parts}"
             f"{per_step}; no peak is known for this device to say how far from the limit it is.",
@@ -300,15 +305,13 @@ def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
             message = "Fused AdamW was not used; the records do not say why."
             measurement = "fused_adamw record field"
         by_message.setdefault((message, measurement), []).append(label)
-    return [
-        Hint("all" if len(labels) == len(rows) > 1 else ", ".join(labels), "fused_adamw", m, k)
-        for (m, k), labels in by_message.items()
-    ]
+    return [Hint(_who(labels, rows), "fused_adamw", m, k) for (m, k), labels in by_message.items()]
 
 
 def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any) -> list[Hint]:
     """Step times that spread widely make every speedup above uncertain; say so."""
-    noisy = []
+    noisy: list[str] = []
+    noisy_labels: list[str] = []
     for label in rows:
         times = frame.loc[frame["run"] == label, "step_time_s"].dropna().astype(float)
         if len(times) < 4:
@@ -317,11 +320,12 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any) -> list[Hint]:
         spread = float(times.quantile(0.9) - times.quantile(0.1)) / median if median > 0 else 0.0
         if spread > NOISY_SPREAD:
             noisy.append(f"{label} {spread:.0%}")
+            noisy_labels.append(label)
     if not noisy:
         return []
     return [
         Hint(
-            "all" if len(noisy) == len(rows) else ", ".join(n.rsplit(" ", 1)[0] for n in noisy),
+            _who(noisy_labels, rows),
             "noise",
             "Step times varied widely (" + ", ".join(noisy) + " of the median between the 10th "
             "and 90th percentile): the machine was busy or still warming up, so treat the "

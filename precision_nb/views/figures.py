@@ -180,7 +180,6 @@ def draw_loss_scale(
         history = histories.get(label)
         if history:
             xs = [_attempt_x(h, i) for i, h in enumerate(history)]
-            by_attempt = True
             ys = [_float(h.get("loss_scale")) for h in history]
             skipped = [bool(h.get("skipped")) for h in history]
         else:
@@ -195,6 +194,7 @@ def draw_loss_scale(
         ]
         if not points:
             continue
+        by_attempt = by_attempt or bool(history)
         ax.step(
             [p[0] for p in points],
             [p[1] for p in points],

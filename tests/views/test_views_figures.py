@@ -146,3 +146,10 @@ def test_figures_display_as_png_in_ipython_without_the_inline_backend(three_plan
     fig = F.loss_figure(three_plans)
     png = PNGFormatter()(fig)  # a fresh formatter: nothing registered for Figure
     assert png is not None and png.startswith(PNG_MAGIC)
+
+
+def test_unscaled_histories_do_not_change_the_x_axis(make_records):
+    history = [{"step": 1, "attempt": 1, "loss_scale": None, "skipped": False}]
+    ax = F.loss_scale_figure(make_records("fp32", "fp32"), histories={"fp32": history}).axes[0]
+    assert ax.get_xlabel() == "optimizer step"
+    assert any("no plan uses a loss scaler" in t.get_text() for t in ax.texts)

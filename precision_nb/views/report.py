@@ -530,6 +530,7 @@ def run_profile(
             "gradient accumulation": request.accumulation,
             "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
             "loss-scale lab": request.loss_scale_lab,
+            **_machine(comparison),
             **(settings or {}),
         }
         write_report(comparison, staging, settings=shown)
@@ -544,6 +545,18 @@ def run_profile(
         summary=summary(comparison),
         hints=tuple(hints(comparison)),
     )
+
+
+def _machine(comparison: Any) -> dict[str, Any]:
+    """What the numbers were measured on: device used, torch build, CPU vector capability."""
+    import torch
+
+    devices = {str(getattr(r, "device", "")) for r in results_of(comparison).values()}
+    return {
+        "device used": ", ".join(sorted(d for d in devices if d)),
+        "torch": torch.__version__,
+        "CPU capability (torch)": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:

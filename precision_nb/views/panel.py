@@ -188,6 +188,9 @@ class Panel:
         self.last_live: LiveView | None = None
         self.refresh_seconds: float = 0.0  # the last plan refresh
         self.last_render_seconds: float = 0.0  # final figures + table of the last run
+        # What a figure costs to draw here, learnt from earlier frames; the first live frame of
+        # the first run waits until the plotting budget covers this guess.
+        self._frame_cost_s = 1.0
 
         workloads = {} if model is not None else _workload_presets()
         self.controls = Controls(
@@ -490,6 +493,7 @@ class Panel:
                 draw=self._draw_live,
                 budget=self._plot_budget,
                 min_interval_s=self._refresh_interval_s,
+                first_cost_guess_s=self._frame_cost_s,
             )
             self._live = live
             self.last_live = live
@@ -622,6 +626,10 @@ class Panel:
             start = time.perf_counter()
             self._render_final()
             self.last_render_seconds = time.perf_counter() - start
+            if live is not None and live.frames:
+                self._frame_cost_s = live.last_frame_seconds
+            elif self._source is not None:
+                self._frame_cost_s = self.last_render_seconds
         finally:
             self._live = None
 

@@ -60,6 +60,7 @@ class LiveView:
         self.frames = 0
         self.plot_seconds = 0.0
         self.callback_seconds = 0.0  # everything spent inside the engine's callbacks
+        self.last_frame_seconds = 0.0
         self._cost_estimate = first_cost_guess_s
         self._start = clock()
         self._last_draw = -float("inf")
@@ -111,6 +112,7 @@ class LiveView:
         self._draw(records, results)
         done = self._clock()
         cost = done - now
+        self.last_frame_seconds = cost
         self.plot_seconds += cost
         self._cost_estimate = cost
         self._last_draw = done

@@ -53,7 +53,7 @@ FIGURES: dict[str, Callable[..., Figure]] = {
 }
 
 #: Optimizer steps per plan when ``profile`` is not given ``steps``.
-DEFAULT_STEPS = 15
+DEFAULT_STEPS = 10
 #: About this many logged points per plan in a profile.
 PROFILE_POINTS = 25
 

@@ -60,7 +60,7 @@ def plan_latency(panel: Panel, changes: int, cached: bool) -> list[float]:
         if widget.value == value:
             continue
         if not cached:
-            panel._cache.clear()
+            panel._plans.cache.clear()
         start = time.perf_counter()
         widget.value = value  # observers run synchronously, as in the kernel
         times.append(time.perf_counter() - start)

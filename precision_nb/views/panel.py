@@ -24,33 +24,31 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from precision_nb.core.capabilities import (
-    PRESETS,
-    Capabilities,
-    get_capabilities,
-    read_capabilities,
-)
+from precision_nb.core.capabilities import read_capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig, PrecisionPlan
-from precision_nb.core.resolution import Explanation, explain_precision
-from precision_nb.views.panel_code import CodeSpec, plan_code
+from precision_nb.core.resolution import Explanation
 from precision_nb.views.panel_controls import (
     COMPARE_CHOICES,
     DEFAULT_COMPARE,
     SIM_PREFIX,
     Controls,
-    DeviceOption,
     Selection,
 )
-from precision_nb.views.panel_run import Job, LiveView, describe_failure
+from precision_nb.views.panel_plan import PlanView, badge_html, code_for, device_options
+from precision_nb.views.panel_run import (
+    Job,
+    LiveView,
+    check_train_options,
+    describe_failure,
+    metrics_text,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Panel"]
 
-_BADGE_REAL = "background:#d4edda;color:#155724"
-_BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"
 _ERROR_STYLE = (
     "background:#f8d7da;color:#721c24;border:1px solid #f5c6cb;padding:6px 10px;"
     "border-radius:4px;white-space:pre-wrap"
@@ -62,32 +60,6 @@ def _workload_presets() -> dict[str, tuple[str, ...]]:
     from precision_nb.engine.workloads import WORKLOADS
 
     return {name: tuple(SIZE_PRESETS) for name in WORKLOADS}
-
-
-def _device_options(caps: Capabilities) -> list[DeviceOption]:
-    auto = resolve_device("auto", caps)
-    options = [DeviceOption("auto", f"auto (this machine: {auto})"), DeviceOption("cpu", "cpu")]
-    if caps.cuda_available:
-        for index in range(caps.cuda_device_count or 1):
-            name = f" - {caps.device_name}" if caps.device_name and index == 0 else ""
-            options.append(DeviceOption(f"cuda:{index}", f"cuda:{index}{name}"))
-    if caps.mps_available:
-        options.append(DeviceOption("mps", "mps"))
-    for name in PRESETS:
-        if name == "this-machine":
-            continue
-        sim = get_capabilities(name)
-        what = sim.device_name or sim.description
-        options.append(DeviceOption(SIM_PREFIX + name, f"[simulated] {name} ({what})"))
-    return options
-
-
-def _fused_flag(explanation: Explanation) -> bool | None:
-    """The AdamW ``fused`` flag the explanation's fused decision amounts to."""
-    for decision in explanation.decisions:
-        if decision.field == "fused AdamW":
-            return decision.outcome.startswith("fused")
-    return explanation.optimizer.fused
 
 
 CONTROL_NAMES = (
@@ -162,7 +134,7 @@ class Panel:
             isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1
         ):
             raise ValueError(f"log_every={log_every!r} must be None or an integer >= 1")
-        self._train_options = _check_train_options(train_options)
+        self._train_options = check_train_options(train_options)
         if not 0 < plot_budget < 1:
             raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
         self._model = model
@@ -173,8 +145,7 @@ class Panel:
         self._plot_budget = plot_budget
         self._refresh_interval_s = refresh_interval_s
         self._capabilities = read_capabilities()
-        self._sim_caps: dict[str, Capabilities] = {}
-        self._cache: dict[tuple[Any, ...], Explanation] = {}
+        self._plans = PlanView(self._capabilities, self._optimizer)
         self._explanation: Explanation | None = None
         self._selection: Selection | None = None
         self._plan_error: str | None = None
@@ -194,7 +165,7 @@ class Panel:
 
         workloads = {} if model is not None else _workload_presets()
         self.controls = Controls(
-            _device_options(self._capabilities), workloads, user_model=model is not None
+            device_options(self._capabilities), workloads, user_model=model is not None
         )
         self._build_widgets()
 
@@ -317,49 +288,13 @@ class Panel:
         if not self._applying:
             self.refresh()
 
-    def _capabilities_for(self, selection: Selection) -> Capabilities:
-        preset = selection.simulated_preset
-        if preset is None:
-            return self._capabilities
-        if preset not in self._sim_caps:
-            self._sim_caps[preset] = get_capabilities(preset)
-        return self._sim_caps[preset]
-
-    def _requests(self, selection: Selection) -> tuple[str, Capabilities, bool, str]:
-        """(device request, capabilities, lab applies, why not) for a selection."""
-        caps = self._capabilities_for(selection)
-        request = "auto" if selection.simulated_preset else selection.device
-        requested = PrecisionConfig(mode=selection.mode, dtype=selection.dtype).requested
-        device_type = resolve_device(request, caps).type
-        if requested != "fp16":
-            why = f"the loss-scale lab applies to an fp16 request (this request is {requested})"
-            return request, caps, False, why
-        if device_type != "cpu":
-            why = f"the loss-scale lab applies on CPU ({device_type} fp16 already has its scaler)"
-            if device_type == "mps":
-                why = "the loss-scale lab applies on CPU (MPS resolves to fp32)"
-            return request, caps, False, why
-        return request, caps, True, ""
-
-    def _explain(self, selection: Selection) -> tuple[Explanation, bool, str]:
-        request, caps, lab_applies, why_not = self._requests(selection)
-        lab = selection.loss_scale_lab and lab_applies
-        key = (selection.device, selection.mode, selection.dtype, selection.fused, lab)
-        explanation = self._cache.get(key)
-        if explanation is None:
-            config = PrecisionConfig(mode=selection.mode, dtype=selection.dtype, loss_scale_lab=lab)
-            optimizer = OptimizerConfig(**{**self._optimizer.to_dict(), "fused": selection.fused})
-            explanation = explain_precision(config, request, caps, optimizer=optimizer)
-            self._cache[key] = explanation
-        return explanation, lab_applies, why_not
-
     def refresh(self) -> None:
         """Re-resolve the plan from the controls and update every view of it (also the code)."""
         start = time.perf_counter()
         selection = self.controls.selection()
         self._selection = selection
         try:
-            explanation, lab_applies, why_not = self._explain(selection)
+            resolved = self._plans.resolve(selection)
         except (ValueError, RuntimeError) as exc:
             self._explanation = None
             self._plan_error = f"Cannot resolve this selection: {exc}"
@@ -370,60 +305,23 @@ class Panel:
             self._update_buttons()
             self.refresh_seconds = time.perf_counter() - start
             return
+        explanation = resolved.explanation
         self._explanation = explanation
         self._plan_error = None
-        self.controls.update_enabled(lab_applies=lab_applies, lab_reason=why_not)
-        self.plan_html.value = explanation._repr_html_()
-        self._update_badge(explanation, selection)
-        self.code_area.value = self._code_for(explanation, selection)
-        if self._error is not None and self._error.startswith("Cannot resolve"):
-            self._show_error(None)
-        self._update_buttons()
-        self.refresh_seconds = time.perf_counter() - start
-
-    def _update_badge(self, explanation: Explanation, selection: Selection) -> None:
-        caps = explanation.capabilities
-        if explanation.simulated:
-            text = f"SIMULATED &middot; {html.escape(caps.name)} &rarr; {explanation.device}"
-            style = _BADGE_SIM
-        else:
-            text = f"this machine &middot; {html.escape(explanation.device)}"
-            style = _BADGE_REAL
-        self.badge.value = (
-            f"<span style='{style};padding:2px 8px;border-radius:10px;margin-left:12px'>"
-            f"{text}</span>"
+        self.controls.update_enabled(
+            lab_applies=resolved.lab_applies, lab_reason=resolved.lab_reason
         )
+        self.plan_html.value = explanation._repr_html_()
+        self.badge.value = badge_html(explanation)
         if explanation.simulated:
             self.badge.add_class("pnb-simulated")
         else:
             self.badge.remove_class("pnb-simulated")
-
-    def _code_for(self, explanation: Explanation, selection: Selection) -> str:
-        plan = explanation.plan
-        opt = explanation.optimizer
-        note = ""
-        if explanation.simulated:
-            note = (
-                f"Resolved for simulated hardware ({explanation.capabilities.name}); "
-                "run it on such a machine."
-            )
-        spec = CodeSpec(
-            device=explanation.device,
-            mode=plan.mode,
-            dtype=plan.mode if plan.autocast_enabled else None,
-            autocast_enabled=plan.autocast_enabled,
-            use_scaler=plan.use_scaler,
-            fused=_fused_flag(explanation),
-            lr=opt.lr,
-            betas=tuple(opt.betas),
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-            steps=selection.steps,
-            accumulation=selection.accumulation,
-            seed=selection.seed,
-            note=note,
-        )
-        return plan_code(spec)
+        self.code_area.value = code_for(explanation, selection)
+        if self._error is not None and self._error.startswith("Cannot resolve"):
+            self._show_error(None)
+        self._update_buttons()
+        self.refresh_seconds = time.perf_counter() - start
 
     # ================================================================== buttons and errors
 
@@ -544,7 +442,7 @@ class Panel:
         )
 
     def _optimizer_for(self, selection: Selection) -> OptimizerConfig:
-        return OptimizerConfig(**{**self._optimizer.to_dict(), "fused": selection.fused})
+        return self._plans.optimizer_for(selection)
 
     def _fit(
         self, selection: Selection, explanation: Explanation, live: LiveView, stop: Any
@@ -590,7 +488,7 @@ class Panel:
         self.progress.value = min(done, self.progress.max)
         self.progress_label.value = text
         if record is not None:
-            self.live_metrics.value = _metrics_text(record)
+            self.live_metrics.value = metrics_text(record)
 
     def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
         if not records:
@@ -821,53 +719,6 @@ class Panel:
         """Wait for the current run; True when none is going (anymore)."""
         job = self._job
         return True if job is None else job.wait(timeout)
-
-
-_CONTROLLED = ("steps", "accumulation", "seed", "progress", "label")
-
-
-def _check_train_options(options: dict[str, Any] | None) -> dict[str, Any]:
-    """Validate extra TrainConfig fields (e.g. ``overflow_at_steps``, ``grad_clip``)."""
-    import dataclasses
-
-    from precision_nb.engine.trainer import TrainConfig
-
-    options = dict(options or {})
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
-    for key in options:
-        if key in _CONTROLLED:
-            raise ValueError(
-                f"train_options[{key!r}] is set by the panel's controls; pass {key}=... to "
-                "Panel or panel.set() instead"
-            )
-        if key not in names:
-            allowed = ", ".join(n for n in names if n not in _CONTROLLED)
-            raise ValueError(
-                f"train_options[{key!r}] is not a TrainConfig field; allowed: {allowed}"
-            )
-    TrainConfig(**options)  # raises ValueError naming a bad value
-    return options
-
-
-def _metrics_text(record: dict[str, Any]) -> str:
-    """One line of the latest numbers (cheap to update often, unlike a figure)."""
-    parts = [f"<b>{html.escape(str(record.get('run', '')))}</b>"]
-    loss = record.get("loss")
-    if isinstance(loss, (int, float)):
-        parts.append(f"loss {loss:.4g}")
-    scale = record.get("loss_scale")
-    if isinstance(scale, (int, float)):
-        parts.append(f"loss scale {scale:g} ({int(record.get('skipped_total') or 0)} skipped)")
-    for key, unit in (("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s")):
-        value = record.get(key)
-        if isinstance(value, (int, float)):
-            parts.append(f"{value:,.0f} {unit}")
-            break
-    memory = record.get("memory_bytes")
-    if isinstance(memory, (int, float)):
-        kind = html.escape(str(record.get("memory_kind") or "memory"))
-        parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
-    return " &middot; ".join(parts)
 
 
 def _results_of(source: Any) -> dict[str, Any]:

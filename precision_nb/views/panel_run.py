@@ -9,6 +9,8 @@ goes, so plotting cannot dominate a run whatever the figure costs on this machin
 
 from __future__ import annotations
 
+import dataclasses
+import html
 import logging
 import threading
 import time
@@ -20,7 +22,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Job", "LiveView", "describe_failure"]
+__all__ = ["Job", "LiveView", "check_train_options", "describe_failure", "metrics_text"]
 
 
 class LiveView:
@@ -222,3 +224,48 @@ def _is_oom(exc: BaseException) -> bool:
     if torch_oom is not None:
         oom_types += (torch_oom,)
     return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
+
+
+_CONTROLLED = ("steps", "accumulation", "seed", "progress", "label")
+
+
+def check_train_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Validate extra TrainConfig fields (e.g. ``overflow_at_steps``, ``grad_clip``)."""
+    from precision_nb.engine.trainer import TrainConfig
+
+    options = dict(options or {})
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    for key in options:
+        if key in _CONTROLLED:
+            raise ValueError(
+                f"train_options[{key!r}] is set by the panel's controls; pass {key}=... to "
+                "Panel or panel.set() instead"
+            )
+        if key not in names:
+            allowed = ", ".join(n for n in names if n not in _CONTROLLED)
+            raise ValueError(
+                f"train_options[{key!r}] is not a TrainConfig field; allowed: {allowed}"
+            )
+    TrainConfig(**options)  # raises ValueError naming a bad value
+    return options
+
+
+def metrics_text(record: dict[str, Any]) -> str:
+    """One line of the latest numbers (cheap to update often, unlike a figure)."""
+    parts = [f"<b>{html.escape(str(record.get('run', '')))}</b>"]
+    loss = record.get("loss")
+    if isinstance(loss, (int, float)):
+        parts.append(f"loss {loss:.4g}")
+    scale = record.get("loss_scale")
+    if isinstance(scale, (int, float)):
+        parts.append(f"loss scale {scale:g} ({int(record.get('skipped_total') or 0)} skipped)")
+    for key, unit in (("tokens_per_s", "tokens/s"), ("samples_per_s", "samples/s")):
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            parts.append(f"{value:,.0f} {unit}")
+            break
+    memory = record.get("memory_bytes")
+    if isinstance(memory, (int, float)):
+        kind = html.escape(str(record.get("memory_kind") or "memory"))
+        parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
+    return " &middot; ".join(parts)

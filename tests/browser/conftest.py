@@ -109,7 +109,8 @@ def lab_server(
     chromium_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LabServer]:
     root = tmp_path_factory.mktemp("lab-root")
-    for notebook in (ROOT / "notebooks").glob("*.ipynb"):
+    source = Path(os.environ.get("PRECISION_NB_NOTEBOOKS", ROOT / "notebooks"))
+    for notebook in source.glob("*.ipynb"):
         shutil.copy(notebook, root / notebook.name)
     home = tmp_path_factory.mktemp("lab-home")
     port, token = _free_port(), secrets.token_hex(16)
@@ -165,7 +166,7 @@ def browser_page(chromium_path: Path, tmp_path: Path):
             executable_path=str(chromium_path),
             headless=True,
             args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
+            viewport={"width": 1400, "height": 2600},
         )
         try:
             yield context.pages[0] if context.pages else context.new_page()

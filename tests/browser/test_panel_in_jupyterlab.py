@@ -1,0 +1,140 @@
+"""The panel in a real browser: JupyterLab + headless Chromium, driven like a user would.
+
+Opens the explore notebook, runs every cell, then works the first panel it shows: controls are
+visible, changing mode and device updates the shown plan, Run completes with figures, Compare
+overlays plans, Stop ends a long run, and an error is shown readably inside the panel.
+Screenshots of the panel land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); with
+``PRECISION_NB_UPDATE_SCREENSHOT=1`` the after-comparison one also replaces the README's image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Locator, expect
+
+from tests.browser.lab import first_panel, open_notebook, run_all_cells
+
+ROOT = Path(__file__).resolve().parents[2]
+README_IMAGE = ROOT / "docs" / "images" / "panel-after-compare.png"
+NOTEBOOK = "01_explore_precision.ipynb"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _toggle(panel: Locator, css: str, label: str) -> None:
+    panel.locator(f".{css} button").filter(
+        has_text=re.compile(rf"^\s*{re.escape(label)}\s*$")
+    ).click()
+
+
+def _set_int(panel: Locator, css: str, value: int) -> None:
+    box = panel.locator(f".{css} input")
+    box.fill(str(value))
+    box.press("Enter")
+    box.press("Tab")
+
+
+def _select_starting(panel: Locator, css: str, prefix: str) -> None:
+    select = panel.locator(f".{css} select")
+    labels = select.evaluate("s => Array.from(s.options).map(o => o.textContent)")
+    matches = [label for label in labels if label.replace("\xa0", " ").startswith(prefix)]
+    assert matches, f"no option of {css} starts with {prefix!r}: {labels}"
+    select.select_option(label=matches[0])
+
+
+def _image_loaded(image: Locator, timeout_ms: float = 15_000) -> bool:
+    """True once the figure's PNG is decoded and has a size (it loads asynchronously)."""
+    handle = image.element_handle()
+    image.page.wait_for_function(
+        "img => img.complete && img.naturalWidth > 0", arg=handle, timeout=timeout_ms
+    )
+    return bool(handle.evaluate("img => img.naturalWidth * img.naturalHeight > 0"))
+
+
+def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
+    page = browser_page
+    open_notebook(page, lab_server.notebook_url(NOTEBOOK))
+    run_all_cells(page)
+    panel = first_panel(page)
+    panel.scroll_into_view_if_needed()
+
+    # The controls are there and usable.
+    for css in ("pnb-device", "pnb-mode", "pnb-dtype", "pnb-fused", "pnb-steps", "pnb-plan"):
+        expect(panel.locator(f".{css}").first).to_be_visible()
+    run, stop = panel.locator("button.pnb-run"), panel.locator("button.pnb-stop")
+    expect(run).to_be_enabled()
+    expect(stop).to_be_disabled()
+    panel.screenshot(path=str(artifacts_dir / "panel-before-run.png"))
+
+    # Changing device and mode in the UI re-resolves the shown plan, with its reason.
+    plan = panel.locator(".pnb-plan")
+    panel.locator(".pnb-device select").select_option(label="cpu")
+    _toggle(panel, "pnb-mode", "fp16")
+    expect(plan).to_contain_text("fp32 on cpu")
+    expect(plan).to_contain_text("explicit fp16 on CPU falls back to fp32")
+    expect(panel.locator(".pnb-dtype select")).to_be_disabled()  # dtype matters only in auto
+    _toggle(panel, "pnb-mode", "bf16")
+    expect(plan).to_contain_text("bf16 on cpu")
+
+    # A simulated GPU shows the badge and refuses to run, saying why.
+    _select_starting(panel, "pnb-device", "[simulated] cuda-bf16 (")
+    expect(panel.locator(".pnb-badge")).to_contain_text("simulated", ignore_case=True)
+    expect(run).to_be_disabled()
+    expect(panel.locator(".pnb-run-reason")).to_contain_text("simulated", ignore_case=True)
+    panel.locator(".pnb-device select").select_option(label="cpu")
+    expect(run).to_be_enabled()
+
+    # Run: progress completes, figures and the results table appear.
+    _set_int(panel, "pnb-steps", 12)
+    run.click()
+    status = panel.locator(".pnb-status")
+    expect(status).to_contain_text("Finished", timeout=120_000)
+    expect(panel.locator(".pnb-progress-label")).to_contain_text("12")
+    figure = panel.locator("img.pnb-figures")
+    expect(figure).to_be_visible()
+    assert _image_loaded(figure)
+    expect(panel.locator(".pnb-results table")).to_be_visible()
+
+    # Compare: several plans overlaid, with the summary table; this is the README's screenshot.
+    panel.locator("button.pnb-compare").click()
+    expect(status).to_contain_text(re.compile(r"Finished: [2-9] run"), timeout=150_000)
+    expect(panel.locator(".pnb-results table tbody tr")).to_have_count(
+        int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
+    )
+    assert _image_loaded(figure)
+    after = artifacts_dir / "panel-after-compare.png"
+    panel.screenshot(path=str(after))
+    if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
+        README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(after, README_IMAGE)
+
+    # Stop: a long run is ended between steps; a second Run is impossible meanwhile.
+    _set_int(panel, "pnb-steps", 20_000)
+    run.click()
+    expect(stop).to_be_enabled(timeout=30_000)
+    expect(run).to_be_disabled()
+    expect(panel.locator(".pnb-progress-label")).to_contain_text(re.compile(r"\d+\s*/\s*20000"))
+    stop.click()
+    expect(status).to_contain_text("Stopped", timeout=60_000)
+    expect(run).to_be_enabled()
+
+    # An error is shown inside the panel, readable, and the panel stays usable.
+    device_text = panel.locator(".pnb-device-text input")
+    device_text.fill("cuda:7")
+    device_text.press("Enter")
+    error = panel.locator(".pnb-error")
+    expect(error).to_be_visible()
+    expect(error).to_contain_text("cuda:7")
+    box = error.bounding_box()
+    assert box is not None and box["height"] >= 16 and box["width"] >= 200
+    panel.screenshot(path=str(artifacts_dir / "panel-error.png"))
+    device_text.fill("")
+    device_text.press("Enter")
+    panel.locator(".pnb-device select").select_option(label="cpu")
+    expect(error).to_be_hidden()
+    expect(run).to_be_enabled()

@@ -1,7 +1,8 @@
 """The ``precision-nb`` command line: ``plan`` (core only) and ``profile`` (the main job).
 
-Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and ``run(args) -> int``;
-this module only wires them together, so ``precision-nb plan`` never imports matplotlib.
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
+``run(args) -> int``; this module only wires them together, so ``precision-nb plan`` never imports
+matplotlib.
 Exit codes: 0 success, 2 bad input (a clear message on stderr), 1 a failed run.
 """
 

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "autocast_context": "precision_nb.core.amp",
     "make_grad_scaler": "precision_nb.core.amp",
     "verify_autocast": "precision_nb.core.amp",
+    "AutocastCheck": "precision_nb.core.amp",
     "OptimizerConfig": "precision_nb.core.optim",
     "FusedOutcome": "precision_nb.core.optim",
     "supports_fused_adamw": "precision_nb.core.optim",
@@ -42,8 +43,13 @@ _EXPORTS: dict[str, str] = {
     "WORKLOADS": "precision_nb.engine.workloads",
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
-    # views (loaded only when asked for)
+    # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel",
+    "to_frame": "precision_nb.views.tables",
+    "summary": "precision_nb.views.tables",
+    "hints": "precision_nb.views.hints",
+    "dashboard_figure": "precision_nb.views.figures",
+    "profile": "precision_nb.views.report",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

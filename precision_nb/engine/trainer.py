@@ -42,13 +42,8 @@ from precision_nb.engine.batches import (
     to_device,
 )
 from precision_nb.engine.metrics import MemoryProbe, compute_dtype, count_step_flops, peak_flops
-from precision_nb.engine.results import (
-    RECORD_KEYS,
-    DeviceOutOfMemoryError,
-    FitError,
-    NonFiniteLossError,
-    RunResult,
-)
+from precision_nb.engine.recorder import Chunk, Recorder
+from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult
 from precision_nb.engine.workloads import Workload, get_workload
 
 log = logging.getLogger(__name__)
@@ -147,17 +142,6 @@ def _move_model(model: nn.Module, device: torch.device) -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         raise
-
-
-@dataclass
-class _Chunk:
-    """Device-side values of the attempts since the last host transfer."""
-
-    losses: list[torch.Tensor]
-    scales: list[torch.Tensor]
-    norms: list[torch.Tensor]
-    host_skips: list[int]  # attempt indices skipped on the host side (skip_nonfinite)
-    first_attempt: int
 
 
 class Trainer:
@@ -400,109 +384,25 @@ class Trainer:
         old_sync_mode = torch.cuda.get_sync_debug_mode() if sync_mode else 0
 
         counted = 0
-        interval = dict(attempts=0, skipped=0, losses=[], lr=None, norm=None, t=time.perf_counter())
-        t_start = interval["t"]
-        K = cfg.accumulation
         stop_reason: str | None = None
-
-        def emit(now: float) -> None:
-            n = interval["attempts"]
-            if n == 0:
-                return
-            dt = max(now - interval["t"], 1e-12)
-            finite = [v for v in interval["losses"] if math.isfinite(v)]
-            mem = probe.read()
-            rec = dict(base)
-            fps = flops_step * n / dt
-            rec.update(
-                step=self.steps_done,
-                loss=sum(finite) / len(finite) if finite else float("nan"),
-                loss_scale=host_scale,
-                skipped=interval["skipped"],
-                skipped_total=result.skipped_total,
-                lr=interval["lr"],
-                grad_norm=interval["norm"],
-                step_time_s=dt / n,
-                samples_per_s=shape.samples * K * n / dt,
-                tokens_per_s=shape.tokens * K * n / dt if shape.tokens else None,
-                flops_per_s=fps,
-                mfu=fps / peak.flops_per_s if peak else None,
-                mfu_peak_source=peak.source if peak else None,
-                memory_kind=mem.kind,
-                memory_bytes=mem.current,
-                memory_peak_bytes=mem.peak,
-                memory_reserved_bytes=mem.reserved,
-                elapsed_s=now - t_start,
-            )
-            rec = {key: rec[key] for key in RECORD_KEYS}  # fixed order; KeyError if one is missing
-            result.records.append(rec)
-            interval.update(attempts=0, skipped=0, losses=[], t=time.perf_counter())
-            for cb in callbacks:
-                if hasattr(cb, "on_log"):
-                    cb.on_log(rec)
-
-        def flush(chunk: _Chunk) -> int:
-            """One host transfer for the chunk; returns the number of counted steps."""
-            nonlocal host_scale
-            n = len(chunk.losses)
-            if n == 0:
-                return 0
-            parts = [torch.stack(chunk.losses).double()]
-            if chunk.scales:
-                parts.append(torch.stack(chunk.scales).double())
-            if chunk.norms:
-                parts.append(torch.stack(chunk.norms).double())
-            flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
-            losses = [v / K for v in flat[:n]]
-            scales = flat[n : 2 * n] if chunk.scales else [None] * n
-            norms = flat[-n:] if chunk.norms else [None] * n
-            good = 0
-            for i in range(n):
-                attempt = chunk.first_attempt + i + 1
-                before = host_scale
-                after = scales[i]
-                skipped = (after is not None and before is not None and after < before) or (
-                    attempt in chunk.host_skips
-                )
-                host_scale = after if after is not None else host_scale
-                if not skipped and not math.isfinite(losses[i]):
-                    step = self.steps_done + good + 1
-                    interval["attempts"] += i
-                    self.steps_done += good
-                    result.steps += good
-                    emit(time.perf_counter())
-                    msg = (
-                        f"loss became {losses[i]} at step {step} (plan {self.plan.mode} on "
-                        f"{self.device}, no grad scaler to skip it); lower the learning rate, "
-                        "check the data, or pass TrainConfig(skip_nonfinite=True) to skip them"
-                    )
-                    result.events.append(msg)
-                    raise NonFiniteLossError(msg, result, step)
-                good += 0 if skipped else 1
-                result.scale_history.append(
-                    dict(
-                        step=self.steps_done + good,
-                        attempt=attempt,
-                        loss_scale=before,
-                        skipped=bool(skipped),
-                    )
-                )
-                interval["losses"].append(losses[i])
-                if skipped:
-                    interval["skipped"] += 1
-                    result.skipped_total += 1
-            interval["attempts"] += n
-            interval["lr"] = self.optimizer.param_groups[0]["lr"]
-            interval["norm"] = norms[-1]
-            result.attempts += n
-            self.steps_done += good
-            result.steps += good
-            return good
-
+        rec = Recorder(
+            result,
+            base,
+            probe,
+            shape,
+            flops_step,
+            peak,
+            cfg.accumulation,
+            callbacks,
+            host_scale,
+            self.steps_done,
+            f"plan {self.plan.mode} on {self.device}",
+        )
+        flush, emit, t_start = rec.flush, rec.emit, rec.t_start
         try:
             while counted < cfg.steps and stop_reason is None:
                 want = min(cfg.steps - counted, cfg.log_every - counted % cfg.log_every)
-                chunk = _Chunk([], [], [], [], self.attempts_done)
+                chunk = Chunk(first_attempt=self.attempts_done)
                 if sync_mode:  # CUDA sync check on for the attempts, off for logging
                     torch.cuda.set_sync_debug_mode(sync_mode)
                 try:
@@ -520,19 +420,20 @@ class Trainer:
                     if sync_mode:
                         torch.cuda.set_sync_debug_mode(old_sync_mode)
                     try:  # keep the finished attempts of this interval, then re-raise
-                        flush(chunk)
+                        flush(chunk, self.optimizer.param_groups[0]["lr"])
                         emit(time.perf_counter())
                     except Exception:
                         log.exception("could not record the steps made before the failure")
                     raise
                 if sync_mode:
                     torch.cuda.set_sync_debug_mode(old_sync_mode)
-                good = flush(chunk)
+                good = flush(chunk, self.optimizer.param_groups[0]["lr"])
                 counted += good
                 bar.update(good)
                 if counted % cfg.log_every == 0 or counted >= cfg.steps or stop_reason:
                     emit(time.perf_counter())
         finally:
+            self.steps_done = rec.steps_done
             if sync_mode:
                 torch.cuda.set_sync_debug_mode(old_sync_mode)
             bar.close()
@@ -548,7 +449,7 @@ class Trainer:
 
     def _attempt(
         self,
-        chunk: _Chunk,
+        chunk: Chunk,
         cfg: TrainConfig,
         params: list[nn.Parameter],
         overflow: set[int],

@@ -521,8 +521,17 @@ class Panel:
             self._source = source
             if source is None and live is not None and live.records:
                 self._source = list(live.records)
+            if live is not None and live.draw_error is not None and job.error is None:
+                self._show_error(f"Live figures stopped during the run: {live.draw_error}")
             start = time.perf_counter()
-            self._render_final()
+            try:
+                self._render_final()
+            except Exception as exc:  # noqa: BLE001 - UI boundary: the records are kept, say so
+                log.info("drawing the results failed", exc_info=True)
+                self._show_error(
+                    f"The run's records are kept (panel.results), but drawing them failed: "
+                    f"{type(exc).__name__}: {exc}"
+                )
             self.last_render_seconds = time.perf_counter() - start
             if live is not None and live.frames:
                 self._frame_cost_s = live.last_frame_seconds

@@ -63,6 +63,7 @@ class LiveView:
         self.plot_seconds = 0.0
         self.callback_seconds = 0.0  # everything spent inside the engine's callbacks
         self.last_frame_seconds = 0.0
+        self.draw_error: str | None = None
         self._cost_estimate = first_cost_guess_s
         self._start = clock()
         self._last_draw = -float("inf")
@@ -107,11 +108,17 @@ class LiveView:
         return self.plot_seconds + self._cost_estimate <= self.budget * training
 
     def maybe_draw(self) -> bool:
+        """Draw a live frame if allowed. A failing frame never stops training: live frames end,
+        and ``draw_error`` says why (the panel shows it)."""
         now = self._clock()
-        if not self.may_draw(now):
+        if self.draw_error is not None or not self.may_draw(now):
             return False
         records, results = self.snapshot()
-        self._draw(records, results)
+        try:
+            self._draw(records, results)
+        except Exception as exc:  # noqa: BLE001 - recorded in draw_error and shown by the panel
+            log.info("live frame failed", exc_info=True)
+            self.draw_error = f"{type(exc).__name__}: {exc}"
         done = self._clock()
         cost = done - now
         self.last_frame_seconds = cost
@@ -178,13 +185,13 @@ class Job:
 
     def _main(self) -> None:
         try:
-            self.result = self.target(self.stop_event)
-        except Exception as exc:  # noqa: BLE001 - the UI boundary: shown in the panel, kept in .error
-            log.info("panel %s failed", self.kind, exc_info=True)
-            self.error = exc
-        try:
+            try:
+                self.result = self.target(self.stop_event)
+            except Exception as exc:  # noqa: BLE001 - UI boundary: shown in the panel, kept in .error
+                log.info("panel %s failed", self.kind, exc_info=True)
+                self.error = exc
             self.on_done(self)
-        finally:
+        finally:  # whatever happened, the job stops counting as running
             self.done_event.set()
             if self.on_released is not None:
                 self.on_released(self)

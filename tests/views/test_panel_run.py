@@ -203,6 +203,46 @@ def test_user_loss_fn_is_used_by_run_and_compare() -> None:
     assert len(calls) >= after_run + 4
 
 
+def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
+    from precision_nb.views import figures
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("figure exploded")
+
+    monkeypatch.setattr(figures, "dashboard_figure", broken)
+    model = nn.Linear(4, 2)
+    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
+    panel = Panel(model, batches, steps=3, log_every=1)
+    result = panel.run(block=True)
+    assert result.steps == 3 and len(panel.results) == 3
+    assert panel.error is not None and "figure exploded" in panel.error
+    assert "records are kept" in panel.error
+    assert not panel.run_button.disabled
+
+
+def test_live_view_survives_a_failing_frame() -> None:
+    clock = _Clock()
+
+    def draw(records, results) -> None:
+        raise RuntimeError("no display")
+
+    live = LiveView(
+        steps=10,
+        runs=1,
+        progress=lambda *a: None,
+        draw=draw,
+        budget=0.5,
+        min_interval_s=0.0,
+        first_cost_guess_s=0.0,
+        clock=clock,
+    )
+    for step in range(1, 11):
+        clock.now += 1.0
+        live.on_log({"step": step})
+    assert live.draw_error == "RuntimeError: no display"
+    assert len(live.records) == 10 and live.frames == 1  # tried once, then no more frames
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0

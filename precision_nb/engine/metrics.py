@@ -67,7 +67,7 @@ def gpu_table_key(device_name: str) -> str | None:
 _CPU_PEAKS: dict[str, Peak] = {}
 
 
-def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.15) -> Peak:
+def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.25) -> Peak:
     """Measure this process's CPU matmul FLOP/s for ``dtype`` (best of short repeats; cached)."""
     key = str(dtype).replace("torch.", "")
     if key in _CPU_PEAKS:

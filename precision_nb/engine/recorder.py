@@ -61,6 +61,7 @@ class Recorder:
         self.t_start = time.perf_counter()
         self._reset(self.t_start)
         self.lr: float | None = None
+        self._warned_mfu = False
         self.norm: float | None = None
 
     def _reset(self, now: float) -> None:
@@ -97,9 +98,14 @@ class Recorder:
             memory_reserved_bytes=mem.reserved,
             elapsed_s=now - self.t_start,
         )
-        record = {
-            key: values[key] for key in RECORD_KEYS
-        }  # fixed order; KeyError if one is missing
+        record = {key: values[key] for key in RECORD_KEYS}  # fixed order; KeyError if missing
+        if values["mfu"] is not None and values["mfu"] > 1 and not self._warned_mfu:
+            self._warned_mfu = True
+            self.result.events.append(
+                f"mfu {values['mfu']:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s beat "
+                f"the peak ({values['mfu_peak_source']}); a CPU peak measured while the machine "
+                "was busy is too low, so read mfu as rough here"
+            )
         self.result.records.append(record)
         self._reset(time.perf_counter())
         for cb in self.callbacks:

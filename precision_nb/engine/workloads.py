@@ -126,7 +126,7 @@ class ConvNet(nn.Module):
 
 _MLP = {
     "tiny": dict(in_dim=64, hidden=128, depth=2, classes=10, batch_size=32),
-    "small": dict(in_dim=512, hidden=1024, depth=3, classes=16, batch_size=128),
+    "small": dict(in_dim=256, hidden=768, depth=3, classes=16, batch_size=64),
     "medium": dict(in_dim=1024, hidden=4096, depth=4, classes=64, batch_size=512),
     "large": dict(in_dim=2048, hidden=8192, depth=4, classes=128, batch_size=1024),
 }

@@ -117,7 +117,7 @@ class Panel:
         optimizer: OptimizerConfig | None = None,
         log_every: int | None = None,
         train_options: dict[str, Any] | None = None,
-        plot_budget: float = 0.03,
+        plot_budget: float = 0.025,
         refresh_interval_s: float = 0.5,
     ) -> None:
         if (model is None) != (batches is None):

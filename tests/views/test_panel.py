@@ -282,3 +282,9 @@ def test_user_model_panel_hides_workloads() -> None:
     with pytest.raises(ValueError, match="workload cannot be chosen"):
         panel.set(workload="mlp")
     assert panel.plan.mode == "bf16"
+
+
+def test_panel_displays_as_its_widget(panel: Panel) -> None:
+    bundle = panel._repr_mimebundle_()
+    view = bundle["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == panel.widget.model_id

@@ -491,15 +491,28 @@ class Panel:
             self.live_metrics.value = metrics_text(record)
 
     def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
+        """A live frame: the dashboard's four panels drawn by views.figures on a figure with a
+        fixed layout (about half the cost of the final, constrained-layout dashboard)."""
         if not records:
             return
-        from precision_nb.views.figures import dashboard_figure, figure_to_png
+        from matplotlib.figure import Figure
 
+        from precision_nb.views import figures as f
+        from precision_nb.views.tables import to_frame
+
+        frame = to_frame(records)
+        labels = [str(label) for label in dict.fromkeys(frame["run"])]
+        colors = f.plan_colors(labels)
         histories = {r.label: list(r.scale_history) for r in results if r.scale_history}
-        labels = ", ".join(dict.fromkeys(str(r.get("run")) for r in records))
-        fig = dashboard_figure(records, histories=histories, title=f"Live: {labels}")
-        self.figure_image.value = figure_to_png(fig, dpi=60)
-        self.figure_note.value = "<i>Live (refreshed while the run goes)</i>"
+        fig = Figure(figsize=(9.0, 5.5))
+        (loss, scale), (throughput, memory) = fig.subplots(2, 2)
+        f.draw_loss(loss, frame, labels, colors)
+        f.draw_loss_scale(scale, frame, labels, colors, histories)
+        f.draw_throughput(throughput, frame, labels, colors)
+        f.draw_memory(memory, frame, labels, colors)
+        fig.subplots_adjust(left=0.08, right=0.98, top=0.95, bottom=0.09, hspace=0.45, wspace=0.25)
+        self.figure_image.value = f.figure_to_png(fig, dpi=60)
+        self.figure_note.value = "<i>Live (redrawn while the run goes)</i>"
 
     def _finish(self, job: Job) -> None:
         """Worker thread, after the run: keep the records, draw the final figures, re-enable."""

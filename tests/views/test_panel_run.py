@@ -52,6 +52,11 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert len(loss_lines) == 1 and list(loss_lines[0].get_xdata()) == [1, 2, 3, 4, 5]
     assert figure_to_png(figures["loss"], dpi=40).startswith(PNG)
     assert len(panel.summary) == 1
+    # a live frame (drawn during longer runs, within the plotting budget) from the same records
+    panel.figure_image.value = b""
+    panel._draw_live(result.records, [result])
+    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert "Live" in panel.figure_note.value
 
 
 def test_second_run_is_refused_and_stop_keeps_every_record() -> None:

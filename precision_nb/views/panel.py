@@ -382,6 +382,12 @@ class Panel:
             selection = self.controls.selection()
             explanation = self._explanation
             assert explanation is not None
+            if kind == "compare" and not selection.compare_plans:
+                message = "Compare needs at least one plan ticked in the Compare list."
+                self._show_error(message)
+                if raise_errors:
+                    raise ValueError(f"compare_plans=() is empty; {message}")
+                return None
             self._show_error(None)
             self.last_exception = None
             live = LiveView(

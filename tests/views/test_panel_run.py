@@ -108,6 +108,15 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     assert panel.progress.value == panel.progress.max
 
 
+def test_compare_with_no_plan_ticked_says_so() -> None:
+    panel = Panel(steps=2)
+    panel.controls.compare_plans.value = ()  # the user unticked everything
+    panel.compare_button.click()
+    assert not panel.running and "at least one plan" in panel.error
+    with pytest.raises(ValueError, match=r"compare_plans=\(\) is empty"):
+        panel.compare()
+
+
 def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
     model = nn.Linear(4, 2)
     bad = [(torch.randn(3, 5), torch.randint(0, 2, (3,)))]  # 5 features for a 4-input model

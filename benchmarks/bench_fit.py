@@ -126,7 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="mlp")
     parser.add_argument("--presets", default="tiny,small")
     parser.add_argument("--modes", default="fp32,bf16")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (1 steadies timings on a busy machine)",
+    )
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     steps, repeats = (20, 3) if args.quick else (args.steps, args.repeats)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {steps} steps x "

@@ -49,6 +49,19 @@ from precision_nb.engine.workloads import Workload, get_workload
 log = logging.getLogger(__name__)
 
 
+def seed_everything(seed: int) -> None:
+    """Seed torch's CPU generator and those of available accelerators.
+
+    Same effect as ``torch.manual_seed`` for CPU, CUDA and MPS, without its lazy-CUDA bookkeeping,
+    which formats a stack trace on every call (~1.5 ms: a visible share of a short CPU fit).
+    """
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        torch.mps.manual_seed(seed)
+
+
 def _move_model(model: nn.Module, device: torch.device) -> None:
     """Move ``model`` to ``device``; on any failure move it back, so it is never half-moved."""
     first = next(model.parameters(), None)
@@ -243,7 +256,7 @@ class Trainer:
 
     def _fit(self, cfg: TrainConfig, result: RunResult, callbacks: list[Any], stop: Any) -> None:
         if cfg.seed is not None and self.steps_done == 0 and self.attempts_done == 0:
-            torch.manual_seed(cfg.seed)
+            seed_everything(cfg.seed)
         host_scale = self._setup_scaler(cfg, result)
         probe = MemoryProbe(self.device)
         probe.reset()
@@ -530,14 +543,14 @@ def prepare(
 ) -> tuple[nn.Module, Any, dict[str, Any]]:
     """Model, batches and workload info from a module (+ batches) or a workload / its name.
 
-    A workload's model is built right after ``torch.manual_seed(seed)`` and its batches are
+    A workload's model is built right after ``seed_everything(seed)`` and its batches are
     placed on the device the trainer will resolve.
     """
     info: dict[str, Any] = {}
     if isinstance(model, str):
         model = get_workload(model, preset)
     if isinstance(model, Workload):
-        torch.manual_seed(seed or 0)
+        seed_everything(seed or 0)
         info = dict(model.info)
         if batches is None:
             batches = model.make_batches(resolve_device(device))

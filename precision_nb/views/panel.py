@@ -497,27 +497,13 @@ class Panel:
             self.live_metrics.value = metrics_text(record)
 
     def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
-        """A live frame: the dashboard's four panels drawn by views.figures on a figure with a
-        fixed layout (about half the cost of the final, constrained-layout dashboard)."""
+        """A live frame from the records so far (see :func:`_panel_png`)."""
         if not records:
             return
-        from matplotlib.figure import Figure
-
-        from precision_nb.views import figures as f
         from precision_nb.views.tables import to_frame
 
-        frame = to_frame(records)
-        labels = [str(label) for label in dict.fromkeys(frame["run"])]
-        colors = f.plan_colors(labels)
         histories = {r.label: list(r.scale_history) for r in results if r.scale_history}
-        fig = Figure(figsize=(9.0, 5.5))
-        (loss, scale), (throughput, memory) = fig.subplots(2, 2)
-        f.draw_loss(loss, frame, labels, colors)
-        f.draw_loss_scale(scale, frame, labels, colors, histories)
-        f.draw_throughput(throughput, frame, labels, colors)
-        f.draw_memory(memory, frame, labels, colors)
-        fig.subplots_adjust(left=0.08, right=0.98, top=0.95, bottom=0.09, hspace=0.45, wspace=0.25)
-        self.figure_image.value = f.figure_to_png(fig, dpi=60)
+        self.figure_image.value = _panel_png(to_frame(records), histories, dpi=60)
         self.figure_note.value = "<i>Live (redrawn while the run goes)</i>"
 
     def _finish(self, job: Job) -> None:
@@ -564,8 +550,7 @@ class Panel:
         if source is None:
             self.progress_label.value = "failed before the first step"
             return
-        from precision_nb.views.figures import dashboard_figure, figure_to_png
-        from precision_nb.views.tables import summary, to_frame
+        from precision_nb.views.tables import scale_histories, summary, to_frame
 
         frame = to_frame(source)
         stopped = bool(getattr(source, "stopped", False))
@@ -581,7 +566,7 @@ class Panel:
         )
         if frame.empty:
             return
-        self.figure_image.value = figure_to_png(dashboard_figure(source), dpi=72)
+        self.figure_image.value = _panel_png(frame, scale_histories(source), dpi=72)
         self.figure_note.value = ""
         self.results_html.value = summary(source).to_html(
             index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
@@ -747,6 +732,27 @@ class Panel:
         """Wait for the current run; True when none is going (anymore)."""
         job = self._job
         return True if job is None else job.wait(timeout)
+
+
+def _panel_png(frame: Any, histories: dict[str, Any], *, dpi: int) -> bytes:
+    """The panel's figure: the dashboard's four panels (loss, loss scale with skipped steps,
+    throughput, peak memory) drawn by views.figures on a figure with a fixed layout, which costs
+    about half of the constrained-layout ``dashboard_figure`` (``panel.figures`` has that one)."""
+    from matplotlib.figure import Figure
+
+    from precision_nb.views import figures as f
+
+    labels = [str(label) for label in dict.fromkeys(frame["run"])]
+    colors = f.plan_colors(labels)
+    fig = Figure(figsize=(9.0, 5.5))
+    (loss, scale), (throughput, memory) = fig.subplots(2, 2)
+    f.draw_loss(loss, frame, labels, colors)
+    f.draw_loss_scale(scale, frame, labels, colors, histories)
+    f.draw_throughput(throughput, frame, labels, colors)
+    kinds = f.memory_kinds(frame)
+    f.draw_memory(memory, frame, labels, colors, kinds[0] if kinds else None)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.95, bottom=0.09, hspace=0.45, wspace=0.25)
+    return f.figure_to_png(fig, dpi=dpi)
 
 
 def _results_of(source: Any) -> dict[str, Any]:

@@ -223,7 +223,7 @@ def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
     def broken(*_args, **_kwargs):
         raise ValueError("figure exploded")
 
-    monkeypatch.setattr(figures, "dashboard_figure", broken)
+    monkeypatch.setattr(figures, "draw_loss", broken)
     model = nn.Linear(4, 2)
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(model, batches, steps=3, log_every=1)

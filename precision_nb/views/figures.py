@@ -141,15 +141,30 @@ def _legend(ax: Axes) -> None:
 # ----------------------------------------------------------------------------- drawing on axes
 
 
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _linestyle(index: int) -> str:
+    """Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each."""
+    return LINESTYLES[index % len(LINESTYLES)]
+
+
 def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]) -> None:
     """Loss against optimizer step, one line per run."""
     drawn = False
-    for label in labels:
+    for index, label in enumerate(labels):
         rows = frame[frame["run"] == label]
         loss = _numeric(rows["loss"]) if "loss" in rows else None
         if loss is None or loss.notna().sum() == 0:
             continue
-        ax.plot(rows["step"], loss, color=colors[label], label=label, linewidth=1.6)
+        ax.plot(
+            rows["step"],
+            loss,
+            color=colors[label],
+            label=label,
+            linewidth=1.8,
+            linestyle=_linestyle(index),
+        )
         drawn = True
     _style(ax, "Training loss per plan", "optimizer step", "loss")
     if drawn:

@@ -268,11 +268,11 @@ class Panel:
                 progress,
                 self.live_metrics,
                 self.status,
-                self.plan_html,
                 self.figure_note,
                 self.figure_image,
                 self.results_html,
                 self.events_html,
+                self.plan_html,
                 code_title,
                 self.code_area,
             ]

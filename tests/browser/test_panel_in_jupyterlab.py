@@ -108,7 +108,16 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     )
     assert _image_loaded(figure)
     after = artifacts_dir / "panel-after-compare.png"
-    panel.screenshot(path=str(after))
+    top, bottom = panel.bounding_box(), panel.locator(".pnb-results").bounding_box()
+    page.screenshot(
+        path=str(after),
+        clip={
+            "x": top["x"],
+            "y": top["y"],
+            "width": top["width"],
+            "height": bottom["y"] + bottom["height"] - top["y"] + 8,
+        },
+    )
     if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
         README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(after, README_IMAGE)

@@ -107,11 +107,19 @@ def compare(
     callbacks = list(callbacks)
     for mode in modes:
         label, request = _as_request(mode, loss_scale_lab)
+        explanation = explain_precision(request, device, optimizer=optimizer)
+        plan = explanation.plan
+        if request.loss_scale_lab and not (explanation.row and explanation.row.source == "lab"):
+            # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
+            # not claim it.
+            out.events.append(
+                f"{label}: the loss-scale lab applies to fp16 on CPU only; on "
+                f"{explanation.device} this runs as plain {request.requested}"
+            )
+            label = request.requested
         if label in out.results or label in out.merged:
             out.events.append(f"{label}: requested twice; run once")
             continue
-        explanation = explain_precision(request, device, optimizer=optimizer)
-        plan = explanation.plan
         if plan in seen:
             first = seen[plan]
             out.merged[label] = first

@@ -42,6 +42,19 @@ def test_lab_run_next_to_fp32_with_own_model(make_model, batches):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+def test_lab_label_only_where_the_lab_applies(make_model, batches):
+    # The lab is a CPU fp16 opt-in; a lab flag on a request that resolves elsewhere (here CPU
+    # bf16, like fp16 on CUDA) must not label the run as the lab.
+    out = compare(
+        [PrecisionConfig(mode="bf16", loss_scale_lab=True)],
+        model=make_model(),
+        batches=batches,
+        train=quiet(steps=2),
+    )
+    assert list(out.results) == ["bf16"]
+    assert any("applies to fp16 on CPU only" in e for e in out.events)
+
+
 def test_bad_comparisons(make_model):
     with pytest.raises(ValueError, match="modes is empty"):
         compare(())

@@ -97,9 +97,14 @@ class BatchSource:
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor of a batch to ``device`` (non-blocking; a no-op when already there)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(b, device) for b in batch)
+        # ``Tensor.to`` is a dispatcher round trip even when nothing moves; a tensor already on
+        # the device (the built-in workloads place their data there once) is returned as is.
+        return batch if batch.device == device else batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple):
+        items = [to_device(b, device) for b in batch]
+        return tuple(items) if type(batch) is tuple else type(batch)(*items)  # namedtuples too
+    if isinstance(batch, list):
+        return [to_device(b, device) for b in batch]
     if isinstance(batch, Mapping):
         return {k: to_device(v, device) for k, v in batch.items()}
     return batch

@@ -99,3 +99,18 @@ def test_custom_loss_fn_and_shape():
     assert task == "custom" and loss.dim() == 0
     shape = batch_shape((torch.zeros(4, 7, dtype=torch.long), torch.zeros(4, 7)), "causal_lm")
     assert shape.samples == 4 and shape.tokens == 28
+
+
+def test_to_device_keeps_tensors_already_there_and_the_batch_type():
+    from collections import namedtuple
+
+    from precision_nb.engine.batches import to_device
+
+    Pair = namedtuple("Pair", "x y")
+    x, y = torch.randn(2, 3), torch.tensor([0, 1])
+    cpu = torch.device("cpu")
+    moved = to_device(Pair(x, y), cpu)
+    assert type(moved) is Pair and moved.x is x and moved.y is y
+    assert to_device([x, y], cpu)[0] is x
+    as_half = to_device((x, {"labels": y}), torch.device("meta"))
+    assert as_half[0].device.type == "meta" and as_half[1]["labels"].device.type == "meta"

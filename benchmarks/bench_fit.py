@@ -2,7 +2,8 @@
 
 Same model weights, data, plan (autocast dtype) and optimizer (plain AdamW) for all three; every
 loop logs the loss every 10 steps. Variants are interleaved, their order rotated every repeat,
-each timed over a run of steps after a warm-up, and the medians are compared side by side.
+each timed over a run of steps after a warm-up; a ratio is the median over repeats of the ratio
+measured within one repeat (paired, so the machine's slow drifts cancel).
 
 The ratios compare per-step time over runs long enough for a step to dominate (200 steps on the
 tiny preset, 30 on small). What a ``fit()`` call costs once, whatever its length (seeding, the
@@ -130,6 +131,11 @@ def bench_case(name: str, preset: str, mode: str, steps: int, repeats: int) -> d
             setup.append(one_fit - one_torch)
     medians = {k: statistics.median(v) for k, v in times.items()}
     medians["setup"] = statistics.median(setup)
+    # Paired ratios: variants timed within the same repeat share the machine's state, so the
+    # median of per-repeat ratios cancels slow drifts of a shared, noisy machine.
+    for other in ("torch", "accelerate"):
+        pairs = [f / o for f, o in zip(times["fit"], times[other], strict=True)]
+        medians[f"fit/{other}"] = statistics.median(pairs)
     return medians
 
 
@@ -155,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 3 if args.quick else args.repeats
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} repeats "
-        f"(interleaved, medians), logging every {LOG_EVERY} steps; ms are per step, "
-        "setup ms once per fit() call"
+        f"(interleaved; ms are medians, ratios medians of paired ratios), logging every "
+        f"{LOG_EVERY} steps; ms are per step, setup ms once per fit() call"
     )
     header = (
         f"{'workload':<12}{'preset':<7}{'mode':<6}{'steps':>6}{'fit ms':>9}{'torch ms':>10}"
@@ -172,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.quick:
                     steps = min(steps, 20)
                 med = bench_case(name, preset, mode, steps, repeats)
-                r_torch = med["fit"] / med["torch"]
-                r_accel = med["fit"] / med["accelerate"]
+                r_torch, r_accel = med["fit/torch"], med["fit/accelerate"]
                 worst_torch, worst_accel = max(worst_torch, r_torch), max(worst_accel, r_accel)
                 print(
                     f"{name:<12}{preset:<7}{mode:<6}{steps:>6}{med['fit'] * 1e3:>9.2f}"

@@ -165,6 +165,6 @@ def test_sanitizer_is_the_one_the_test_command_uses_and_is_valid() -> None:
 
 
 def test_readme_section_names_every_notebook() -> None:
-    text = (ROOT / "docs/readme/notebooks.md").read_text(encoding="utf-8")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in NAMES:
         assert name in text

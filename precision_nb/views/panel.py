@@ -90,7 +90,7 @@ def _control_property(name: str) -> property:
 
 
 class Panel:
-    """Jupyter panel for precision plans; see the module docstring and docs/readme/panel.md.
+    """Jupyter panel for precision plans; see the module docstring and the README.
 
     ``model`` / ``batches`` (with an optional ``loss_fn``) train your own ``nn.Module`` instead of
     a built-in workload; every run trains a fresh copy, so your model is left as it was. The other

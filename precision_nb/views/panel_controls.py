@@ -14,6 +14,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.core.device import normalize_device_request
+from precision_nb.core.plan import normalize_precision
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -40,21 +41,6 @@ COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
     "auto": ("auto", False),
 }
 DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
-
-_DTYPE_SPELLINGS = {
-    "none": "none",
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "torch.float32": "fp32",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "torch.bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "torch.float16": "fp16",
-}
 
 
 @dataclass(frozen=True)
@@ -99,23 +85,17 @@ class Selection:
 
 
 def _normalise_dtype(value: Any) -> str:
-    key = "none" if value is None else str(value).strip().lower()
-    if key not in _DTYPE_SPELLINGS:
-        raise ValueError(
-            f"dtype={value!r} is not a precision dtype; allowed: None, 'fp32', 'bf16', 'fp16' "
-            "(or float32 / bfloat16 / float16)"
-        )
-    return _DTYPE_SPELLINGS[key]
+    """The dtype control's value: "none", or the core's canonical precision name."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return "none"
+    try:
+        return normalize_precision(value, field="dtype", allow_auto=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or None (no dtype)") from None
 
 
 def _normalise_mode(value: Any) -> str:
-    key = str(value).strip().lower()
-    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(key, key)
-    key = key.removeprefix("torch.")
-    key = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(key, key)
-    if key not in MODES:
-        raise ValueError(f"mode={value!r} is not a precision mode; allowed: {', '.join(MODES)}")
-    return key
+    return normalize_precision(value, field="mode")
 
 
 def _normalise_fused(value: Any) -> str:

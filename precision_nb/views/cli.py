@@ -15,6 +15,19 @@ from collections.abc import Sequence
 
 SUBCOMMANDS = ("plan", "profile")
 
+# ``--fused`` of every subcommand: auto probes (null), true attempts, false disables.
+FUSED = {"auto": None, "null": None, "none": None, "true": True, "false": False}
+
+
+def fused_arg(value: str) -> str:
+    """argparse type of ``--fused``: any case and surrounding space; the key of :data:`FUSED`."""
+    key = value.strip().lower()
+    if key not in FUSED:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {value!r}; allowed: auto (probe), true (attempt), false (disable)"
+        )
+    return key
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

@@ -11,16 +11,7 @@ import json
 import sys
 from typing import Any
 
-_FUSED = {"auto": None, "null": None, "none": None, "true": True, "false": False}
-
-
-def _fused(value: str) -> str:
-    key = value.strip().lower()
-    if key not in _FUSED:
-        raise argparse.ArgumentTypeError(
-            f"invalid value {value!r}; allowed: auto (probe), true (attempt), false (disable)"
-        )
-    return key
+from precision_nb.views.cli import FUSED, fused_arg
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -36,7 +27,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--mode", help="auto (default), fp32, bf16, fp16")
     parser.add_argument("--dtype", help="fp32, bf16 or fp16; counts only when the mode is auto")
     parser.add_argument(
-        "--fused", type=_fused, help="fused AdamW: auto (probe, default), true, false"
+        "--fused", type=fused_arg, help="fused AdamW: auto (probe, default), true, false"
     )
     parser.add_argument(
         "--simulate",
@@ -84,7 +75,7 @@ def _explain(args: argparse.Namespace) -> Any:
         precision = PrecisionConfig(**{**precision.to_dict(), **overrides})
     optimizer = cfg.optimizer
     if args.fused is not None:
-        optimizer = replace(optimizer, fused=_FUSED[args.fused])
+        optimizer = replace(optimizer, fused=FUSED[args.fused])
     device = args.device if args.device is not None else cfg.device
     caps = get_capabilities(args.simulate)
     return explain_precision(precision, device, capabilities=caps, optimizer=optimizer)

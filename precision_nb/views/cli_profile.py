@@ -11,9 +11,10 @@ import shlex
 import sys
 from typing import Any
 
+from precision_nb.views.cli import FUSED, fused_arg
+
 DEFAULT_COMPARE = "fp32,bf16,fp16"
 DEFAULT_OUT = "profile-out"
-_FUSED = {"auto": None, "true": True, "false": False}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -53,7 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--fused",
-        choices=tuple(_FUSED),
+        type=fused_arg,
         default="auto",
         help="fused AdamW: auto (probe), true (attempt), false (disable); default auto",
     )
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             steps=args.steps,
             accumulation=args.accumulation,
-            fused=_FUSED[args.fused],
+            fused=FUSED[args.fused],
             loss_scale_lab=args.loss_scale_lab,
             out=args.out,
         )

@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from precision_nb.views.colors import colors_for_labels
 from precision_nb.views.tables import RecordSource, scale_histories, to_frame
 
 __all__ = [
@@ -33,10 +34,6 @@ __all__ = [
     "plan_colors",
     "throughput_figure",
 ]
-
-# Fixed colours for the plain mode labels so "fp16" is the same green in every notebook.
-_MODE_COLORS = {"fp32": "#1f77b4", "bf16": "#ff7f0e", "fp16": "#2ca02c"}
-_EXTRA_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 MEMORY_KIND_LABELS = {
     "cuda_allocated": "CUDA allocated",
@@ -70,19 +67,7 @@ def plan_colors(labels: Sequence[str] | Any) -> dict[str, str]:
     """
     if not isinstance(labels, Sequence) or (labels and not isinstance(labels[0], str)):
         labels = _run_labels(to_frame(labels))
-    colors: dict[str, str] = {}
-    used: set[str] = set()
-    for label in labels:
-        if label in colors:
-            continue
-        mode = str(label).split()[0].lower() if str(label).strip() else ""
-        color = _MODE_COLORS.get(mode)
-        if color is None or color in used:
-            free = [c for c in _EXTRA_COLORS if c not in used]
-            color = free[0] if free else _EXTRA_COLORS[len(colors) % len(_EXTRA_COLORS)]
-        colors[label] = color
-        used.add(color)
-    return colors
+    return colors_for_labels(labels)
 
 
 def figure_to_png(fig: Figure, *, dpi: int = 100) -> bytes:

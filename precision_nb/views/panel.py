@@ -44,6 +44,7 @@ from precision_nb.views.panel_run import (
     describe_failure,
     metrics_text,
 )
+from precision_nb.views.sparklines import live_charts_html
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,8 @@ class Panel:
         )
         self.progress_label = widgets.Label(value="idle")
         self.live_metrics = widgets.HTML()
+        self.live_charts = widgets.HTML()
+        self._last_charts = -float("inf")
         self.plan_html = widgets.HTML()
         self.figure_image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
         self.figure_note = widgets.HTML("<i>Figures appear here during a run.</i>")
@@ -240,6 +243,7 @@ class Panel:
             (self.progress, "pnb-progress"),
             (self.progress_label, "pnb-progress-label"),
             (self.live_metrics, "pnb-live-metrics"),
+            (self.live_charts, "pnb-live-charts"),
             (self.plan_html, "pnb-plan"),
             (self.figure_image, "pnb-figures"),
             (self.figure_note, "pnb-figures-note"),
@@ -267,6 +271,7 @@ class Panel:
                 self.error_box,
                 progress,
                 self.live_metrics,
+                self.live_charts,
                 self.status,
                 self.figure_note,
                 self.figure_image,
@@ -407,6 +412,8 @@ class Panel:
             self.progress.bar_style = ""
             self.progress_label.value = "starting..."
             self.live_metrics.value = ""
+            self.live_charts.value = ""
+            self._last_charts = -float("inf")
             self.status.value = ""
             self.events_html.value = ""
             self.results_html.value = ""
@@ -495,6 +502,12 @@ class Panel:
         self.progress_label.value = text
         if record is not None:
             self.live_metrics.value = metrics_text(record)
+            live, now = self._live, time.perf_counter()
+            # SVG charts cost milliseconds, so they follow the run at most twice a second
+            # (and at each run's end), unlike matplotlib frames, which wait for the budget.
+            if live is not None and (now - self._last_charts >= 0.5 or done >= total):
+                self._last_charts = now
+                self.live_charts.value = live_charts_html(live.snapshot()[0])
 
     def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
         """A live frame from the records so far (see :func:`_panel_png`)."""
@@ -553,6 +566,7 @@ class Panel:
         from precision_nb.views.tables import scale_histories, summary, to_frame
 
         frame = to_frame(source)
+        self.live_charts.value = live_charts_html(frame.to_dict("records"))
         stopped = bool(getattr(source, "stopped", False))
         steps = int(frame["step"].max()) if not frame.empty else 0
         if self.last_exception is None:

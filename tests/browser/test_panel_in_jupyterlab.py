@@ -99,6 +99,7 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(figure).to_be_visible()
     assert _image_loaded(figure)
     expect(panel.locator(".pnb-results table")).to_be_visible()
+    expect(panel.locator(".pnb-live-charts svg")).to_have_count(4)
 
     # Compare: several plans overlaid, with the summary table; this is the README's screenshot.
     panel.locator("button.pnb-compare").click()

@@ -44,6 +44,10 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert "Finished" in panel.status.value
     assert not panel.run_button.disabled and panel.stop_button.disabled
     assert "loss" in panel.live_metrics.value and "samples/s" in panel.live_metrics.value
+    assert panel.live_charts.value.count("<svg") == 4  # live SVG charts, cheap enough to follow
+    # loss, throughput, memory; bf16 has no loss scaler, and its chart says so
+    assert panel.live_charts.value.count("<polyline") == 3
+    assert "no loss scaler" in panel.live_charts.value
     figures = panel.figures
     assert set(figures) == {"loss", "loss_scale", "throughput", "memory", "dashboard"}
     for fig in figures.values():
@@ -106,6 +110,8 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     assert all(label in panel.results_html.value for label in labels)
     assert bytes(panel.figure_image.value).startswith(PNG)
     assert panel.progress.value == panel.progress.max
+    # overlaid live charts: 3 lines per run, plus the lab's loss scale
+    assert panel.live_charts.value.count("<polyline") == 3 * len(labels) + 1
 
 
 def test_compare_with_no_plan_ticked_says_so() -> None:

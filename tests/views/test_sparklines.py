@@ -1,0 +1,51 @@
+"""The panel's live SVG charts: one line per run, log2 loss scale with skipped steps marked."""
+
+from __future__ import annotations
+
+import re
+
+from precision_nb.views.sparklines import MAX_POINTS, chart_svg, live_charts_html
+
+
+def _records(run: str, n: int, *, skip_at: int | None = None) -> list[dict]:
+    out = []
+    for step in range(1, n + 1):
+        out.append(
+            {
+                "run": run,
+                "step": step,
+                "loss": 2.0 / step,
+                "loss_scale": 2.0 ** (16 - (1 if skip_at and step >= skip_at else 0)),
+                "skipped": 1 if step == skip_at else 0,
+                "samples_per_s": 100.0 * step,
+                "tokens_per_s": None,
+                "memory_kind": "host_rss",
+                "memory_peak_bytes": 300 * 2**20 + step,
+            }
+        )
+    return out
+
+
+def test_four_charts_one_line_per_run_in_the_plan_colours():
+    html = live_charts_html(_records("fp32", 10) + _records("fp16 <lab>", 10, skip_at=4))
+    assert html.count("<svg") == 4
+    assert html.count("<polyline") == 8  # 2 runs x 4 charts
+    assert "samples/s" in html and "host_rss" in html and "loss scale (log2" in html
+    assert "fp16 &lt;lab&gt;" in html and "<lab>" not in html  # labels are escaped
+    colours = set(re.findall(r"stroke='(#[0-9a-fA-F]{6})'", html))
+    assert len(colours) == 2
+
+
+def test_skipped_steps_are_marked_on_the_log2_scale():
+    html = live_charts_html(_records("fp16", 10, skip_at=4))
+    assert html.count("class='pnb-skip'") == 1
+    assert "2^16" in html and "2^15" in html  # log2 axis ends
+
+
+def test_long_runs_are_thinned_and_empty_input_draws_nothing():
+    points = [(float(i), float(i)) for i in range(5000)]
+    svg = chart_svg({"fp32": points}, {"fp32": "#1f77b4"}, title="loss")
+    coords = re.search(r"points='([^']*)'", svg).group(1).split()
+    assert len(coords) == MAX_POINTS
+    assert live_charts_html([]) == ""
+    assert "no data yet" in chart_svg({"fp32": []}, {}, title="loss")

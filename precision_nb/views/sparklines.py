@@ -20,6 +20,7 @@ __all__ = ["chart_svg", "live_charts_html"]
 MAX_POINTS = 200
 WIDTH, HEIGHT, PAD_LEFT, PAD_TOP, PAD_BOTTOM = 240, 110, 46, 20, 16
 SKIP_COLOR = "#d62728"
+DASHES = ("none", "6 3", "2 2", "8 3 2 3")
 
 Point = tuple[float, float]
 
@@ -102,12 +103,14 @@ def chart_svg(
         f"<text x='{WIDTH - 8}' y='{HEIGHT - 3}' font-size='10' text-anchor='end'>step "
         f"{x1:.0f}</text>",
     ]
-    for label, points in lines.items():
+    for index, (label, points) in enumerate(lines.items()):
         if points:
             color = html.escape(colors.get(label, "#333"), quote=True)
             coords = " ".join(at(p) for p in points)
+            dash = DASHES[index % len(DASHES)]  # coinciding curves stay visible, as in figures
             parts.append(
-                f"<polyline fill='none' stroke='{color}' stroke-width='1.6' points='{coords}'>"
+                f"<polyline fill='none' stroke='{color}' stroke-width='1.6' "
+                f"stroke-dasharray='{dash}' points='{coords}'>"
                 f"<title>{html.escape(label)}</title></polyline>"
             )
     for label, points in crosses.items():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -293,13 +294,20 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
     def plain() -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, **kwargs)
 
-    def attempt() -> tuple[torch.optim.Optimizer | None, str]:
+    def fused_or_plain(
+        requested: bool | None, built: str, failed: Callable[[str], str]
+    ) -> tuple[torch.optim.Optimizer, FusedOutcome]:
+        """Build fused AdamW on the real parameters; on failure, plain AdamW and a warning."""
         try:
-            return torch.optim.AdamW(params, fused=True, **kwargs), ""
+            fused = torch.optim.AdamW(params, fused=True, **kwargs)
         except FUSED_ERRORS as exc:
-            return None, f"{type(exc).__name__}: {exc}"
+            reason = failed(f"{type(exc).__name__}: {exc}")
+            logger.warning("build_optimizer: %s", reason)
+            # probed: the CUDA probe passed when fused was left to it; an attempt probes nothing
+            return plain(), FusedOutcome(requested, requested is None, False, reason, str(dev))
+        return fused, FusedOutcome(requested, True, True, built, str(dev))
 
-    optimizer: torch.optim.Optimizer | None
+    optimizer: torch.optim.Optimizer
     if cfg.fused is False:
         optimizer = plain()
         outcome = FusedOutcome(False, None, False, "optimizer.fused=false: plain AdamW", str(dev))
@@ -319,30 +327,22 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
             outcome = FusedOutcome(None, False, False, reason, str(dev))
             logger.info("build_optimizer: %s", reason)
         else:
-            optimizer, error = attempt()
-            if optimizer is None:
-                reason = (
+            optimizer, outcome = fused_or_plain(
+                None,
+                f"fused=None: probe passed on {dev}; fused AdamW built on the real params",
+                lambda error: (
                     f"fused=None: the probe on {dev} passed but building fused AdamW from the "
                     f"model's {len(params)} parameter tensors failed ({error}); plain AdamW"
-                )
-                logger.warning("build_optimizer: %s", reason)
-                optimizer = plain()
-                outcome = FusedOutcome(None, True, False, reason, str(dev))
-            else:
-                reason = f"fused=None: probe passed on {dev}; fused AdamW built on the real params"
-                outcome = FusedOutcome(None, True, True, reason, str(dev))
+                ),
+            )
     else:
-        optimizer, error = attempt()
-        if optimizer is None:
-            reason = (
+        optimizer, outcome = fused_or_plain(
+            True,
+            f"fused=True: fused AdamW built on {dev} from the model's real parameters",
+            lambda error: (
                 f"fused=True: building fused AdamW on {dev} from the model's parameters failed "
                 f"({error}); plain AdamW is used instead"
-            )
-            logger.warning("build_optimizer: %s", reason)
-            optimizer = plain()
-            outcome = FusedOutcome(True, False, False, reason, str(dev))
-        else:
-            reason = f"fused=True: fused AdamW built on {dev} from the model's real parameters"
-            outcome = FusedOutcome(True, True, True, reason, str(dev))
+            ),
+        )
     optimizer.precision_nb_fused = outcome  # type: ignore[attr-defined]
     return optimizer

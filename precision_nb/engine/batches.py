@@ -12,6 +12,7 @@ optional ``"labels"`` entry is kept out of the model call). The model output may
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -151,13 +152,30 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return [t for t in items if isinstance(t, torch.Tensor)]
 
 
+def _arity(fn: Callable[..., Any]) -> int:
+    """Number of parameters of ``fn`` (looked up once per hashable callable: not per step)."""
+    try:
+        return _arity_cached(fn)
+    except TypeError:  # an unhashable callable object
+        return len(inspect.signature(fn).parameters)
+
+
+@functools.lru_cache(maxsize=64)
+def _arity_cached(fn: Callable[..., Any]) -> int:
+    return len(inspect.signature(fn).parameters)
+
+
 def output_to_loss(
     output: Any, labels: Any, loss_fn: Callable[..., torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, str]:
     """Turn a model output into ``(scalar loss, task)``; task is loss/classification/causal_lm."""
     if loss_fn is not None:
-        n = len(inspect.signature(loss_fn).parameters)
+        n = _arity(loss_fn)
         return (loss_fn(output, labels) if n >= 2 else loss_fn(output)), "custom"
+    if type(output) is torch.Tensor:  # the common case first: no mapping/attribute probing
+        if output.dim() == 0:
+            return output, "loss"
+        return _logits_loss(output, labels)
     loss = None
     logits = output
     if isinstance(output, Mapping):
@@ -175,6 +193,10 @@ def output_to_loss(
             f"model output has type {type(output).__name__}; allowed: a scalar loss tensor, a "
             "mapping with 'loss', or logits (with labels in the batch)"
         )
+    return _logits_loss(logits, labels)
+
+
+def _logits_loss(logits: torch.Tensor, labels: Any) -> tuple[torch.Tensor, str]:
     if not isinstance(labels, torch.Tensor):
         raise ValueError(
             f"model returned logits of shape {tuple(logits.shape)} but the batch has no labels; "

@@ -101,6 +101,28 @@ def test_custom_loss_fn_and_shape():
     assert shape.samples == 4 and shape.tokens == 28
 
 
+class _UnhashableLoss:
+    """A callable loss object with value equality (so unhashable, like many dataclasses)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _UnhashableLoss)
+
+    def __call__(self, out: torch.Tensor) -> torch.Tensor:
+        return out.sum()
+
+
+def test_loss_fn_arity_is_read_for_one_and_two_argument_callables():
+    out, y = torch.ones(2, 2), torch.zeros(2, 2)
+    # one argument: called with the output only; two: with output and labels (each call the same)
+    for _ in range(2):
+        assert output_to_loss(out, y, lambda o: o.sum() * 0 + 7)[0].item() == 7
+        assert output_to_loss(out, y, lambda o, t: (o - t).sum())[0].item() == 4
+    loss, task = output_to_loss(out, y, _UnhashableLoss())
+    assert task == "custom" and loss.item() == 4
+
+
 def test_to_device_keeps_tensors_already_there_and_the_batch_type():
     from collections import namedtuple
 

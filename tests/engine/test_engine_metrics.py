@@ -94,6 +94,32 @@ def test_host_memory_probe_tracks_a_peak():
     assert c.peak >= b.current
 
 
+def test_host_rss_agrees_with_psutil_and_falls_back_to_it(monkeypatch):
+    import psutil
+
+    fast = metrics.host_rss()
+    slow = psutil.Process().memory_info().rss
+    assert abs(fast - slow) < 16 * 2**20  # same quantity, read a moment apart
+
+    # /proc unreadable (not Linux, or locked down): psutil answers instead
+    monkeypatch.setattr(metrics, "_STATM", None)
+
+    def refuse(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(metrics.os, "open", refuse)
+    calls = []
+    real = metrics._this_process
+
+    def counted():
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(metrics, "_this_process", counted)
+    assert abs(metrics.host_rss() - slow) < 16 * 2**20
+    assert calls, "psutil was not consulted when /proc could not be opened"
+
+
 def test_cuda_memory_probe_reads_allocator_stats(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))

@@ -224,8 +224,17 @@ class Panel:
         self.live_charts = widgets.HTML()
         self._last_charts = -float("inf")
         self.plan_html = widgets.HTML()
-        self.figure_image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%"))
-        self.figure_note = widgets.HTML("<i>Figures appear here during a run.</i>")
+        self.figure_image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", display="none")
+        )
+        self.figure_note = widgets.HTML()
+        self.figure_button = widgets.Button(
+            description="Draw figure",
+            icon="image",
+            disabled=True,
+            tooltip="Draw the matplotlib figure of the last run (loss, loss scale, throughput, "
+            "memory), as in panel.figures",
+        )
         self.results_html = widgets.HTML()
         self.events_html = widgets.HTML()
         self.code_area = widgets.Textarea(
@@ -247,6 +256,7 @@ class Panel:
             (self.plan_html, "pnb-plan"),
             (self.figure_image, "pnb-figures"),
             (self.figure_note, "pnb-figures-note"),
+            (self.figure_button, "pnb-figure-button"),
             (self.results_html, "pnb-results"),
             (self.events_html, "pnb-events"),
             (self.code_area, "pnb-code"),
@@ -256,6 +266,7 @@ class Panel:
         self.run_button.on_click(lambda _b: self._start("run"))
         self.compare_button.on_click(lambda _b: self._start("compare"))
         self.stop_button.on_click(lambda _b: self.stop())
+        self.figure_button.on_click(lambda _b: self._draw_figure_clicked())
 
         buttons = widgets.HBox([self.run_button, self.compare_button, self.stop_button])
         progress = widgets.HBox([self.progress, self.progress_label])
@@ -273,7 +284,7 @@ class Panel:
                 self.live_metrics,
                 self.live_charts,
                 self.status,
-                self.figure_note,
+                widgets.HBox([self.figure_button, self.figure_note]),
                 self.figure_image,
                 self.results_html,
                 self.events_html,
@@ -348,6 +359,7 @@ class Panel:
         self.run_button.disabled = running or reason is not None
         self.compare_button.disabled = running or reason is not None
         self.stop_button.disabled = not running
+        self.figure_button.disabled = running or self._source is None
         if running:
             self.run_reason.value = "<i>A run is going: Stop ends it between steps.</i>"
         elif reason is not None:
@@ -417,6 +429,7 @@ class Panel:
             self.status.value = ""
             self.events_html.value = ""
             self.results_html.value = ""
+            self._show_figure(None, "")
             if kind == "run":
 
                 def target(stop: threading.Event) -> Any:
@@ -516,8 +529,16 @@ class Panel:
         from precision_nb.views.tables import to_frame
 
         histories = {r.label: list(r.scale_history) for r in results if r.scale_history}
-        self.figure_image.value = _panel_png(to_frame(records), histories, dpi=60)
-        self.figure_note.value = "<i>Live (redrawn while the run goes)</i>"
+        self._show_figure(
+            _panel_png(to_frame(records), histories, dpi=60),
+            "<i>Live figure (redrawn while the run goes, within the plotting budget)</i>",
+        )
+
+    def _show_figure(self, png: bytes | None, note: str) -> None:
+        """Show ``png`` (None hides the image) with ``note`` beside the Draw figure button."""
+        self.figure_image.value = png or b""
+        self.figure_image.layout.display = None if png else "none"
+        self.figure_note.value = note
 
     def _finish(self, job: Job) -> None:
         """Worker thread, after the run: keep the records, draw the final figures, re-enable."""
@@ -543,7 +564,9 @@ class Panel:
                 self._show_error(f"Live figures stopped during the run: {live.draw_error}")
             start = time.perf_counter()
             try:
-                self._render_final()
+                frame = self._render_final()
+                if frame is not None:
+                    self._final_figure(live, frame)
             except Exception as exc:  # noqa: BLE001 - UI boundary: the records are kept, say so
                 log.info("drawing the results failed", exc_info=True)
                 self._show_error(
@@ -553,17 +576,83 @@ class Panel:
             self.last_render_seconds = time.perf_counter() - start
             if live is not None and live.frames:
                 self._frame_cost_s = live.last_frame_seconds
-            elif self._source is not None:
-                self._frame_cost_s = self.last_render_seconds
         finally:
             self._live = None
 
-    def _render_final(self) -> None:
+    def _final_figure(self, live: LiveView | None, frame: Any) -> None:
+        """Draw the matplotlib figure after a run when it fits the plotting budget.
+
+        The live charts already show the finished run. The matplotlib figure costs a frame
+        (learnt from earlier frames; about a second on a slow CPU), so it is drawn automatically
+        only while all plotting of the run stays within ``plot_budget`` of its training time;
+        otherwise the note says so and Draw figure (or :meth:`draw_figure`) draws it on demand.
+        """
+        training = sum(r.seconds for r in _results_of(self._source).values())
+        plotted = 0.0
+        if live is not None:
+            training -= live.callback_seconds
+            plotted = live.plot_seconds
+        cost = self._frame_cost_s
+        if plotted + cost <= self._plot_budget * training:
+            self._draw_final(frame)
+            return
+        why = (
+            f"a frame costs about {cost:.1f} s here, over the plotting budget of "
+            f"{100 * self._plot_budget:g} % of this run's {max(training, 0.0):.1f} s of training"
+        )
+        if live is not None and live.frames and self.figure_image.value:
+            self.figure_note.value = (
+                f"<i>The figure below is the last live frame; the charts above show the finished "
+                f"run. The final figure was not drawn ({why}): Draw figure draws it now.</i>"
+            )
+            return
+        self._show_figure(
+            None,
+            f"<i>The charts above show the finished run. The matplotlib figure was not drawn "
+            f"({why}): Draw figure draws it now.</i>",
+        )
+
+    def draw_figure(self) -> bytes:
+        """Draw the matplotlib figure of the last run or comparison into the panel (the four
+        panels of the live charts, from every record); returns the PNG bytes.
+
+        Raises ``RuntimeError`` before the first run or while a run is going.
+        """
+        if self.running:
+            raise RuntimeError("a run is going: draw the figure when it has ended")
+        if self._source is None:
+            raise RuntimeError("no run yet: Run or Compare first, then draw its figure")
+        from precision_nb.views.tables import to_frame
+
+        frame = to_frame(self._source)
+        if frame.empty:
+            raise RuntimeError("the last run made no records: there is nothing to draw")
+        return self._draw_final(frame)
+
+    def _draw_final(self, frame: Any) -> bytes:
+        from precision_nb.views.tables import scale_histories
+
+        start = time.perf_counter()
+        png = _panel_png(frame, scale_histories(self._source), dpi=72)
+        self._frame_cost_s = time.perf_counter() - start
+        self._show_figure(png, "")
+        return png
+
+    def _draw_figure_clicked(self) -> None:
+        try:
+            self.draw_figure()
+        except Exception as exc:  # noqa: BLE001 - UI boundary: shown in the panel, panel stays
+            log.info("Draw figure failed", exc_info=True)
+            self._show_error(f"Draw figure failed: {type(exc).__name__}: {exc}")
+
+    def _render_final(self) -> Any:
+        """Live charts, status, summary table and events of the finished run; returns its
+        records as a DataFrame (None when there are none)."""
         source = self._source
         if source is None:
             self.progress_label.value = "failed before the first step"
-            return
-        from precision_nb.views.tables import scale_histories, summary, to_frame
+            return None
+        from precision_nb.views.tables import summary, to_frame
 
         frame = to_frame(source)
         self.live_charts.value = live_charts_html(frame.to_dict("records"))
@@ -579,9 +668,7 @@ class Panel:
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
         if frame.empty:
-            return
-        self.figure_image.value = _panel_png(frame, scale_histories(source), dpi=72)
-        self.figure_note.value = ""
+            return None
         self.results_html.value = summary(source).to_html(
             index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
         )
@@ -591,6 +678,7 @@ class Panel:
             self.events_html.value = (
                 f"<details open><summary>Events</summary><ul>{items}</ul></details>"
             )
+        return frame
 
     # ================================================================== public API
 

@@ -95,11 +95,17 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     status = panel.locator(".pnb-status")
     expect(status).to_contain_text("Finished", timeout=120_000)
     expect(panel.locator(".pnb-progress-label")).to_contain_text("12")
-    figure = panel.locator("img.pnb-figures")
-    expect(figure).to_be_visible()
-    assert _image_loaded(figure)
     expect(panel.locator(".pnb-results table")).to_be_visible()
     expect(panel.locator(".pnb-live-charts svg")).to_have_count(4)
+    # A short run leaves the matplotlib figure to Draw figure (it would cost more than the
+    # plotting budget allows), and says so.
+    figure = panel.locator("img.pnb-figures")
+    draw = panel.locator("button.pnb-figure-button")
+    expect(figure).to_be_hidden()
+    expect(panel.locator(".pnb-figures-note")).to_contain_text("not drawn")
+    draw.click()
+    expect(figure).to_be_visible(timeout=60_000)
+    assert _image_loaded(figure)
 
     # Compare: several plans overlaid, with the summary table; this is the README's screenshot.
     panel.locator("button.pnb-compare").click()
@@ -107,6 +113,8 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(panel.locator(".pnb-results table tbody tr")).to_have_count(
         int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
     )
+    draw.click()
+    expect(figure).to_be_visible(timeout=60_000)
     assert _image_loaded(figure)
     after = artifacts_dir / "panel-after-compare.png"
     top, bottom = panel.bounding_box(), panel.locator(".pnb-results").bounding_box()

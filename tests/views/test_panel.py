@@ -55,6 +55,8 @@ def test_key_widgets_carry_stable_css_classes(panel: Panel) -> None:
         "pnb-progress",
         "pnb-progress-label",
         "pnb-figures",
+        "pnb-figure-button",
+        "pnb-figures-note",
         "pnb-results",
         "pnb-badge",
         "pnb-code",

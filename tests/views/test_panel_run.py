@@ -39,7 +39,6 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert panel.progress.value == panel.progress.max == 5
     assert panel.progress_label.value.startswith("5/5 steps")
     assert "steps/s" in panel.progress_label.value
-    assert bytes(panel.figure_image.value).startswith(PNG) and len(panel.figure_image.value) > 2000
     assert "<table" in panel.results_html.value and "bf16" in panel.results_html.value
     assert "Finished" in panel.status.value
     assert not panel.run_button.disabled and panel.stop_button.disabled
@@ -56,6 +55,15 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert len(loss_lines) == 1 and list(loss_lines[0].get_xdata()) == [1, 2, 3, 4, 5]
     assert figure_to_png(figures["loss"], dpi=40).startswith(PNG)
     assert len(panel.summary) == 1
+    # a short run: the matplotlib figure (about a second) is over the plotting budget, so it
+    # waits for Draw figure, and the note says why
+    assert panel.figure_image.value == b"" and panel.figure_image.layout.display == "none"
+    assert "not drawn" in panel.figure_note.value and "Draw figure" in panel.figure_note.value
+    assert not panel.figure_button.disabled
+    panel.figure_button.click()
+    assert bytes(panel.figure_image.value).startswith(PNG) and len(panel.figure_image.value) > 2000
+    assert panel.figure_image.layout.display is None and panel.figure_note.value == ""
+    assert panel.error is None
     # a live frame (drawn during longer runs, within the plotting budget) from the same records
     panel.figure_image.value = b""
     panel._draw_live(result.records, [result])
@@ -86,7 +94,7 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
     assert len(panel.results) == result.steps == len(result.records)
     assert any("stopped by request" in e for e in result.events)
     assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
-    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
     assert not panel.run_button.disabled and panel.stop_button.disabled
     assert panel.error is None
 
@@ -108,10 +116,51 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     assert comparison.drift["fp32"]["param_rel_diff"] == 0.0
     assert comparison.drift["bf16"]["param_rel_diff"] > 0.0
     assert all(label in panel.results_html.value for label in labels)
+    panel.figure_button.click()
     assert bytes(panel.figure_image.value).startswith(PNG)
     assert panel.progress.value == panel.progress.max
     # overlaid live charts: 3 lines per run, plus the lab's loss scale
     assert panel.live_charts.value.count("<polyline") == 3 * len(labels) + 1
+
+
+def test_final_figure_is_drawn_when_it_fits_the_plotting_budget() -> None:
+    from types import SimpleNamespace
+
+    panel = Panel(steps=3, log_every=1)
+    with pytest.raises(RuntimeError, match="no run yet"):
+        panel.draw_figure()
+    assert panel.figure_button.disabled  # nothing to draw before a run
+    result = panel.run(block=True)
+    frame = panel.results
+    result.seconds = 100.0  # as if the run had trained 100 s: a 2.5 % budget is 2.5 s
+    quiet = SimpleNamespace(callback_seconds=0.0, plot_seconds=0.0, frames=0)
+
+    panel._frame_cost_s = 2.0  # fits: drawn at the end, no note
+    panel._final_figure(quiet, frame)
+    assert bytes(panel.figure_image.value).startswith(PNG) and panel.figure_note.value == ""
+    assert 0 < panel._frame_cost_s < 2.0  # the drawn frame's real cost is learnt
+
+    panel._frame_cost_s = 3.0  # over budget: no figure, and the note says why
+    panel._final_figure(quiet, frame)
+    assert panel.figure_image.value == b"" and "not drawn" in panel.figure_note.value
+    assert "3.0 s" in panel.figure_note.value and "2.5 %" in panel.figure_note.value
+
+    # live frames already spent the budget: the last live frame stays, labelled as such
+    panel.figure_image.value = PNG + b"live"
+    busy = SimpleNamespace(callback_seconds=1.0, plot_seconds=2.0, frames=2)
+    panel._frame_cost_s = 1.0
+    panel._final_figure(busy, frame)
+    assert bytes(panel.figure_image.value) == PNG + b"live"
+    assert "last live frame" in panel.figure_note.value
+
+    # a new run clears the previous figure; while it goes, drawing is refused
+    panel.set(steps=100_000)
+    panel.run()
+    assert panel.figure_image.value == b"" and panel.figure_button.disabled
+    with pytest.raises(RuntimeError, match="a run is going"):
+        panel.draw_figure()
+    panel.stop()
+    assert panel.wait(TIMEOUT)
 
 
 def test_compare_with_no_plan_ticked_says_so() -> None:
@@ -164,7 +213,7 @@ def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
     frame = panel.results
     assert set(frame["run"]) == {"fp32"} and len(frame) == 3
     assert "Failed" in panel.status.value
-    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert panel.draw_figure().startswith(PNG)
     assert not panel.compare_button.disabled
 
 
@@ -234,10 +283,15 @@ def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(model, batches, steps=3, log_every=1)
     result = panel.run(block=True)
+    panel.figure_button.click()  # a click never raises
     assert result.steps == 3 and len(panel.results) == 3
-    assert panel.error is not None and "figure exploded" in panel.error
-    assert "records are kept" in panel.error
-    assert not panel.run_button.disabled
+    assert panel.error == "Draw figure failed: ValueError: figure exploded"
+    assert not panel.run_button.disabled and not panel.figure_button.disabled
+    # the same when frames seem free, so the panel draws them during and after the run
+    panel._frame_cost_s = 1e-9
+    again = panel.run(block=True)
+    assert again.steps == 3 and len(panel.results) == 3
+    assert "figure exploded" in panel.error and not panel.run_button.disabled
 
 
 def test_live_view_survives_a_failing_frame() -> None:

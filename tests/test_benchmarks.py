@@ -1,0 +1,45 @@
+"""The benchmarks keep working (their timings are not asserted: they are read, not tested)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_fit_measures_both_loops_machinery() -> None:
+    bench = _load("bench_fit")
+    fit_s, hand_s = bench.machinery(steps=20, repeats=1)
+    assert 0 < fit_s < 1 and 0 < hand_s < 1
+
+
+def test_bench_fit_hand_loop_trains_the_same_workload() -> None:
+    bench = _load("bench_fit")
+    from precision_nb.engine.workloads import get_workload
+
+    wl = get_workload("mlp", "tiny")
+    model = wl.make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    seconds = bench.torch_loop(model, wl.make_batches("cpu"), "bf16", 3, 0)
+    assert seconds > 0
+    assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_bench_panel_latency_cycles_through_the_changes() -> None:
+    bench = _load("bench_panel")
+    from precision_nb.views.panel import Panel
+
+    panel = Panel(steps=2)
+    times = bench.plan_latency(panel, changes=len(bench.CHANGES), cached=False)
+    assert len(times) >= len(bench.CHANGES) - 2 and all(t > 0 for t in times)
+    assert panel.controls.loss_scale_lab.value is False  # the cycle ends where it started

@@ -541,7 +541,8 @@ class Panel:
         self.figure_note.value = note
 
     def _finish(self, job: Job) -> None:
-        """Worker thread, after the run: keep the records, draw the final figures, re-enable."""
+        """Worker thread, after the run: keep the records, show the final charts and table (and
+        the matplotlib figure when it fits the plotting budget), re-enable."""
         live = self._live
         try:
             source = job.result

@@ -526,9 +526,9 @@ class Panel:
         """A live frame from the records so far (see :func:`_panel_png`)."""
         if not records:
             return
-        from precision_nb.views.tables import to_frame
+        from precision_nb.views.tables import scale_histories, to_frame
 
-        histories = {r.label: list(r.scale_history) for r in results if r.scale_history}
+        histories = scale_histories({r.label: r for r in results})
         self._show_figure(
             _panel_png(to_frame(records), histories, dpi=60),
             "<i>Live figure (redrawn while the run goes, within the plotting budget)</i>",

@@ -44,12 +44,12 @@ _EXPORTS: dict[str, str] = {
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
-    "Panel": "precision_nb.views.panel",
-    "to_frame": "precision_nb.views.tables",
-    "summary": "precision_nb.views.tables",
-    "hints": "precision_nb.views.hints",
-    "dashboard_figure": "precision_nb.views.figures",
-    "profile": "precision_nb.views.report",
+    "Panel": "precision_nb.views.panel.api",
+    "to_frame": "precision_nb.views.report.tables",
+    "summary": "precision_nb.views.report.tables",
+    "hints": "precision_nb.views.report.hints",
+    "dashboard_figure": "precision_nb.views.report.figures",
+    "profile": "precision_nb.views.report.profile",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

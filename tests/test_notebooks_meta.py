@@ -34,7 +34,7 @@ MAX_IMAGES = 6
 # architecture documents (figures, tables, hints, report).
 ALLOWED_IMPORT = re.compile(
     r"^(import precision_nb as pnb"
-    r"|from precision_nb\.views\.(figures|tables|hints|report) import .+)$"
+    r"|from precision_nb\.views\.report(\.(figures|tables|hints))? import .+)$"
 )
 
 

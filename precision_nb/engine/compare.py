@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
@@ -35,7 +36,7 @@ class Comparison:
     results: dict[str, RunResult] = field(default_factory=dict)
     drift: dict[str, dict[str, float | None]] = field(default_factory=dict)
     merged: dict[str, str] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     stopped: bool = False
 
     @property
@@ -113,12 +114,20 @@ def compare(
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
             # not claim it.
             out.events.append(
-                f"{label}: the loss-scale lab applies to fp16 on CPU only; on "
-                f"{explanation.device} this runs as plain {request.requested}"
+                Event(
+                    "fallback",
+                    f"{label}: the loss-scale lab applies to fp16 on CPU only; on "
+                    f"{explanation.device} this runs as plain {request.requested}",
+                    {"field": "loss_scale_lab", "requested": True, "used": False, "run": label},
+                )
             )
             label = request.requested
         if label in out.results or label in out.merged:
-            out.events.append(f"{label}: requested twice; run once")
+            out.events.append(
+                Event(
+                    "merged", f"{label}: requested twice; run once", {"label": label, "into": label}
+                )
+            )
             continue
         if plan in seen:
             first = seen[plan]
@@ -126,12 +135,22 @@ def compare(
             reasons = explanation.fallbacks or explanation.decisions
             why = "; ".join(d.reason for d in reasons if d.field != "device")
             out.events.append(
-                f"{label} resolves to the same plan as {first} ({plan.mode} on "
-                f"{explanation.device}); run once. Why: {why}"
+                Event(
+                    "merged",
+                    f"{label} resolves to the same plan as {first} ({plan.mode} on "
+                    f"{explanation.device}); run once. Why: {why}",
+                    {"label": label, "into": first, "why": why},
+                )
             )
             continue
         if out.stopped:
-            out.events.append(f"{label}: not run (comparison stopped)")
+            out.events.append(
+                Event(
+                    "stop",
+                    f"{label}: not run (comparison stopped)",
+                    {"run": label, "reason": "stopped"},
+                )
+            )
             continue
         seen[plan] = label
         run_model = copy.deepcopy(initial)
@@ -147,7 +166,7 @@ def compare(
         )
         result = trainer.fit(callbacks=callbacks, stop=stop)
         out.results[label] = result
-        out.events.extend(f"{label}: {e}" for e in result.events)
+        out.events.extend(e.prefixed(label) for e in result.events)
         params = _param_vector(run_model)
         if plan.mode == "fp32" and reference is None:
             reference, ref_label = params, label
@@ -165,5 +184,5 @@ def compare(
         denom = float(reference.norm()) or 1.0
         d["param_rel_diff"] = float((params - reference).norm()) / denom
     if reference is None:
-        out.events.append("no fp32 run among the requests: drift is None")
+        out.events.append(Event("warning", "no fp32 run among the requests: drift is None"))
     return out

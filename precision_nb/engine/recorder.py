@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.events import Event
 from precision_nb.engine.batches import BatchShape
 from precision_nb.engine.metrics import MemoryProbe, Peak
 from precision_nb.engine.results import RECORD_KEYS, NonFiniteLossError, RunResult
@@ -102,9 +103,13 @@ class Recorder:
         if values["mfu"] is not None and values["mfu"] > 1 and not self._warned_mfu:
             self._warned_mfu = True
             self.result.events.append(
-                f"mfu {values['mfu']:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s beat "
-                f"the peak ({values['mfu_peak_source']}); a CPU peak measured while the machine "
-                "was busy is too low, so read mfu as rough here"
+                Event(
+                    "calibration",
+                    f"mfu {values['mfu']:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s "
+                    f"beat the peak ({values['mfu_peak_source']}); a CPU peak measured while the "
+                    "machine was busy is too low, so read mfu as rough here",
+                    {"mfu": values["mfu"], "step": self.steps_done},
+                )
             )
         self.result.records.append(record)
         self._reset(time.perf_counter())
@@ -168,5 +173,5 @@ class Recorder:
             "the learning rate, check the data, or pass TrainConfig(skip_nonfinite=True) to skip "
             "such steps"
         )
-        self.result.events.append(msg)
+        self.result.events.append(Event("stop", msg, {"reason": "non-finite loss", "step": step}))
         raise NonFiniteLossError(msg, self.result, step)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from precision_nb.core.events import Event
+
 RECORD_KEYS: tuple[str, ...] = (
     "run",
     "step",
@@ -50,7 +52,7 @@ class RunResult:
     device: str
     records: list[dict[str, Any]] = field(default_factory=list)
     scale_history: list[dict[str, Any]] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     workload: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False
     steps: int = 0
@@ -67,7 +69,7 @@ class RunResult:
             "device": self.device,
             "records": [dict(r) for r in self.records],
             "scale_history": [dict(h) for h in self.scale_history],
-            "events": list(self.events),
+            "events": [e.to_dict() for e in self.events],
             "workload": dict(self.workload),
             "stopped": self.stopped,
             "steps": self.steps,

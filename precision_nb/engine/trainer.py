@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.device import resolve_device
+from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
@@ -123,7 +124,7 @@ class Trainer:
         self.microbatches_done = 0
         self.scaler: Any = None
         self._pending_scaler: dict[str, Any] | None = None
-        self._pending_events: list[str] = []
+        self._pending_events: list[Event] = []
         self._task: str | None = None
         self.last_result: RunResult | None = None
 
@@ -222,7 +223,7 @@ class Trainer:
             "memory was released. Use a smaller preset or batch, more accumulation, or a "
             "mixed-precision plan."
         )
-        result.events.append(msg)
+        result.events.append(Event("oom", msg, {"peak_bytes": peak, "memory_kind": probe.kind}))
         return DeviceOutOfMemoryError(msg, result)
 
     def _setup_scaler(self, cfg: TrainConfig, result: RunResult) -> float | None:
@@ -239,18 +240,28 @@ class Trainer:
                 self.scaler.load_state_dict(self._pending_scaler)
                 host_scale = float(self._pending_scaler.get("scale", cfg.init_scale))
                 result.events.append(
-                    f"grad scaler state restored from checkpoint (scale {host_scale:g})"
+                    Event(
+                        "checkpoint",
+                        f"grad scaler state restored from checkpoint (scale {host_scale:g})",
+                        {"scale": host_scale},
+                    )
                 )
             else:
                 result.events.append(
-                    "checkpoint grad scaler state not used: this plan has no scaler"
+                    Event(
+                        "checkpoint",
+                        "checkpoint grad scaler state not used: this plan has no scaler",
+                    )
                 )
             self._pending_scaler = None
         if cfg.overflow_at_steps and self.scaler is None:
             result.events.append(
-                f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {self.plan.mode} has no "
-                "grad scaler (use fp16 on CUDA or "
-                "PrecisionConfig(mode='fp16', loss_scale_lab=True))"
+                Event(
+                    "warning",
+                    f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {self.plan.mode} has "
+                    "no grad scaler (use fp16 on CUDA or "
+                    "PrecisionConfig(mode='fp16', loss_scale_lab=True))",
+                )
             )
         return host_scale
 
@@ -289,7 +300,9 @@ class Trainer:
             "dims": self.workload_info.get("dims", {}),
         }
         if peak is None:
-            result.events.append(f"no peak FLOP/s known for {self.device}: mfu is None")
+            result.events.append(
+                Event("calibration", f"no peak FLOP/s known for {self.device}: mfu is None")
+            )
         for cb in callbacks:
             if hasattr(cb, "on_fit_start"):
                 cb.on_fit_start(result)
@@ -370,7 +383,13 @@ class Trainer:
             bar.close()
         if stop_reason is not None:
             result.stopped = True
-            result.events.append(f"{stop_reason} after {counted} of {cfg.steps} steps")
+            result.events.append(
+                Event(
+                    "stop",
+                    f"{stop_reason} after {counted} of {cfg.steps} steps",
+                    {"reason": stop_reason, "steps": counted, "of": cfg.steps},
+                )
+            )
         result.seconds = time.perf_counter() - t_start
         finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
         result.final_loss = finite[-1] if finite else None
@@ -482,8 +501,11 @@ class Trainer:
         self._pending_scaler = payload["scaler"]
         if payload["plan"] != self.plan.to_dict():
             self._pending_events.append(
-                f"checkpoint was written under plan {payload['plan'].get('mode')!r}; "
-                f"continuing under plan {self.plan.mode!r}"
+                Event(
+                    "checkpoint",
+                    f"checkpoint was written under plan {payload['plan'].get('mode')!r}; "
+                    f"continuing under plan {self.plan.mode!r}",
+                )
             )
 
 

@@ -27,7 +27,7 @@ def test_import_and_core_use_load_no_ui_libraries():
 
 
 def test_plan_cli_module_imports_no_torch_at_import_time():
-    code = "import sys, precision_nb.views.cli_plan; print('torch' in sys.modules)"
+    code = "import sys, precision_nb.cli.plan; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -36,7 +36,9 @@ def test_scaler_state_is_restored_into_the_next_fit(tmp_path, make_model, batche
     assert fresh.scaler is None  # deferred until the next fit
     result = fresh.fit()
     assert result.scale_history[0]["loss_scale"] == 512.0
-    assert any("restored from checkpoint" in e for e in result.events)
+    assert any(
+        e.kind == "checkpoint" and "restored from checkpoint" in e.message for e in result.events
+    )
     again = Trainer(make_model(), batches, device="cpu", precision=LAB, train=quiet(steps=1))
     assert again.fit().scale_history[0]["loss_scale"] == 65536.0  # a fresh scaler otherwise
 

@@ -12,7 +12,11 @@ def test_cpu_comparison_merges_fp16_and_measures_drift():
     assert list(out.results) == ["fp32", "bf16"]
     assert out.merged == {"fp16": "fp32"}
     assert any(
-        "fp16 resolves to the same plan as fp32" in e and "GradScaler" in e for e in out.events
+        e.kind == "merged"
+        and e.data["label"] == "fp16"
+        and e.data["into"] == "fp32"
+        and "GradScaler" in e.data["why"]
+        for e in out.events
     )
     assert out.drift["fp32"] == {"final_loss_diff": 0.0, "param_rel_diff": 0.0}
     assert 0 < out.drift["bf16"]["param_rel_diff"] < 0.1
@@ -38,7 +42,7 @@ def test_lab_run_next_to_fp32_with_own_model(make_model, batches):
     lab = out.results["fp16 (loss-scale lab)"]
     assert lab.skipped_total == 1 and lab.steps == 4
     assert out.drift["fp16 (loss-scale lab)"]["param_rel_diff"] > 0
-    assert any("ignored" in e for e in out.events)  # fp32 has no scaler to overflow
+    assert any("ignored" in e.message for e in out.events)  # fp32 has no scaler to overflow
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -52,7 +56,9 @@ def test_lab_label_only_where_the_lab_applies(make_model, batches):
         train=quiet(steps=2),
     )
     assert list(out.results) == ["bf16"]
-    assert any("applies to fp16 on CPU only" in e for e in out.events)
+    assert any(
+        e.kind == "fallback" and "applies to fp16 on CPU only" in e.message for e in out.events
+    )
 
 
 def test_bad_comparisons(make_model):
@@ -65,4 +71,7 @@ def test_bad_comparisons(make_model):
     with pytest.raises(ValueError, match="precision.mode"):
         compare(("fp8",), train=quiet(steps=1))
     no_ref = compare(("bf16",), train=quiet(steps=2))
-    assert no_ref.drift["bf16"]["param_rel_diff"] is None and "no fp32 run" in no_ref.events[-1]
+    assert (
+        no_ref.drift["bf16"]["param_rel_diff"] is None
+        and "no fp32 run" in no_ref.events[-1].message
+    )

@@ -68,7 +68,10 @@ def test_stop_flag_keeps_records(make_model, batches):
     t = Trainer(make_model(), batches, device="cpu", train=quiet(steps=50, log_every=5))
     result = t.fit(callbacks=[StopAfterFirstLog()], stop=stop)
     assert result.stopped and result.steps == 5 and len(result.records) == 1
-    assert any("stopped by request after 5 of 50 steps" in e for e in result.events)
+    assert any(
+        e.kind == "stop" and e.data == {"reason": "stopped by request", "steps": 5, "of": 50}
+        for e in result.events
+    )
 
 
 def test_keyboard_interrupt_stops_between_steps(make_model, batches):
@@ -83,7 +86,7 @@ def test_keyboard_interrupt_stops_between_steps(make_model, batches):
     result = Trainer(make_model(), source, device="cpu", train=quiet(steps=20, log_every=5)).fit()
     assert result.stopped and result.steps == 7  # the 8th batch was never trained on
     assert [r["step"] for r in result.records] == [5, 7]
-    assert "interrupted" in result.events[-1]
+    assert result.events[-1].kind == "stop" and "interrupted" in result.events[-1].message
 
 
 def test_callbacks_see_start_logs_end(make_model, batches):
@@ -129,7 +132,7 @@ def test_each_fit_gets_a_fresh_scaler(make_model, batches):
 
 def test_overflow_request_without_scaler_is_reported(make_model, batches):
     result = fit(make_model(), batches, train=quiet(steps=2, overflow_at_steps=(1,)))
-    assert result.steps == 2 and "ignored" in result.events[0]
+    assert result.steps == 2 and "ignored" in result.events[0].message
 
 
 def nan_at(batches, index):
@@ -226,7 +229,7 @@ def test_bring_your_own_dataloader_mapping_and_generator():
     assert fit(Dict(), maps, train=quiet(steps=2)).steps == 2
     gen = ((torch.randn(4, 8), torch.tensor([0, 1, 1, 0])) for _ in range(3))
     short = fit(nn.Linear(8, 2), gen, train=quiet(steps=10, log_every=10))
-    assert short.stopped and short.steps == 3 and "ran out" in short.events[-1]
+    assert short.stopped and short.steps == 3 and "ran out" in short.events[-1].data["reason"]
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer", "cnn"])
@@ -261,4 +264,4 @@ def test_mfu_above_one_is_reported_not_clipped(make_model, batches, monkeypatch)
     monkeypatch.setattr(trainer_module, "peak_flops", lambda *a, **k: Peak(1.0, "measured: tiny"))
     result = Trainer(make_model(), batches, device="cpu", train=quiet(steps=4, log_every=2)).fit()
     assert result.records[0]["mfu"] > 1
-    assert sum("> 1" in e for e in result.events) == 1
+    assert sum(e.kind == "calibration" and "> 1" in e.message for e in result.events) == 1

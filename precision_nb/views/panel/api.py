@@ -8,8 +8,8 @@ available in code: ``panel.plan``, ``panel.explanation``, ``panel.results``, ``p
 
 Resolution comes from :mod:`precision_nb.core`, training from :mod:`precision_nb.engine`
 (``fit`` / ``compare`` with callbacks and a stop flag), figures and tables from
-:mod:`precision_nb.views.figures` and :mod:`precision_nb.views.tables`; this module only wires them
-to widgets.
+:mod:`precision_nb.views.report.figures` and :mod:`precision_nb.views.report.tables`; this
+module only wires them to widgets.
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig, PrecisionPlan
 from precision_nb.core.resolution import Explanation
-from precision_nb.views.panel_controls import (
+from precision_nb.views.panel.controls import (
     COMPARE_CHOICES,
     DEFAULT_COMPARE,
     SIM_PREFIX,
     Controls,
     Selection,
 )
-from precision_nb.views.panel_plan import PlanView, badge_html, code_for, device_options
-from precision_nb.views.panel_run import (
+from precision_nb.views.panel.live_charts import live_charts_html
+from precision_nb.views.panel.plan_resolver import PlanView, badge_html, code_for, device_options
+from precision_nb.views.panel.run import (
     Job,
     LiveView,
     check_train_options,
     describe_failure,
     metrics_text,
 )
-from precision_nb.views.sparklines import live_charts_html
 
 log = logging.getLogger(__name__)
 
@@ -526,7 +526,7 @@ class Panel:
         """A live frame from the records so far (see :func:`_panel_png`)."""
         if not records:
             return
-        from precision_nb.views.tables import scale_histories, to_frame
+        from precision_nb.views.report.tables import scale_histories, to_frame
 
         histories = scale_histories({r.label: r for r in results})
         self._show_figure(
@@ -623,7 +623,7 @@ class Panel:
             raise RuntimeError("a run is going: draw the figure when it has ended")
         if self._source is None:
             raise RuntimeError("no run yet: Run or Compare first, then draw its figure")
-        from precision_nb.views.tables import to_frame
+        from precision_nb.views.report.tables import to_frame
 
         frame = to_frame(self._source)
         if frame.empty:
@@ -631,7 +631,7 @@ class Panel:
         return self._draw_final(frame)
 
     def _draw_final(self, frame: Any) -> bytes:
-        from precision_nb.views.tables import scale_histories
+        from precision_nb.views.report.tables import scale_histories
 
         start = time.perf_counter()
         png = _panel_png(frame, scale_histories(self._source), dpi=72)
@@ -653,7 +653,7 @@ class Panel:
         if source is None:
             self.progress_label.value = "failed before the first step"
             return None
-        from precision_nb.views.tables import summary, to_frame
+        from precision_nb.views.report.tables import summary, to_frame
 
         frame = to_frame(source)
         self.live_charts.value = live_charts_html(frame.to_dict("records"))
@@ -675,7 +675,7 @@ class Panel:
         )
         events = list(getattr(source, "events", []) or [])
         if events:
-            items = "".join(f"<li>{html.escape(e)}</li>" for e in events)
+            items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)
             self.events_html.value = (
                 f"<details open><summary>Events</summary><ul>{items}</ul></details>"
             )
@@ -741,7 +741,7 @@ class Panel:
     @property
     def results(self) -> Any:
         """Every record of the last run or comparison as a pandas DataFrame (live while running)."""
-        from precision_nb.views.tables import to_frame
+        from precision_nb.views.report.tables import to_frame
 
         if self._source is None and self._live is not None:
             return to_frame(self._live.snapshot()[0])
@@ -750,7 +750,7 @@ class Panel:
     @property
     def summary(self) -> Any:
         """One row per plan of the last run or comparison (views.tables.summary)."""
-        from precision_nb.views.tables import summary
+        from precision_nb.views.report.tables import summary
 
         return summary(self._source if self._source is not None else [])
 
@@ -760,7 +760,7 @@ class Panel:
         dashboard (empty dict before any run)."""
         if self._source is None:
             return {}
-        from precision_nb.views import figures as f
+        from precision_nb.views.report import figures as f
 
         return {
             "loss": f.loss_figure(self._source),
@@ -843,7 +843,7 @@ def _panel_png(frame: Any, histories: dict[str, Any], *, dpi: int) -> bytes:
     about half of the constrained-layout ``dashboard_figure`` (``panel.figures`` has that one)."""
     from matplotlib.figure import Figure
 
-    from precision_nb.views import figures as f
+    from precision_nb.views.report import figures as f
 
     labels = [str(label) for label in dict.fromkeys(frame["run"])]
     colors = f.plan_colors(labels)
@@ -859,6 +859,6 @@ def _panel_png(frame: Any, histories: dict[str, Any], *, dpi: int) -> bytes:
 
 
 def _results_of(source: Any) -> dict[str, Any]:
-    from precision_nb.views.tables import results_of
+    from precision_nb.views.report.tables import results_of
 
     return results_of(source)

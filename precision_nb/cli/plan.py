@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from precision_nb.views.cli import FUSED, fused_arg
+from precision_nb.cli.main import FUSED, fused_arg
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from precision_nb.views.sparklines import MAX_POINTS, chart_svg, live_charts_html
+from precision_nb.views.panel.live_charts import MAX_POINTS, chart_svg, live_charts_html
 
 
 def _records(run: str, n: int, *, skip_at: int | None = None) -> list[dict]:

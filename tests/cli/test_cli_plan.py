@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from precision_nb.views.cli import main
+from precision_nb.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -109,7 +109,7 @@ def test_bad_fused_flag_is_an_argparse_error(capsys):
 
 def test_module_entry_point_prints_json():
     proc = subprocess.run(
-        [sys.executable, "-m", "precision_nb.views.cli", "plan", "--json"],
+        [sys.executable, "-m", "precision_nb.cli.main", "plan", "--json"],
         capture_output=True,
         text=True,
         cwd=REPO,

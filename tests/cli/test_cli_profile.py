@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from precision_nb.views import report
-from precision_nb.views.cli import main
-from precision_nb.views.tables import SUMMARY_COLUMNS
+from precision_nb.cli.main import main
+from precision_nb.views.report import profile as report
+from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png", "memory.png")
@@ -212,7 +212,7 @@ def test_the_cli_module_imports_no_heavy_library():
     import sys
 
     code = (
-        "import sys, precision_nb.views.cli_profile;"
+        "import sys, precision_nb.cli.profile;"
         "heavy = [m for m in ('matplotlib', 'pandas', 'torch', 'ipywidgets') if m in sys.modules];"
         "print(','.join(heavy))"
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel_code import CodeSpec, plan_code
+from precision_nb.views.panel.code import CodeSpec, plan_code
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 
-from precision_nb.views import figures as F
+from precision_nb.views.report import figures as F
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from precision_nb.views.figures import figure_to_png
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel_run import LiveView, describe_failure
+from precision_nb.views.panel.run import LiveView, describe_failure
+from precision_nb.views.report.figures import figure_to_png
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TIMEOUT = 120
@@ -92,7 +92,7 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
     result = panel.result
     assert result.stopped and 3 <= result.steps < 100_000
     assert len(panel.results) == result.steps == len(result.records)
-    assert any("stopped by request" in e for e in result.events)
+    assert any(e.kind == "stop" and "stopped by request" in e.message for e in result.events)
     assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
     assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
     assert not panel.run_button.disabled and panel.stop_button.disabled
@@ -273,7 +273,7 @@ def test_user_loss_fn_is_used_by_run_and_compare() -> None:
 
 
 def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
-    from precision_nb.views import figures
+    from precision_nb.views.report import figures
 
     def broken(*_args, **_kwargs):
         raise ValueError("figure exploded")

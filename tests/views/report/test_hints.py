@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from precision_nb.views.hints import Hint, hints, hints_by_run, matmul_dims_not_multiple_of_8
+from precision_nb.views.report.hints import Hint, hints, hints_by_run, matmul_dims_not_multiple_of_8
 
 
 def _result(records, *, workload=None, explanation=None, outcome=None, history=None):

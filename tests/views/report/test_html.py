@@ -8,7 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from precision_nb.views import report
+from precision_nb.core.events import Event
+from precision_nb.views.report import html as report
+from precision_nb.views.report import profile as profile_mod
 
 
 class _Explanation:
@@ -37,7 +39,7 @@ def comparison(make_records):
                 requested=None, probed=False, used=False, reason="probe is false off CUDA"
             ),
             scale_history=[],
-            events=["a run event"] if mode == "bf16" else [],
+            events=[Event("warning", "a run event")] if mode == "bf16" else [],
             workload={"name": "mlp", "preset": "tiny", "dims": {"hidden": 100, "batch_size": 32}},
         )
 
@@ -46,8 +48,13 @@ def comparison(make_records):
         drift={"bf16": {"final_loss_diff": 0.01, "param_rel_diff": 0.002}},
         merged={"fp16": "fp32"},
         events=[
-            "fp16 resolves to the same plan as fp32 (fp32 on cpu); run once. Why: no CPU scaler",
-            "bf16: a run event",
+            Event(
+                "merged",
+                "fp16 resolves to the same plan as fp32 (fp32 on cpu); run once. "
+                "Why: no CPU scaler",
+                {"label": "fp16", "into": "fp32", "why": "no CPU scaler"},
+            ),
+            Event("warning", "bf16: a run event"),
         ],
     )
 
@@ -95,18 +102,18 @@ def test_write_report_writes_every_output_file(comparison, tmp_path):
 
 
 def test_parse_modes():
-    assert report.parse_modes("fp32, BF16,float16") == ("fp32", "bf16", "fp16")
-    assert report.parse_modes(["fp16", "half"]) == ("fp16",)
+    assert profile_mod.parse_modes("fp32, BF16,float16") == ("fp32", "bf16", "fp16")
+    assert profile_mod.parse_modes(["fp16", "half"]) == ("fp16",)
     with pytest.raises(ValueError, match="at least one precision request"):
-        report.parse_modes(" , ")
+        profile_mod.parse_modes(" , ")
     with pytest.raises(ValueError, match="fp8"):
-        report.parse_modes("fp8")
+        profile_mod.parse_modes("fp8")
 
 
 def test_validate_request_defaults_to_the_engine_default_workload(tmp_path):
     from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
 
-    request = report.validate_request(out=tmp_path / "o")
+    request = profile_mod.validate_request(out=tmp_path / "o")
     assert (request.workload, request.preset) == (DEFAULT_WORKLOAD, DEFAULT_PRESET)
     assert request.modes == ("fp32", "bf16", "fp16")
     assert request.steps is None

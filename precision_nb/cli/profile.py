@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any
 
-from precision_nb.views.cli import FUSED, fused_arg
+from precision_nb.cli.main import FUSED, fused_arg
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
 DEFAULT_OUT = "profile-out"
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "--simulate is not available for profile: nothing can train on simulated hardware. "
             "Use `precision-nb plan --simulate PRESET` to see the plan a machine would get."
         )
-    from precision_nb.views.report import run_profile, validate_request
+    from precision_nb.views.report.profile import run_profile, validate_request
 
     try:
         request = validate_request(

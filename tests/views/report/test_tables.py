@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from precision_nb.views import tables as T
+from precision_nb.views.report import tables as T
 
 
 def test_to_frame_keeps_every_record_and_key(three_plans):

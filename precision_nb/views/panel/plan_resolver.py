@@ -17,8 +17,8 @@ from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation, explain_precision
-from precision_nb.views.panel_code import CodeSpec, plan_code
-from precision_nb.views.panel_controls import SIM_PREFIX, DeviceOption, Selection
+from precision_nb.views.panel.code import CodeSpec, plan_code
+from precision_nb.views.panel.controls import SIM_PREFIX, DeviceOption, Selection
 
 __all__ = ["PlanView", "Resolved", "device_options"]
 

@@ -1,0 +1,37 @@
+"""Reports: records as tables, matplotlib figures, hints, ``report.html`` and ``profile()``.
+
+``tables`` (records -> DataFrame, ``summary()``), ``figures`` (matplotlib Figures), ``hints``
+(explanations drawn from the measurements), ``html`` (the report folder) and ``profile`` (what
+``precision-nb profile`` runs). Names are loaded on first use, so importing this package imports
+no plotting library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "FIGURES": "html",
+    "OUTPUT_FILES": "html",
+    "make_figures": "html",
+    "render_html": "html",
+    "write_report": "html",
+    "DEFAULT_STEPS": "profile",
+    "PROFILE_POINTS": "profile",
+    "ProfileOutput": "profile",
+    "ProfileRequest": "profile",
+    "check_output_folder": "profile",
+    "parse_modes": "profile",
+    "profile": "profile",
+    "run_comparison": "profile",
+    "run_profile": "profile",
+    "validate_request": "profile",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,0 +1,407 @@
+"""Matplotlib figures of run records: loss, loss scale, throughput, memory and a 2x2 dashboard.
+
+Every function returns a standalone :class:`matplotlib.figure.Figure` (never pyplot state), so the
+figures work with any backend: Agg in tests and the CLI, inline or widget backends in notebooks,
+and PNG bytes for an ``ipywidgets.Image`` through :func:`figure_to_png`.
+
+The figures accept run records (a list of flat dicts as the engine writes them), a DataFrame of
+them, a ``RunResult`` or a ``Comparison``. A plan keeps its colour across every figure: colours
+come from :func:`plan_colors`, keyed by run label.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+from precision_nb.views.colors import colors_for_labels
+from precision_nb.views.report.tables import RecordSource, scale_histories, to_frame
+
+__all__ = [
+    "MEMORY_KIND_LABELS",
+    "PlanFigure",
+    "dashboard_figure",
+    "figure_to_png",
+    "loss_figure",
+    "loss_scale_figure",
+    "memory_figure",
+    "plan_colors",
+    "throughput_figure",
+]
+
+MEMORY_KIND_LABELS = {
+    "cuda_allocated": "CUDA allocated",
+    "mps_allocated": "MPS allocated",
+    "host_rss": "host RSS",
+}
+
+SINGLE_SIZE = (7.0, 4.0)
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+DASHBOARD_SIZE = (11.0, 7.5)
+
+
+class PlanFigure(Figure):
+    """A standalone Figure that also shows itself as PNG in Jupyter under any backend.
+
+    The inline backend registers its own PNG formatter for figures; with the widget backend (or
+    none) IPython falls back to :meth:`_repr_png_`, so a returned figure still displays.
+    """
+
+    def _repr_png_(self) -> bytes:
+        return figure_to_png(self)
+
+
+def plan_colors(labels: Sequence[str] | Any) -> dict[str, str]:
+    """One colour per run label, stable across figures.
+
+    Labels that are a plain mode (``fp32``, ``bf16``, ``fp16``) or start with one (``fp16 lab``)
+    take that mode's colour; the first label of each mode keeps the exact mode colour, later ones
+    and other labels take the next free colour in order of appearance. ``labels`` may also be any
+    record source (records, DataFrame, RunResult, Comparison).
+    """
+    if not isinstance(labels, Sequence) or (labels and not isinstance(labels[0], str)):
+        labels = _run_labels(to_frame(labels))
+    return colors_for_labels(labels)
+
+
+def figure_to_png(fig: Figure, *, dpi: int = 100) -> bytes:
+    """Render ``fig`` to PNG bytes (for ``ipywidgets.Image`` or a report)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _run_labels(frame: Any) -> list[str]:
+    if frame.empty or "run" not in frame:
+        return []
+    return [str(label) for label in dict.fromkeys(frame["run"].tolist())]
+
+
+def _prepare(
+    source: RecordSource, colors: Mapping[str, str] | None
+) -> tuple[Any, list[str], Mapping[str, str]]:
+    frame = to_frame(source)
+    labels = _run_labels(frame)
+    return frame, labels, colors if colors is not None else plan_colors(labels)
+
+
+def _new_figure(size: tuple[float, float] = SINGLE_SIZE) -> Figure:
+    return PlanFigure(figsize=size, layout="constrained")
+
+
+def _no_data(ax: Axes, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True)
+
+
+def _numeric(series: Any) -> Any:
+    import pandas as pd
+
+    return pd.to_numeric(series, errors="coerce")
+
+
+def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    if xlabel != "plan":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+
+
+def _legend(ax: Axes) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(fontsize="small", loc="best")
+
+
+# ----------------------------------------------------------------------------- drawing on axes
+
+
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _linestyle(index: int) -> str:
+    """Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each."""
+    return LINESTYLES[index % len(LINESTYLES)]
+
+
+def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]) -> None:
+    """Loss against optimizer step, one line per run."""
+    drawn = False
+    for index, label in enumerate(labels):
+        rows = frame[frame["run"] == label]
+        loss = _numeric(rows["loss"]) if "loss" in rows else None
+        if loss is None or loss.notna().sum() == 0:
+            continue
+        ax.plot(
+            rows["step"],
+            loss,
+            color=colors[label],
+            label=label,
+            linewidth=1.8,
+            linestyle=_linestyle(index),
+        )
+        drawn = True
+    _style(ax, "Training loss per plan", "optimizer step", "loss")
+    if drawn:
+        _legend(ax)
+    else:
+        _no_data(ax, "no loss recorded")
+
+
+def draw_loss_scale(
+    ax: Axes,
+    frame: Any,
+    labels: Sequence[str],
+    colors: Mapping[str, str],
+    histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> None:
+    """Loss scale on a log2 axis, skipped (overflow) steps marked with a red ``x``.
+
+    With a run's ``scale_history`` (every optimizer attempt) the line follows each attempt and
+    every skipped attempt is marked; from records alone the scale is the logged value and a logged
+    step whose ``skipped`` count is positive is marked.
+    """
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(_pow2_label))
+    histories = histories or {}
+    drawn = skip_marked = False
+    by_attempt = False
+    for label in labels:
+        history = histories.get(label)
+        if history:
+            xs = [_attempt_x(h, i) for i, h in enumerate(history)]
+            ys = [_float(h.get("loss_scale")) for h in history]
+            skipped = [bool(h.get("skipped")) for h in history]
+        else:
+            rows = frame[frame["run"] == label]
+            if "loss_scale" not in rows:
+                continue
+            xs = [float(s) for s in rows["step"]]
+            ys = [_float(v) for v in rows["loss_scale"]]
+            skipped = [(_float(v) or 0) > 0 for v in rows.get("skipped", [0] * len(rows))]
+        points = [
+            (x, y, s) for x, y, s in zip(xs, ys, skipped, strict=True) if y is not None and y > 0
+        ]
+        if not points:
+            continue
+        by_attempt = by_attempt or bool(history)
+        ax.step(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            where="post",
+            color=colors[label],
+            label=label,
+            linewidth=1.6,
+        )
+        drawn = True
+        bad = [(p[0], p[1]) for p in points if p[2]]
+        if bad:
+            ax.scatter(
+                [b[0] for b in bad],
+                [b[1] for b in bad],
+                marker="x",
+                color="#d62728",
+                s=36,
+                zorder=3,
+                label=None if skip_marked else "skipped step (overflow)",
+            )
+            skip_marked = True
+    xlabel = "optimizer attempt (skipped ones included)" if by_attempt else "optimizer step"
+    _style(ax, "Loss scale (log2) and skipped steps", xlabel, "loss scale (log2)")
+    if drawn:
+        _legend(ax)
+    else:
+        ax.set_ylim(1, 2**16)
+        _no_data(ax, "no plan uses a loss scaler\n(only fp16 on CUDA or the loss-scale lab)")
+
+
+def draw_throughput(
+    ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]
+) -> str | None:
+    """Throughput per logged step, tokens/s when every run has it, else samples/s.
+
+    Returns the column that was plotted (``tokens_per_s`` or ``samples_per_s``), or None.
+    """
+    column = throughput_column(frame)
+    unit = "tokens/s" if column == "tokens_per_s" else "samples/s"
+    drawn = False
+    if column is not None:
+        for label in labels:
+            rows = frame[frame["run"] == label]
+            values = _numeric(rows[column])
+            if values.notna().sum() == 0:
+                continue
+            ax.plot(rows["step"], values, color=colors[label], label=label, linewidth=1.4)
+            median = float(values.median())
+            ax.axhline(median, color=colors[label], linestyle=":", linewidth=1.0)
+            drawn = True
+    _style(ax, f"Throughput ({unit}; dotted: median)", "optimizer step", f"throughput ({unit})")
+    if drawn:
+        _legend(ax)
+    else:
+        _no_data(ax, "no throughput recorded")
+    return column if drawn else None
+
+
+def draw_memory(
+    ax: Axes,
+    frame: Any,
+    labels: Sequence[str],
+    colors: Mapping[str, str],
+    kind: str | None = None,
+) -> None:
+    """Peak memory per run as bars, in MiB, for one memory kind (the axis names the kind)."""
+    kinds = memory_kinds(frame)
+    if kind is None:
+        kind = kinds[0] if kinds else None
+    names: list[str] = []
+    peaks: list[float] = []
+    for label in labels:
+        rows = frame[(frame["run"] == label)]
+        if kind is not None and "memory_kind" in rows:
+            rows = rows[rows["memory_kind"] == kind]
+        if rows.empty or "memory_peak_bytes" not in rows:
+            continue
+        peak = _numeric(rows["memory_peak_bytes"]).max()
+        if peak is None or math.isnan(peak):
+            continue
+        names.append(label)
+        peaks.append(float(peak) / 2**20)
+    kind_label = MEMORY_KIND_LABELS.get(kind or "", kind or "memory")
+    if names:
+        bars = ax.bar(names, peaks, color=[colors[n] for n in names])
+        ax.bar_label(bars, labels=[f"{p:.1f}" for p in peaks], fontsize="small")
+        ax.margins(y=0.15)
+    else:
+        _no_data(ax, "no memory recorded")
+    _style(ax, f"Peak memory ({kind_label})", "plan", f"peak {kind_label} (MiB)")
+    ax.grid(False, axis="x")
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def loss_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
+    """Loss against optimizer step, one line per plan."""
+    frame, labels, colors = _prepare(source, colors)
+    fig = _new_figure()
+    draw_loss(fig.add_subplot(), frame, labels, colors)
+    return fig
+
+
+def loss_scale_figure(
+    source: RecordSource,
+    *,
+    colors: Mapping[str, str] | None = None,
+    histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+) -> Figure:
+    """Loss scale on a log2 axis with skipped steps marked.
+
+    ``histories`` maps run label to that run's ``scale_history``; it is taken from the source
+    itself when that is a ``RunResult`` or ``Comparison``.
+    """
+    frame, labels, colors = _prepare(source, colors)
+    fig = _new_figure()
+    draw_loss_scale(fig.add_subplot(), frame, labels, colors, _histories(source, histories))
+    return fig
+
+
+def throughput_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
+    """Throughput per step (tokens/s for token workloads, else samples/s)."""
+    frame, labels, colors = _prepare(source, colors)
+    fig = _new_figure()
+    draw_throughput(fig.add_subplot(), frame, labels, colors)
+    return fig
+
+
+def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
+    """Peak memory per plan; one axis per memory kind, so kinds are never mixed on one axis."""
+    frame, labels, colors = _prepare(source, colors)
+    kinds = memory_kinds(frame) or [None]
+    fig = _new_figure((SINGLE_SIZE[0], SINGLE_SIZE[1]) if len(kinds) == 1 else (11.0, 4.0))
+    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    for ax, kind in zip(axes, kinds, strict=True):
+        draw_memory(ax, frame, labels, colors, kind)
+    return fig
+
+
+def dashboard_figure(
+    source: RecordSource,
+    *,
+    colors: Mapping[str, str] | None = None,
+    histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """2x2 comparison: loss, loss scale (log2), throughput and peak memory."""
+    frame, labels, colors = _prepare(source, colors)
+    fig = _new_figure(DASHBOARD_SIZE)
+    (ax_loss, ax_scale), (ax_tput, ax_mem) = fig.subplots(2, 2)
+    draw_loss(ax_loss, frame, labels, colors)
+    draw_loss_scale(ax_scale, frame, labels, colors, _histories(source, histories))
+    draw_throughput(ax_tput, frame, labels, colors)
+    kinds = memory_kinds(frame)
+    draw_memory(ax_mem, frame, labels, colors, kinds[0] if kinds else None)
+    if len(kinds) > 1:
+        ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
+    fig.suptitle(title or "Precision plans compared: " + ", ".join(labels))
+    return fig
+
+
+# ----------------------------------------------------------------------------- small utilities
+
+
+def throughput_column(frame: Any) -> str | None:
+    """``tokens_per_s`` when every run recorded it, else ``samples_per_s`` when present."""
+    if frame.empty:
+        return None
+    if "tokens_per_s" in frame and _numeric(frame["tokens_per_s"]).notna().all():
+        return "tokens_per_s"
+    if "samples_per_s" in frame and _numeric(frame["samples_per_s"]).notna().any():
+        return "samples_per_s"
+    return None
+
+
+def memory_kinds(frame: Any) -> list[str]:
+    """Memory kinds present in the records, in order of appearance."""
+    if frame.empty or "memory_kind" not in frame:
+        return []
+    return [str(k) for k in dict.fromkeys(frame["memory_kind"].dropna().tolist())]
+
+
+def _histories(
+    source: RecordSource, histories: Mapping[str, Sequence[Mapping[str, Any]]] | None
+) -> Mapping[str, Sequence[Mapping[str, Any]]]:
+    return histories if histories is not None else scale_histories(source)
+
+
+def _attempt_x(entry: Mapping[str, Any], index: int) -> float:
+    # Skipped attempts do not advance the step counter, so the x axis counts attempts.
+    attempt = entry.get("attempt")
+    return float(attempt) if attempt is not None else float(index)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def _pow2_label(value: float, _pos: int) -> str:
+    if value <= 0:
+        return ""
+    exponent = math.log2(value)
+    if abs(exponent - round(exponent)) < 1e-9:
+        return "2" + str(int(round(exponent))).translate(_SUPERSCRIPT)
+    return f"{value:g}"

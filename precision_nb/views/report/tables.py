@@ -1,0 +1,228 @@
+"""Run records as pandas DataFrames, and a summary with one row per plan.
+
+A *record source* is any of: a list of record dicts (the engine's flat per-step records), a
+DataFrame of them, a ``RunResult`` (``.records``) or a ``Comparison`` (``.results``: label ->
+RunResult). Sources are read by duck typing, so this module imports nothing from the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Union
+
+import pandas as pd
+
+__all__ = [
+    "PLAN_FIELDS",
+    "SUMMARY_COLUMNS",
+    "RecordSource",
+    "results_of",
+    "scale_histories",
+    "summary",
+    "to_frame",
+]
+
+RecordSource = Union[Sequence[Mapping[str, Any]], "pd.DataFrame", Any]
+
+PLAN_FIELDS = ("mode", "dtype", "use_scaler", "autocast_enabled", "device_type")
+
+SUMMARY_COLUMNS = (
+    "run",
+    "final_loss",
+    "final_loss_diff_vs_fp32",
+    "param_rel_diff_vs_fp32",
+    "median_step_time_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "speedup_vs_fp32",
+    "peak_memory_mib",
+    "memory_kind",
+    "mfu",
+    "mfu_peak_source",
+    "flops_per_s",
+    "skipped_steps",
+    "steps",
+    "fused_adamw",
+    *PLAN_FIELDS,
+    "device",
+    "loss_scale_lab",
+    "also_requested_as",
+)
+
+
+def results_of(source: Any) -> dict[str, Any]:
+    """Label -> RunResult for a Comparison, a RunResult or a mapping of them; else ``{}``."""
+    results = getattr(source, "results", None)
+    if isinstance(results, Mapping):
+        return dict(results)
+    if hasattr(source, "records") and hasattr(source, "plan"):
+        label = _label_of(source)
+        return {label: source}
+    if (
+        isinstance(source, Mapping)
+        and source
+        and all(hasattr(v, "records") for v in source.values())
+    ):
+        return dict(source)
+    return {}
+
+
+def _label_of(result: Any) -> str:
+    label = getattr(result, "label", None)
+    if isinstance(label, str) and label:
+        return label
+    records = getattr(result, "records", None) or []
+    if records and "run" in records[0]:
+        return str(records[0]["run"])
+    plan = getattr(result, "plan", None)
+    return str(getattr(plan, "mode", "run"))
+
+
+def _records_of(source: Any) -> list[Mapping[str, Any]]:
+    results = results_of(source)
+    if results:
+        out: list[Mapping[str, Any]] = []
+        for label, result in results.items():
+            for record in result.records:
+                out.append(record if "run" in record else {**record, "run": label})
+        return out
+    if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
+        return list(source)
+    raise TypeError(
+        "records must be a list of record dicts, a DataFrame, a RunResult or a Comparison; "
+        f"got {type(source).__name__}"
+    )
+
+
+def to_frame(source: RecordSource) -> pd.DataFrame:
+    """Records -> DataFrame (one row per logged step, columns = record keys)."""
+    if isinstance(source, pd.DataFrame):
+        return source
+    records = _records_of(source)
+    frame = pd.DataFrame.from_records([dict(r) for r in records])
+    if "dtype" in frame:
+        frame["dtype"] = frame["dtype"].map(lambda d: d if d is None else str(d))
+    return frame
+
+
+def scale_histories(source: Any) -> dict[str, list[Mapping[str, Any]]]:
+    """Label -> ``scale_history`` for the runs of a Comparison or RunResult (else ``{}``)."""
+    return {
+        label: list(getattr(result, "scale_history", None) or [])
+        for label, result in results_of(source).items()
+        if getattr(result, "scale_history", None)
+    }
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def _int(value: Any) -> int:
+    number = _num(value)
+    return 0 if math.isnan(number) else int(number)
+
+
+def _median(rows: pd.DataFrame, column: str) -> float:
+    if column not in rows:
+        return math.nan
+    values = pd.to_numeric(rows[column], errors="coerce").dropna()
+    return float(values.median()) if len(values) else math.nan
+
+
+def _last(rows: pd.DataFrame, column: str) -> Any:
+    if column not in rows or rows.empty:
+        return None
+    values = rows[column].dropna()
+    return values.iloc[-1] if len(values) else None
+
+
+def summary(
+    source: RecordSource,
+    *,
+    drift: Mapping[str, Mapping[str, Any]] | None = None,
+    merged: Mapping[str, str] | None = None,
+    baseline: str | None = None,
+) -> pd.DataFrame:
+    """One row per plan (run label) with the columns of :data:`SUMMARY_COLUMNS`.
+
+    - ``final_loss``: the last logged loss. ``final_loss_diff_vs_fp32`` / ``param_rel_diff_vs_fp32``
+      come from ``drift`` (the Comparison's, taken from the source when it is one); without it the
+      loss difference is this run's final loss minus the baseline's and the parameter difference
+      is left empty (it needs the weights).
+    - ``median_step_time_s``, ``samples_per_s``, ``tokens_per_s``, ``mfu``, ``flops_per_s``:
+      medians over the logged steps (robust to warm-up). ``speedup_vs_fp32`` = baseline median step
+      time / this run's median step time.
+    - ``peak_memory_mib`` with its ``memory_kind``; ``skipped_steps`` = last ``skipped_total``;
+      ``steps`` = last logged step; ``fused_adamw``; the resolved plan fields and device.
+    - ``also_requested_as``: requests merged into this run because they resolved to the same plan.
+
+    The baseline is the run labelled ``baseline``, else the first run whose resolved mode is fp32.
+    """
+    frame = to_frame(source)
+    if drift is None:
+        drift = getattr(source, "drift", None)
+    if merged is None:
+        merged = getattr(source, "merged", None)
+    merged = merged or {}
+    if frame.empty or "run" not in frame:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    labels = list(dict.fromkeys(frame["run"].tolist()))
+    rows = {label: frame[frame["run"] == label] for label in labels}
+    base = baseline if baseline in rows else None
+    if base is None:
+        base = next((lb for lb in labels if _last(rows[lb], "mode") == "fp32"), None)
+    base_time = _median(rows[base], "step_time_s") if base else math.nan
+    base_loss = _num(_last(rows[base], "loss")) if base else math.nan
+
+    out = []
+    for label in labels:
+        r = rows[label]
+        final_loss = _num(_last(r, "loss"))
+        step_time = _median(r, "step_time_s")
+        d = (drift or {}).get(label) if drift is not None else None
+        if label == base and d is None:
+            loss_diff, param_diff = 0.0, 0.0
+        elif drift is not None:
+            loss_diff = _num((d or {}).get("final_loss_diff"))
+            param_diff = _num((d or {}).get("param_rel_diff"))
+        else:
+            loss_diff = final_loss - base_loss if base else math.nan
+            param_diff = math.nan
+        peak = (
+            pd.to_numeric(r["memory_peak_bytes"], errors="coerce").max()
+            if "memory_peak_bytes" in r
+            else math.nan
+        )
+        fused = _last(r, "fused_adamw")
+        row = {
+            "run": label,
+            "final_loss": final_loss,
+            "final_loss_diff_vs_fp32": loss_diff,
+            "param_rel_diff_vs_fp32": param_diff,
+            "median_step_time_s": step_time,
+            "samples_per_s": _median(r, "samples_per_s"),
+            "tokens_per_s": _median(r, "tokens_per_s"),
+            "speedup_vs_fp32": base_time / step_time if base and step_time > 0 else math.nan,
+            "peak_memory_mib": float(peak) / 2**20 if not math.isnan(_num(peak)) else math.nan,
+            "memory_kind": _last(r, "memory_kind"),
+            "mfu": _median(r, "mfu"),
+            "mfu_peak_source": _last(r, "mfu_peak_source"),
+            "flops_per_s": _median(r, "flops_per_s"),
+            "skipped_steps": _int(_last(r, "skipped_total")),
+            "steps": _int(_last(r, "step")),
+            "fused_adamw": bool(fused) if fused is not None else None,
+            **{f: _last(r, f) for f in PLAN_FIELDS},
+            "device": _last(r, "device"),
+            "loss_scale_lab": bool(_last(r, "loss_scale_lab") or False),
+            "also_requested_as": ", ".join(
+                req for req, target in merged.items() if target == label and req != label
+            ),
+        }
+        out.append(row)
+    return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))

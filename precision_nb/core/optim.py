@@ -18,13 +18,13 @@ device, CPU included, and reports what happened.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from precision_nb.core import validate
 from precision_nb.core.device import resolve_device
 
 if TYPE_CHECKING:
@@ -40,23 +40,9 @@ _FUSED_ALLOWED = "null/None (probe), true (attempt), false (disable)"
 
 def _number(name: str, value: Any, minimum: float, strict: bool) -> float:
     # YAML reads "1e-3" (no dot) as a string, so numeric strings are accepted.
-    number: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    ok = number is not None and math.isfinite(number)
-    ok = ok and (number > minimum if strict else number >= minimum)
-    if not ok:
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise ValueError(
-            f"optimizer.{name}: invalid value {value!r} ({type(value).__name__}); "
-            f"allowed: a finite number {bound}"
-        )
-    return float(number)  # type: ignore[arg-type]
+    return validate.number(
+        f"optimizer.{name}", value, minimum=minimum, strict=strict, accept_str=True
+    )
 
 
 @dataclass(frozen=True)

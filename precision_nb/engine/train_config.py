@@ -6,13 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.validate import integer
+
 SCHEDULES = ("constant", "cosine")
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"train.{name}: invalid value {value!r}; allowed: an integer >= {minimum}")
-    return value
+    return integer(f"train.{name}", value, minimum)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import ipywidgets as widgets
 
 from precision_nb.core.device import normalize_device_request
 from precision_nb.core.plan import normalize_precision
+from precision_nb.core.validate import positive_int
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -107,12 +108,6 @@ def _normalise_fused(value: Any) -> str:
         f"fused={value!r} is not a fused AdamW choice; allowed: None or 'probe', True or 'on', "
         "False or 'off'"
     )
-
-
-def _positive_int(name: str, value: Any, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-        raise ValueError(f"{name}={value!r} must be an integer from 1 to {maximum}")
-    return value
 
 
 class Controls:
@@ -346,9 +341,9 @@ class Controls:
             elif name == "preset":
                 out[name] = value
             elif name == "steps":
-                out[name] = _positive_int("steps", value, self.MAX_STEPS)
+                out[name] = positive_int("steps", value, self.MAX_STEPS)
             elif name == "accumulation":
-                out[name] = _positive_int("accumulation", value, self.MAX_ACCUMULATION)
+                out[name] = positive_int("accumulation", value, self.MAX_ACCUMULATION)
             elif name == "seed":
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ValueError(f"seed={value!r} must be an integer")

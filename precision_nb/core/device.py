@@ -1,4 +1,4 @@
-"""Device resolution: ``resolve_device(requested="auto")`` as the spec defines it.
+"""Device resolution: ``resolve_device(requested="auto")``.
 
 Auto order: CUDA when available, then MPS when exposed and available, then CPU. Explicit CUDA and
 MPS requests verify availability and raise ``RuntimeError`` when absent (also "cuda:7" on a
@@ -80,7 +80,7 @@ def resolve_device_traced(
         return device, f"explicit mps: MPS is available{where}"
     if device.type == "cpu":
         return device, "explicit cpu"
-    return device, f"explicit {device}: passed to torch.device as the spec says (not verified)"
+    return device, f"explicit {device}: passed to torch.device as given (availability not verified)"
 
 
 def resolve_device(

@@ -116,8 +116,9 @@ class PrecisionConfig:
 
     ``mode`` is "auto", "fp32", "bf16" or "fp16". ``dtype`` only matters when ``mode == "auto"``:
     ``PrecisionConfig(mode="auto", dtype="fp16")`` requests fp16, while with ``mode="fp32"`` a
-    ``dtype`` is ignored (the spec's rule). ``loss_scale_lab=True`` opts in to a CPU fp16 plan
-    with autocast and a CPU GradScaler, outside the spec's matrix, for studying loss scaling.
+    ``dtype`` is ignored (see ``docs/plans.md#resolution-rules``). ``loss_scale_lab=True`` opts in
+    to a CPU fp16 plan with autocast and a CPU GradScaler, outside the resolution rules, for
+    studying loss scaling.
     """
 
     mode: str = "auto"

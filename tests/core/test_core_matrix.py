@@ -22,7 +22,9 @@ def test_every_rule_names_a_row_and_every_row_is_reachable():
 
 @pytest.mark.parametrize(
     "device,request_,lab,bf16",
-    itertools.product(["cuda", "cpu", "mps", "xpu"], MODES, [False, True], BF16_QUERY_RESULTS),
+    list(
+        itertools.product(("cuda", "cpu", "mps", "xpu"), MODES, (False, True), BF16_QUERY_RESULTS)
+    ),
 )
 def test_every_request_has_exactly_one_rule(device, request_, lab, bf16):
     caps = get_capabilities(BF16_PRESET[bf16])

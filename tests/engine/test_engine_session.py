@@ -6,6 +6,7 @@ import pytest
 import torch
 from engine_helpers import quiet
 
+from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine import step_timer
 from precision_nb.engine.trainer import Trainer
@@ -13,8 +14,15 @@ from precision_nb.engine.trainer import Trainer
 LAB = PrecisionConfig(mode="fp16", loss_scale_lab=True)
 
 
-def run_split(make_model, batches, splits, precision=None, **cfg):
-    trainer = Trainer(make_model(), batches, device="cpu", precision=precision, train=quiet(**cfg))
+def run_split(make_model, batches, splits, precision=None, fused=None, **cfg):
+    trainer = Trainer(
+        make_model(),
+        batches,
+        device="cpu",
+        precision=precision,
+        optimizer=OptimizerConfig(fused=fused),
+        train=quiet(**cfg),
+    )
     session = trainer.start()
     counted = [session.advance(n) for n in splits]
     assert session.done
@@ -23,11 +31,15 @@ def run_split(make_model, batches, splits, precision=None, **cfg):
     return result, params, counted
 
 
+LAB_CFG = dict(init_scale=256.0, growth_interval=3, overflow_at_steps=(4,), warmup_steps=6)
+
+
 @pytest.mark.parametrize(
     "precision,extra",
     [
         (None, dict(warmup_steps=3, schedule="cosine")),
-        (LAB, dict(init_scale=256.0, growth_interval=3, overflow_at_steps=(4,), warmup_steps=3)),
+        (LAB, LAB_CFG),
+        (LAB, dict(LAB_CFG, fused=True)),  # only the device knows the skip
     ],
 )
 def test_results_do_not_depend_on_how_steps_are_split(make_model, batches, precision, extra):

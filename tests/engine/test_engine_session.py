@@ -141,3 +141,13 @@ def test_cuda_step_times_come_from_events_read_at_logging_points(monkeypatch):
         timer.stop()
     timer.start()  # an attempt that never finished is dropped
     assert timer.collect() == [0.25, 0.25, 0.25] and timer.collect() == []
+
+
+def test_run_result_shows_a_summary_not_a_dump(make_model, batches):
+    result = Trainer(make_model(), batches, device="cpu", train=quiet(steps=4, log_every=2)).fit()
+    text = repr(result)
+    assert text.startswith("<RunResult fp32: fp32 on cpu, 4 steps") and len(text) < 200
+    assert f"final loss {result.final_loss:.4g}" in text
+    page = result._repr_html_()
+    assert "<code>verify</code>" in page and f"{result.final_loss:.6g}" in page
+    assert "<script" not in page and len(page) < 4000

@@ -11,6 +11,7 @@ import contextlib
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -37,17 +38,21 @@ DEFAULT_PRESET = "small"
 DEFAULT_STEPS = 10
 
 
+def _paragraphs(*texts: str) -> str:
+    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help="train a built-in workload under several precision plans and write a report",
         formatter_class=HelpFormatter,
-        description=(
+        description=_paragraphs(
             "Train a built-in workload for a few steps under each requested precision plan (same "
             "seed) and write metrics.csv, summary.csv, PNG figures and a self-contained "
-            "report.html into --out. Requests that resolve to the same plan run once.\n\n"
+            "report.html into --out. Requests that resolve to the same plan run once.",
             "The report is staged inside --out and moved into place only when complete: Ctrl-C "
-            "(exit 130), a failed run (exit 1) or a full disk (exit 1) leaves --out as it was."
+            "(exit 130), a failed run (exit 1) or a full disk (exit 1) leaves --out as it was.",
         ),
     )
     parser.add_argument(
@@ -138,6 +143,17 @@ def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # wherever it lands: nothing was moved into --out
+        print(
+            f"precision-nb profile: interrupted; {str(args.out)!r} was left as it was",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.simulate is not None:
         return error(
             "profile",
@@ -175,12 +191,6 @@ def run(args: argparse.Namespace) -> int:
                 settings={"command": command.strip()},
                 stop=stop,
             )
-    except KeyboardInterrupt:
-        print(
-            f"precision-nb profile: interrupted; {str(request.out)!r} was left as it was",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
     except ReportWriteError as err:
         return error("profile", err.strerror, EXIT_FAILED)
     except ValueError as err:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import math
 import os
 import pickle
 import random
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from precision_nb.core.validate import short_repr
+from precision_nb.core.validate import integer, number, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +34,8 @@ FORMAT = "precision_nb.checkpoint"
 VERSION = 2  # 2: payload + SHA-256 in a wrapper; 1: the state at top level, no checksum
 REQUIRED = ("model", "optimizer", "scaler", "counters", "rng", "plan")
 COUNTERS = ("steps", "attempts", "microbatches")
-#: ``torch.amp.GradScaler.state_dict()`` keys and their types (an empty dict: a disabled scaler).
-SCALER_KEYS: dict[str, tuple[type, ...]] = {
-    "scale": (float, int),
-    "growth_factor": (float, int),
-    "backoff_factor": (float, int),
-    "growth_interval": (int,),
-    "_growth_tracker": (int,),
-}
+#: ``torch.amp.GradScaler.state_dict()`` keys (an empty dict: a disabled scaler).
+SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
 def rng_state() -> dict[str, Any]:
@@ -219,17 +212,21 @@ def _check_optimizer(state: Any, optimizer: torch.optim.Optimizer) -> list[str]:
     return []
 
 
+def _problems(checks: list[tuple[Any, ...]]) -> list[str]:
+    """Run ``(check, field, value, *args)`` validators; the messages of those that fail."""
+    found = []
+    for check, field, value, *args in checks:
+        try:
+            check(field, value, *args)
+        except ValueError as exc:
+            found.append(str(exc))
+    return found
+
+
 def _check_counters(counters: Any) -> list[str]:
     if not isinstance(counters, Mapping):
         return [f"counters: expected a dict with {list(COUNTERS)}"]
-    bad = [
-        f"counters.{k}={short_repr(counters.get(k))}"
-        for k in COUNTERS
-        if not isinstance(counters.get(k), int)
-        or isinstance(counters.get(k), bool)
-        or counters.get(k) < 0
-    ]
-    return [f"counters: {', '.join(bad)}; each must be an integer >= 0"] if bad else []
+    return _problems([(integer, f"counters.{k}", counters.get(k), 0) for k in COUNTERS])
 
 
 def _check_rng(rng: Any) -> list[str]:
@@ -260,14 +257,19 @@ def _check_scaler(scaler: Any) -> list[str]:
     if not isinstance(scaler, Mapping) or set(scaler) != set(SCALER_KEYS):
         found = sorted(scaler) if isinstance(scaler, Mapping) else type(scaler).__name__
         return [f"scaler: keys {short_repr(found)}; expected {sorted(SCALER_KEYS)}"]
-    bad = [
-        f"scaler.{k}={short_repr(scaler[k])}"
-        for k, types in SCALER_KEYS.items()
-        if not isinstance(scaler[k], types) or isinstance(scaler[k], bool)
-    ]
-    if not bad and not (math.isfinite(scaler["scale"]) and scaler["scale"] > 0):
-        bad.append(f"scaler.scale={scaler['scale']!r} (must be finite and > 0)")
-    return [f"scaler: {', '.join(bad)}"] if bad else []
+    return _problems(
+        [
+            (_positive_number, "scaler.scale", scaler["scale"]),
+            (_positive_number, "scaler.growth_factor", scaler["growth_factor"]),
+            (_positive_number, "scaler.backoff_factor", scaler["backoff_factor"]),
+            (integer, "scaler.growth_interval", scaler["growth_interval"], 1),
+            (integer, "scaler._growth_tracker", scaler["_growth_tracker"], 0),
+        ]
+    )
+
+
+def _positive_number(field: str, value: Any) -> float:
+    return number(field, value, minimum=0.0, strict=True)
 
 
 def validate_state(

@@ -170,13 +170,13 @@ def _corrupt(state: dict, entry: str) -> None:
         ("weights", "does not fit model"),
         ("optimizer-groups", "0 param groups"),
         ("optimizer-shape", "has shape (5,)"),
-        ("counters", "counters.steps='x'"),
-        ("counters-bool", "counters.attempts=True"),
+        ("counters", "counters.steps: invalid value 'x'"),
+        ("counters-bool", "counters.attempts: invalid value True"),
         ("rng-size", "rng.torch"),
         ("rng-python", "rng.python"),
-        ("scaler-types", "scaler.scale='big'"),
+        ("scaler-types", "scaler.scale: invalid value 'big'"),
         ("scaler-keys", "scaler: keys"),
-        ("scaler-inf", "finite"),
+        ("scaler-inf", "scaler.scale: invalid value inf"),
     ],
 )
 def test_one_bad_entry_changes_nothing(tmp_path, make_model, batches, entry, words):

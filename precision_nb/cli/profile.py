@@ -7,65 +7,87 @@ Only argparse is imported at module level; the engine, matplotlib and pandas loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
+import textwrap
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-from precision_nb.cli.main import FUSED, fused_arg
+from precision_nb.cli.main import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    FUSED,
+    HelpFormatter,
+    cli_text,
+    error,
+    fused_arg,
+)
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
 DEFAULT_OUT = "profile-out"
+# The engine's names and defaults, listed here so flags are checked before torch loads (a test
+# keeps them equal to engine.workloads and views.report.profile).
+WORKLOAD_NAMES = ("mlp", "transformer", "lm", "cnn")
+PRESET_NAMES = ("tiny", "small", "medium", "large")
+DEFAULT_WORKLOAD = "mlp"
+DEFAULT_PRESET = "small"
+DEFAULT_STEPS = 10
+
+
+def _paragraphs(*texts: str) -> str:
+    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help="train a built-in workload under several precision plans and write a report",
-        description=(
+        formatter_class=HelpFormatter,
+        description=_paragraphs(
             "Train a built-in workload for a few steps under each requested precision plan (same "
             "seed) and write metrics.csv, summary.csv, PNG figures and a self-contained "
-            "report.html into --out. Requests that resolve to the same plan run once."
+            "report.html into --out. Requests that resolve to the same plan run once.",
+            "The report is staged inside --out and moved into place only when complete: Ctrl-C "
+            "(exit 130), a failed run (exit 1) or a full disk (exit 1) leaves --out as it was.",
         ),
     )
     parser.add_argument(
         "--workload",
-        default=None,
-        help="built-in workload: mlp, transformer (lm), cnn; "
-        "default: the built-in default workload",
+        default=DEFAULT_WORKLOAD,
+        help="built-in workload: mlp, transformer (alias lm), cnn",
     )
     parser.add_argument(
-        "--preset",
-        default=None,
-        help="size preset: tiny, small, medium, large; default: the default workload's preset",
+        "--preset", default=DEFAULT_PRESET, help="size preset: tiny, small, medium, large"
     )
     parser.add_argument(
         "--compare",
         default=DEFAULT_COMPARE,
         metavar="MODES",
-        help="comma-separated precision requests (auto, fp32, bf16, fp16); "
-        f"default {DEFAULT_COMPARE}",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
     )
     parser.add_argument(
-        "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps; default auto"
+        "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
     )
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per plan")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per plan")
     parser.add_argument(
-        "--accumulation", type=int, default=1, help="microbatches per optimizer step; default 1"
+        "--accumulation", type=int, default=1, help="microbatches per optimizer step"
     )
     parser.add_argument(
         "--fused",
         type=fused_arg,
         default="auto",
-        help="fused AdamW: auto (probe), true (attempt), false (disable); default auto",
+        help="fused AdamW: auto (probe), true (attempt), false (disable)",
     )
     parser.add_argument(
         "--loss-scale-lab",
         action="store_true",
         help="allow fp16 with a CPU GradScaler to watch loss scaling without a GPU",
     )
-    parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"output folder; default ./{DEFAULT_OUT}"
-    )
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     # Accepted only to be refused with a reason (argparse would just say "unrecognized").
     parser.add_argument("--simulate", nargs="?", const="", default=None, help=argparse.SUPPRESS)
@@ -73,18 +95,76 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str) -> int:
-    print(f"precision-nb profile: error: {message}", file=sys.stderr)
-    return 2
+def check_flags(args: argparse.Namespace) -> None:
+    """Check every flag value and ``--out`` without importing torch (``ValueError``)."""
+    from pathlib import Path
+
+    from precision_nb.core.names import device_string, precision_name
+    from precision_nb.core.validate import choice, positive_int
+    from precision_nb.views.report.folder import check_output_folder
+
+    choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
+    choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+    names = [m.strip() for m in args.compare.split(",") if m.strip()]
+    if not names:
+        raise ValueError(
+            f"--compare: invalid value {args.compare!r}: give at least one precision request, "
+            "comma-separated; allowed: auto, fp32, bf16, fp16"
+        )
+    for name in names:
+        precision_name(name, "--compare")
+    device_string(args.device, "--device")
+    positive_int("--steps", args.steps)
+    positive_int("--accumulation", args.accumulation)
+    check_output_folder(Path(args.out).expanduser())
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
+    """First Ctrl-C: set ``stop`` (the run ends after its current step). Second: interrupt now."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            "precision-nb profile: stopping after this step (Ctrl-C again to abort)",
+            file=sys.stderr,
+        )
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.simulate is not None:
-        return _error(
-            "--simulate is not available for profile: nothing can train on simulated hardware. "
-            "Use `precision-nb plan --simulate PRESET` to see the plan a machine would get."
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # wherever it lands: nothing was moved into --out
+        print(
+            f"precision-nb profile: interrupted; {str(args.out)!r} was left as it was",
+            file=sys.stderr,
         )
-    from precision_nb.views.report.profile import run_profile, validate_request
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.simulate is not None:
+        return error(
+            "profile",
+            "--simulate is not available for profile: nothing can train on simulated hardware. "
+            "Use `precision-nb plan --simulate PRESET` to see the plan a machine would get.",
+        )
+    try:
+        check_flags(args)
+    except (ValueError, OSError) as err:
+        return error("profile", err)
+    from precision_nb.views.report.profile import ReportWriteError, run_profile, validate_request
 
     try:
         request = validate_request(
@@ -99,20 +179,27 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
         )
     except (ValueError, RuntimeError) as err:
-        return _error(str(err))
+        return error("profile", err)
 
     command = "precision-nb " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
+    stop = threading.Event()
     try:
-        output = run_profile(
-            request, progress=not args.no_progress, settings={"command": command.strip()}
-        )
-    except ValueError as err:  # the output folder turned out not to be writable
-        return _error(str(err))
-    except RuntimeError as err:  # a run failed (FitError and friends carry the reason)
-        print(f"precision-nb profile: run failed: {err}", file=sys.stderr)
-        return 1
+        with _ctrl_c_stops(stop):
+            output = run_profile(
+                request,
+                progress=not args.no_progress,
+                settings={"command": command.strip()},
+                stop=stop,
+            )
+    except ReportWriteError as err:
+        return error("profile", err.strerror, EXIT_FAILED)
+    except ValueError as err:
+        return error("profile", err)
+    except (RuntimeError, OSError) as err:  # a run failed (FitError and friends carry the reason)
+        print(f"precision-nb profile: run failed: {cli_text(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     _print_outcome(output)
-    return 0
+    return EXIT_OK
 
 
 def _print_outcome(output: Any) -> None:
@@ -133,10 +220,5 @@ def _print_outcome(output: Any) -> None:
     ]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for hint in output.hints:
-        print(f"hint: {hint}")
+        print(f"hint: {cli_text(str(hint))}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")
-    if getattr(output.comparison, "stopped", False):
-        print(
-            "precision-nb profile: stopped early; the report covers the steps made before the stop",
-            file=sys.stderr,
-        )

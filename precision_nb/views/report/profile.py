@@ -7,14 +7,13 @@ What ``precision-nb profile`` runs; the folder's files come from
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from precision_nb.views.report import folder
+from precision_nb.views.report.folder import check_output_folder
 from precision_nb.views.report.hints import Hint, hints
 from precision_nb.views.report.html import OUTPUT_FILES, write_report
 from precision_nb.views.report.tables import results_of, summary
@@ -22,8 +21,11 @@ from precision_nb.views.report.tables import results_of, summary
 __all__ = [
     "DEFAULT_STEPS",
     "PROFILE_POINTS",
+    "ProfileInterrupted",
     "ProfileOutput",
     "ProfileRequest",
+    "ReportWriteError",
+    "check_output_folder",
     "parse_modes",
     "profile",
     "run_profile",
@@ -120,50 +122,6 @@ def validate_request(
     )
 
 
-def check_output_folder(out: Path) -> None:
-    """``ValueError`` unless ``out`` can become (or already is) a writable folder."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {str(out)!r} exists and is not a folder; give a folder path")
-    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"out: folder {str(out)!r} is not writable")
-    parent = _existing_ancestor(out.absolute().parent)
-    if not parent.is_dir():
-        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not writable")
-
-
-def _existing_ancestor(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _staging_folder(out: Path) -> Path:
-    """A fresh temporary folder beside ``out`` (same file system, so moving it is atomic)."""
-    parent = out.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
-    except OSError as err:
-        raise ValueError(f"out: cannot write next to {str(out)!r}: {err.strerror}") from err
-    # mkdtemp makes the folder private (0o700); the report folder gets the usual permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
-    return staging
-
-
-def _move_into_place(staging: Path, out: Path) -> dict[str, Path]:
-    if not out.exists():
-        staging.rename(out)
-    else:
-        for item in staging.iterdir():
-            os.replace(item, out / item.name)
-        staging.rmdir()
-    return {name: out / name for name in OUTPUT_FILES if (out / name).exists()}
-
-
 def profile(
     *,
     workload: str | None = None,
@@ -197,35 +155,57 @@ def profile(
     return run_profile(request, progress=progress, settings=settings)
 
 
+class ProfileInterrupted(KeyboardInterrupt):
+    """The profile was interrupted (Ctrl-C or ``stop``); the output folder was left as it was."""
+
+
+class ReportWriteError(OSError):
+    """The report could not be written (e.g. a full disk); the output folder was left as it was."""
+
+
 def run_profile(
     request: ProfileRequest,
     *,
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
+    stop: Any = None,
 ) -> ProfileOutput:
     """Run a validated request and write its folder.
 
-    The files are written into a temporary folder beside ``request.out`` and moved into place only
-    when all of them are done, so a failed run leaves ``out`` as it was. Files of an earlier
-    report in ``out`` are replaced; other files there are left alone.
+    ``stop`` (anything with ``is_set()``) ends the comparison between steps. An interrupted
+    comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. The
+    files are staged inside ``request.out`` and moved into place only when all of them are written
+    (:mod:`precision_nb.views.report.folder`), so a failed, interrupted or disk-full run leaves
+    ``out`` as it was (:class:`ReportWriteError` says what could not be written and the free
+    space). Files of an earlier report in ``out`` are replaced; other files are left alone.
     """
-    staging = _staging_folder(request.out)
+    comparison = run_comparison(request, progress=progress, stop=stop)
+    if getattr(comparison, "stopped", False):
+        raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
+    shown = {
+        "requested plans": ", ".join(request.modes),
+        "device requested": request.device,
+        "gradient accumulation": request.accumulation,
+        "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
+        "loss-scale lab": request.loss_scale_lab,
+        **_machine(comparison),
+        **(settings or {}),
+    }
+    staging, created = folder.staging_folder(request.out)
+    committed = False
     try:
-        comparison = run_comparison(request, progress=progress)
-        shown = {
-            "requested plans": ", ".join(request.modes),
-            "device requested": request.device,
-            "gradient accumulation": request.accumulation,
-            "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
-            "loss-scale lab": request.loss_scale_lab,
-            **_machine(comparison),
-            **(settings or {}),
-        }
         write_report(comparison, staging, settings=shown)
-        files = _move_into_place(staging, request.out)
+        names = folder.commit(staging, request.out)
+        committed = True
+    except OSError as err:
+        message = folder.describe_write_error(err, request.out)
+        raise ReportWriteError(
+            err.errno, f"{message}; {str(request.out)!r} was left as it was"
+        ) from err
     finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+        if not committed:
+            folder.discard(staging, request.out, created)
+    files = {name: request.out / name for name in OUTPUT_FILES if name in names}
     return ProfileOutput(
         out_dir=request.out,
         files=files,
@@ -247,7 +227,7 @@ def _machine(comparison: Any) -> dict[str, Any]:
     }
 
 
-def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
+def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:
     """Call the engine's ``compare()`` for a validated request.
 
     Logs about 25 points per plan (``log_every``) so the figures have curves while host syncs
@@ -270,5 +250,6 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
         device=request.device,
         optimizer=OptimizerConfig(fused=request.fused),
         loss_scale_lab=request.loss_scale_lab,
+        stop=stop,
         **options,
     )

@@ -15,7 +15,7 @@ import ipywidgets as widgets
 
 from precision_nb.core.device import normalize_device_request
 from precision_nb.core.plan import normalize_precision
-from precision_nb.core.validate import positive_int
+from precision_nb.core.validate import integer, positive_int
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -23,8 +23,10 @@ __all__ = [
     "DeviceOption",
     "FUSED_CHOICES",
     "MODES",
+    "SEED_RANGE",
     "SIM_PREFIX",
     "Selection",
+    "check_seed",
 ]
 
 MODES = ("auto", "fp32", "bf16", "fp16")
@@ -42,6 +44,14 @@ COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
     "auto": ("auto", False),
 }
 DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
+
+#: The seeds ``torch.manual_seed`` accepts (a signed or unsigned 64-bit integer).
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_seed(value: Any) -> int:
+    """``value`` as a seed ``torch.manual_seed`` accepts, else ValueError naming ``seed``."""
+    return integer("seed", value, *SEED_RANGE)
 
 
 @dataclass(frozen=True)
@@ -345,9 +355,7 @@ class Controls:
             elif name == "accumulation":
                 out[name] = positive_int("accumulation", value, self.MAX_ACCUMULATION)
             elif name == "seed":
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"seed={value!r} must be an integer")
-                out[name] = value
+                out[name] = check_seed(value)
             elif name == "loss_scale_lab":
                 if not isinstance(value, bool):
                     raise ValueError(f"loss_scale_lab={value!r} must be True or False")

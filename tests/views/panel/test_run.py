@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel.run import LiveView, describe_failure
+from precision_nb.views.panel.run import LiveCallback, describe_failure
 from precision_nb.views.report.figures import figure_to_png
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -33,7 +33,7 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert panel.error is None, panel.error
     result = panel.result
     assert result.steps == 5 and not result.stopped
-    frame = panel.results
+    frame = panel.records_frame
     assert list(frame["step"]) == [1, 2, 3, 4, 5]
     assert set(frame["mode"]) == {"bf16"} and set(frame["run"]) == {"bf16"}
     assert panel.progress.value == panel.progress.max == 5
@@ -66,7 +66,7 @@ def test_run_button_trains_and_fills_every_view() -> None:
     assert panel.error is None
     # a live frame (drawn during longer runs, within the plotting budget) from the same records
     panel.figure_image.value = b""
-    panel._draw_live(result.records, [result])
+    panel.session._draw_live(result.records, [result])
     assert bytes(panel.figure_image.value).startswith(PNG)
     assert "Live" in panel.figure_note.value
 
@@ -77,21 +77,21 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
     _wait_until(lambda: panel.progress.value >= 3)
     assert panel.run_button.disabled and panel.compare_button.disabled
     # a second Run: the button is disabled, and the guard refuses a click or a call anyway
-    first_job = panel._job
+    first_job = panel.session.job
     panel.run_button.click()
-    assert panel._job is first_job
+    assert panel.session.job is first_job
     assert "already going" in panel.status.value
     with pytest.raises(RuntimeError, match="already going"):
         panel.run()
     with pytest.raises(RuntimeError, match="already going"):
         panel.compare()
-    assert len(panel.results) >= 3  # live records are readable while running
+    assert len(panel.records_frame) >= 3  # live records are readable while running
 
     panel.stop_button.click()
     assert panel.wait(TIMEOUT)
     result = panel.result
     assert result.stopped and 3 <= result.steps < 100_000
-    assert len(panel.results) == result.steps == len(result.records)
+    assert len(panel.records_frame) == result.steps == len(result.records)
     assert any(e.kind == "stop" and "stopped by request" in e.message for e in result.events)
     assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
     assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
@@ -107,7 +107,7 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     comparison = panel.result
     labels = list(comparison.results)
     assert labels == ["fp32", "bf16", "fp16 (loss-scale lab)"]
-    assert list(dict.fromkeys(panel.results["run"])) == labels
+    assert list(dict.fromkeys(panel.records_frame["run"])) == labels
     table = panel.summary
     assert list(table["run"]) == labels
     lab = table.set_index("run").loc["fp16 (loss-scale lab)"]
@@ -131,25 +131,25 @@ def test_final_figure_is_drawn_when_it_fits_the_plotting_budget() -> None:
         panel.draw_figure()
     assert panel.figure_button.disabled  # nothing to draw before a run
     result = panel.run(block=True)
-    frame = panel.results
+    frame = panel.records_frame
     result.seconds = 100.0  # as if the run had trained 100 s: a 2.5 % budget is 2.5 s
     quiet = SimpleNamespace(callback_seconds=0.0, plot_seconds=0.0, frames=0)
 
-    panel._frame_cost_s = 2.0  # fits: drawn at the end, no note
-    panel._final_figure(quiet, frame)
+    panel.session.frame_cost_s = 2.0  # fits: drawn at the end, no note
+    panel.session._final_figure(quiet, frame)
     assert bytes(panel.figure_image.value).startswith(PNG) and panel.figure_note.value == ""
-    assert 0 < panel._frame_cost_s < 2.0  # the drawn frame's real cost is learnt
+    assert 0 < panel.session.frame_cost_s < 2.0  # the drawn frame's real cost is learnt
 
-    panel._frame_cost_s = 3.0  # over budget: no figure, and the note says why
-    panel._final_figure(quiet, frame)
+    panel.session.frame_cost_s = 3.0  # over budget: no figure, and the note says why
+    panel.session._final_figure(quiet, frame)
     assert panel.figure_image.value == b"" and "not drawn" in panel.figure_note.value
     assert "3.0 s" in panel.figure_note.value and "2.5 %" in panel.figure_note.value
 
     # live frames already spent the budget: the last live frame stays, labelled as such
     panel.figure_image.value = PNG + b"live"
     busy = SimpleNamespace(callback_seconds=1.0, plot_seconds=2.0, frames=2)
-    panel._frame_cost_s = 1.0
-    panel._final_figure(busy, frame)
+    panel.session.frame_cost_s = 1.0
+    panel.session._final_figure(busy, frame)
     assert bytes(panel.figure_image.value) == PNG + b"live"
     assert "last live frame" in panel.figure_note.value
 
@@ -210,7 +210,7 @@ def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
     panel.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is not None and "no kernel for BFloat16" in panel.error
-    frame = panel.results
+    frame = panel.records_frame
     assert set(frame["run"]) == {"fp32"} and len(frame) == 3
     assert "Failed" in panel.status.value
     assert panel.draw_figure().startswith(PNG)
@@ -250,7 +250,7 @@ def test_user_model_is_trained_on_a_copy() -> None:
     batches = [(torch.randn(6, 8), torch.randint(0, 3, (6,))) for _ in range(4)]
     panel = Panel(model, batches, steps=3, log_every=1)
     result = panel.run(block=True)
-    assert result.steps == 3 and len(panel.results) == 3
+    assert result.steps == 3 and len(panel.records_frame) == 3
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -284,23 +284,23 @@ def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
     panel = Panel(model, batches, steps=3, log_every=1)
     result = panel.run(block=True)
     panel.figure_button.click()  # a click never raises
-    assert result.steps == 3 and len(panel.results) == 3
+    assert result.steps == 3 and len(panel.records_frame) == 3
     assert panel.error == "Draw figure failed: ValueError: figure exploded"
     assert not panel.run_button.disabled and not panel.figure_button.disabled
     # the same when frames seem free, so the panel draws them during and after the run
-    panel._frame_cost_s = 1e-9
+    panel.session.frame_cost_s = 1e-9
     again = panel.run(block=True)
-    assert again.steps == 3 and len(panel.results) == 3
+    assert again.steps == 3 and len(panel.records_frame) == 3
     assert "figure exploded" in panel.error and not panel.run_button.disabled
 
 
-def test_live_view_survives_a_failing_frame() -> None:
+def test_live_callback_survives_a_failing_frame() -> None:
     clock = _Clock()
 
     def draw(records, results) -> None:
         raise RuntimeError("no display")
 
-    live = LiveView(
+    live = LiveCallback(
         steps=10,
         runs=1,
         progress=lambda *a: None,
@@ -325,7 +325,7 @@ class _Clock:
         return self.now
 
 
-def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
+def test_live_callback_keeps_plotting_within_budget_and_rate() -> None:
     clock = _Clock()
     draws: list[float] = []
     progress: list[tuple[int, int, str]] = []
@@ -334,7 +334,7 @@ def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
         draws.append(clock.now)
         clock.now += 0.4  # an expensive frame
 
-    live = LiveView(
+    live = LiveCallback(
         steps=1000,
         runs=1,
         progress=lambda d, t, s, r: progress.append((d, t, s)),
@@ -362,6 +362,6 @@ def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
     assert "steps/s" in progress[-1][2]
 
 
-def test_live_view_rejects_bad_budget() -> None:
+def test_live_callback_rejects_bad_budget() -> None:
     with pytest.raises(ValueError, match="budget=1.5"):
-        LiveView(steps=1, runs=1, progress=print, draw=print, budget=1.5)
+        LiveCallback(steps=1, runs=1, progress=print, draw=print, budget=1.5)

@@ -257,14 +257,18 @@ class PanelOutputs:
     ) -> None:
         """The finished run's charts, status line, summary table and events."""
         self.live_charts.value = live_charts_html(frame.to_dict("records"))
-        steps = int(frame["step"].max()) if not frame.empty else 0
-        runs = list(dict.fromkeys(frame["run"])) if not frame.empty else []
+        if frame.empty:
+            self.progress_label.value = f"{word.lower()} before the first logged step"
+            self.status.value = html.escape(
+                f"{word} before the first logged step ({seconds:.1f} s); no records to show."
+            )
+            return
+        steps = int(frame["step"].max())
+        runs = list(dict.fromkeys(frame["run"]))
         self.status.value = html.escape(
             f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
-        if frame.empty:
-            return
         self.results_html.value = summary.to_html(
             index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
         )

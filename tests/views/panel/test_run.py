@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel.run import LiveCallback, describe_failure
+from precision_nb.views.panel.run import LiveCallback
 from precision_nb.views.report.figures import figure_to_png
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -172,77 +172,6 @@ def test_compare_with_no_plan_ticked_says_so() -> None:
         panel.compare()
 
 
-def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
-    model = nn.Linear(4, 2)
-    bad = [(torch.randn(3, 5), torch.randint(0, 2, (3,)))]  # 5 features for a 4-input model
-    panel = Panel(model, bad, steps=2)
-    panel.run_button.click()  # a click never raises
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and panel.error.startswith("Run failed")
-    assert "mat1 and mat2" in panel.error  # torch's own words about the shapes
-    assert "Traceback" not in panel.error_box.value
-    assert panel.error_box.layout.display != "none"
-    assert panel.progress.bar_style == "danger"
-    assert not panel.run_button.disabled and panel.stop_button.disabled
-    with pytest.raises(RuntimeError, match="mat1 and mat2"):
-        panel.run(block=True)
-    # still usable: the plan keeps resolving
-    panel.set(mode="bf16")
-    assert panel.plan.mode == "bf16"
-
-
-class _NoAutocastModel(nn.Module):
-    """Trains in fp32, fails under autocast (a custom op without a bf16 kernel, say)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled("cpu"):
-            raise RuntimeError("custom_op has no kernel for BFloat16")
-        return self.linear(x)
-
-
-def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
-    panel.compare_button.click()
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and "no kernel for BFloat16" in panel.error
-    frame = panel.records_frame
-    assert set(frame["run"]) == {"fp32"} and len(frame) == 3
-    assert "Failed" in panel.status.value
-    assert panel.draw_figure().startswith(PNG)
-    assert not panel.compare_button.disabled
-
-
-class _OutOfMemoryModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-
-
-def test_out_of_memory_says_what_to_change() -> None:
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(_OutOfMemoryModel(), batches, steps=2)
-    panel.run_button.click()
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and panel.error.startswith("Out of memory")
-    assert "smaller preset or batch" in panel.error and "accumulation" in panel.error
-    assert not panel.run_button.disabled
-
-
-def test_describe_failure_gives_advice_for_raw_torch_oom() -> None:
-    message = describe_failure(torch.OutOfMemoryError("CUDA out of memory"), batch_hint="now large")
-    assert message.startswith("Out of memory") and "(now large)" in message
-    assert "accumulation" in message and "mixed-precision" in message
-    assert describe_failure(ValueError("steps bad")) == "Run failed (ValueError): steps bad"
-
-
 def test_user_model_is_trained_on_a_copy() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -270,28 +199,6 @@ def test_user_loss_fn_is_used_by_run_and_compare() -> None:
     comparison = panel.compare(block=True)
     assert list(comparison.results) == ["fp32", "bf16"]
     assert len(calls) >= after_run + 4
-
-
-def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
-    from precision_nb.views.report import figures
-
-    def broken(*_args, **_kwargs):
-        raise ValueError("figure exploded")
-
-    monkeypatch.setattr(figures, "draw_loss", broken)
-    model = nn.Linear(4, 2)
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(model, batches, steps=3, log_every=1)
-    result = panel.run(block=True)
-    panel.figure_button.click()  # a click never raises
-    assert result.steps == 3 and len(panel.records_frame) == 3
-    assert panel.error == "Draw figure failed: ValueError: figure exploded"
-    assert not panel.run_button.disabled and not panel.figure_button.disabled
-    # the same when frames seem free, so the panel draws them during and after the run
-    panel.session.frame_cost_s = 1e-9
-    again = panel.run(block=True)
-    assert again.steps == 3 and len(panel.records_frame) == 3
-    assert "figure exploded" in panel.error and not panel.run_button.disabled
 
 
 def test_live_callback_survives_a_failing_frame() -> None:

@@ -32,10 +32,12 @@ def test_bf16_plan_runs_matmuls_in_bf16_and_records_the_casts():
     fwd = _rows(data, phase="forward", op="addmm")
     assert fwd and all(r["output"] == "bf16" and r["verdict"] == "ran in bf16" for r in fwd)
     assert sum(r["count"] for r in fwd) == 2
-    casts = _rows(data, phase="forward", kind="cast", call="linear")
-    # weights, biases and the first layer's input: 4 parameter casts + 1 input cast
-    assert sum(r["count"] for r in casts) == 5
-    assert sum(r["cast_bytes"] for r in casts) == 2 * (32 * 64 + 64 + 64 * 4 + 4 + 16 * 32)
+    weights = _rows(data, phase="forward", kind="weight cast", call="linear")
+    assert sum(r["count"] for r in weights) == 4  # two weights, two biases
+    assert sum(r["cast_bytes"] for r in weights) == 2 * (32 * 64 + 64 + 64 * 4 + 4)
+    inputs = _rows(data, phase="forward", kind="cast", call="linear")
+    assert sum(r["count"] for r in inputs) == 1  # the first layer's fp32 input
+    assert sum(r["cast_bytes"] for r in inputs) == 2 * 16 * 32
     matmul_share = sum(r["flops_share"] for r in data.ops if r["op"] in op_trace.MATMUL_OPS)
     assert matmul_share == pytest.approx(1.0)
     verdicts = {s["verdict"] for s in data.summary}
@@ -45,7 +47,7 @@ def test_bf16_plan_runs_matmuls_in_bf16_and_records_the_casts():
 
 def test_fp32_plan_has_no_casts_and_says_why_ops_are_fp32():
     data = run_inspection(_mlp(), [_batch()], "fp32")
-    assert not _rows(data, kind="cast", phase="forward", call="linear")
+    assert not _rows(data, kind="weight cast") and not _rows(data, kind="cast", call="linear")
     assert {r["verdict"] for r in _rows(data, phase="forward", kind="compute")} == {
         op_trace.NO_AUTOCAST
     }
@@ -130,7 +132,7 @@ class _Awkward(nn.Module):
 def test_custom_functions_in_place_views_and_no_grad_do_not_crash_the_trace():
     data = run_inspection(_Awkward(), [(torch.randn(4, 8),)], "bf16")
     kinds = {r["kind"] for r in data.ops}
-    assert {"compute", "in-place", "view", "cast"} <= kinds
+    assert {"compute", "in-place", "view", "weight cast"} <= kinds
     assert _rows(data, op="relu_", kind="in-place")
     assert _rows(data, phase="forward (no_grad)", op="abs")
     assert _rows(data, phase="forward", call="mul", op="mul")  # inside the custom Function

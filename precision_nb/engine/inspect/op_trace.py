@@ -191,7 +191,8 @@ class OpTracer:
                 )
             ] += 1
         if op in CAST_OPS and ins and outs and ins[0].dtype != outs[0].dtype:
-            kind = "cast"
+            from_param = ins[0].untyped_storage().data_ptr() in self.param_storages
+            kind = "weight cast" if from_param else "cast"
         elif func.is_view:
             kind = "view"
         elif func._schema.is_mutable:
@@ -200,7 +201,7 @@ class OpTracer:
             kind = "compute"
         key = (phase, api or "", op, in_dtypes, out_dtype, kind)
         self.calls[key] += 1
-        if kind == "cast":
+        if kind in ("cast", "weight cast"):
             nbytes = outs[0].numel() * outs[0].element_size()
             self.cast_bytes[key] += nbytes
             src = ins[0].untyped_storage().data_ptr()
@@ -257,7 +258,7 @@ class OpTracer:
 
 def verdict(phase: str, kind: str, out: str, listed: str | None, autocast: bool) -> str:
     """The one-line verdict of a trace row (see the module's constants)."""
-    if kind == "cast":
+    if kind in ("cast", "weight cast"):
         return CAST
     if kind == "view":
         return VIEW
@@ -301,7 +302,8 @@ def flags(
     """What a user would want to know about a trace (see :class:`Flag` kinds).
 
     A matmul-class op that ran in fp32 under a mixed plan with at least ``large_share`` of the
-    step's FLOPs; casts at least ``many_casts`` in number and a quarter of all compute calls; a
+    step's FLOPs; forward casts of activations or inputs (weight casts are autocast's normal
+    cache) at least ``many_casts`` in number and a quarter of the forward's compute calls; a
     torch call that autocast keeps in fp32 on one documented device but not on the other.
     """
     out: list[Flag] = []
@@ -317,16 +319,18 @@ def flags(
                     {"op": r["op"], "phase": r["phase"], "flops_share": r["flops_share"]},
                 )
             )
-    casts = [r for r in rows if r["kind"] == "cast"]
+    forward = [r for r in rows if r["phase"].startswith("forward")]
+    casts = [r for r in forward if r["kind"] == "cast"]
     n_casts = sum(r["count"] for r in casts)
-    n_compute = sum(r["count"] for r in rows if r["kind"] in ("compute", "in-place"))
+    n_compute = sum(r["count"] for r in forward if r["kind"] in ("compute", "in-place"))
     if n_casts >= many_casts and n_casts * 4 >= n_compute:
         nbytes = sum(r["cast_bytes"] for r in casts)
         out.append(
             Flag(
                 "many_casts",
-                f"{n_casts} dtype casts for {n_compute} compute ops "
-                f"({nbytes / 2**20:.2f} MiB written by casts) in one forward + backward",
+                f"{n_casts} casts of activations or inputs (not weights) for {n_compute} compute "
+                f"ops in the forward ({nbytes / 2**20:.2f} MiB written by them): tensors move "
+                "between dtypes, e.g. an fp32 residual stream feeding low-precision matmuls",
                 {"casts": n_casts, "compute_ops": n_compute, "bytes": nbytes},
             )
         )

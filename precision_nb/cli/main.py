@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-SUBCOMMANDS = ("plan", "profile")
+SUBCOMMANDS = ("plan", "profile", "inspect")
 
 # ``--fused`` of every subcommand: auto probes (null), true attempts, false disables.
 FUSED = {"auto": None, "null": None, "none": None, "true": True, "false": False}
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="precision-nb",
         description="PyTorch mixed precision you can see: resolve plans and profile them.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{plan,profile}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"precision_nb.cli.{name}")

@@ -89,8 +89,8 @@ class Inspection:
         return self.data.to_dict()
 
     def __repr__(self) -> str:
-        total = self.data.model_bytes() / 2**20
-        what = "expected only (simulated)" if self.simulated else f"{total:.2f} MiB counted"
+        total = _size(self.data.model_bytes())
+        what = "expected only (simulated)" if self.simulated else f"{total} counted"
         return (
             f"Inspection({self.label!r} on {self.device}: {what}, {len(self.data.ops)} op rows, "
             f"{len(self.data.flags)} flags)"
@@ -220,6 +220,14 @@ def write_inspection(inspections: Mapping[str, Any], out: str | Path) -> dict[st
     )
     files[page.name] = page
     return files
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in the largest binary unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
 
 
 def _slug(label: str) -> str:

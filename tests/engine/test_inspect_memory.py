@@ -146,3 +146,18 @@ def test_training_is_identical_with_and_without_inspection(make_model, batches):
     assert [r["loss"] for r in runs[0].records] == [r["loss"] for r in runs[1].records]
     for p, q in zip(plain.parameters(), inspected.parameters(), strict=True):
         assert torch.equal(p, q)
+
+
+def test_cuda_allocator_rows_sit_beside_the_sum_and_name_the_gap(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1_000 + 700)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 4_096)
+    kinds = [
+        mem.row(mem.PARAMS, torch.float32, 400, 400, "m"),
+        mem.row(mem.ACTS, torch.bfloat16, 200, None, "m"),
+    ]
+    rows = {r["kind"]: r for r in mem.device_rows(torch.device("cuda"), kinds, base=1_000)}
+    assert rows[mem.ALLOC_PEAK]["bytes"] == 700  # the step's peak, less the baseline
+    assert rows[mem.ALLOC_RESERVED]["bytes"] == 4_096
+    assert rows[mem.GAP]["bytes"] == 700 - 600
+    assert not any(r["counted"] for r in rows.values())

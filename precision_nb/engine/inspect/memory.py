@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from precision_nb.engine.inspect.op_trace import short
+from precision_nb.engine.metrics import host_rss
 
 PARAMS = "parameters"
 GRADS = "gradients"
@@ -254,3 +255,51 @@ class SavedTensors:
                     by_dtype[dtype] += nbytes
             out += [row(kind, d, n, None, method) for d, n in sorted(by_dtype.items(), key=str)]
         return out
+
+
+def start_peak_window(device: torch.device) -> int:
+    """CUDA: synchronize, reset the allocator's peak and return what is allocated now; else 0."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    base = int(torch.cuda.memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return base
+
+
+def device_rows(device: torch.device, rows: list[dict[str, Any]], base: int) -> list:
+    """Rows beside the sum of ``rows``: allocator peak and gap (CUDA), allocation (MPS), RSS."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device)) - base
+        reserved = int(torch.cuda.max_memory_reserved(device))
+        counted = sum(r["bytes"] or 0 for r in rows if r["counted"])
+        return [
+            row(
+                ALLOC_PEAK,
+                None,
+                peak,
+                None,
+                "torch.cuda.max_memory_allocated during the step, less what was allocated "
+                "before it",
+                counted=False,
+            ),
+            row(ALLOC_RESERVED, None, reserved, None, "torch.cuda.max_memory_reserved", False),
+            row(
+                GAP,
+                None,
+                peak - counted,
+                None,
+                "allocator peak less the sum of the kinds (negative: the kinds were not all "
+                "alive at the peak)",
+                counted=False,
+            ),
+        ]
+    if device.type == "mps":
+        allocated = int(torch.mps.current_allocated_memory())
+        method = "torch.mps.current_allocated_memory after the step"
+        return [row(ALLOC_PEAK, None, allocated, None, method, counted=False)]
+    method = (
+        "host RSS after the step: the whole process (Python, torch, libraries), not model memory"
+    )
+    return [row(RSS, None, host_rss(), None, method, counted=False)]

@@ -259,10 +259,7 @@ def _instrumented_step(
     optimizer: OptimizerConfig | None,
 ) -> InspectionData:
     t0 = time.perf_counter()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        base = int(torch.cuda.memory_allocated(dev))
-        torch.cuda.reset_peak_memory_stats(dev)
+    base = mem.start_peak_window(dev)
     opt = build_optimizer(work, optimizer or OptimizerConfig(), dev)
     work.zero_grad(set_to_none=True)
     scaler = make_grad_scaler(plan) if plan.use_scaler else None
@@ -288,48 +285,7 @@ def _instrumented_step(
     rows += mem.optimizer_rows(work, opt)
     rows += mem.weight_copy_rows(work, [(d, n) for _p, d, n in copies], plan)
     rows += saved.rows() + mem.scaler_rows(scaler)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        peak = int(torch.cuda.max_memory_allocated(dev)) - base
-        reserved = int(torch.cuda.max_memory_reserved(dev))
-        counted = sum(r["bytes"] or 0 for r in rows if r["counted"])
-        method = "torch.cuda.max_memory_allocated during the step, less what was allocated before"
-        rows += [
-            mem.row(mem.ALLOC_PEAK, None, peak, None, method, counted=False),
-            mem.row(mem.ALLOC_RESERVED, None, reserved, None, "max_memory_reserved", False),
-            mem.row(
-                mem.GAP,
-                None,
-                peak - counted,
-                None,
-                "allocator peak less the sum of the kinds (negative: kinds not all live at "
-                "the peak)",
-                counted=False,
-            ),
-        ]
-    elif dev.type == "mps":
-        rows.append(
-            mem.row(
-                mem.ALLOC_PEAK,
-                None,
-                int(torch.mps.current_allocated_memory()),
-                None,
-                "torch.mps.current_allocated_memory after the step",
-                False,
-            )
-        )
-    else:
-        rows.append(
-            mem.row(
-                mem.RSS,
-                None,
-                host_rss(),
-                None,
-                "host RSS after the step: the whole process (Python, torch, libraries), "
-                "not model memory",
-                counted=False,
-            )
-        )
+    rows += mem.device_rows(dev, rows, base)
     ops = tracer.rows(plan)
     unattributed = tracer.unattributed_rows() + [
         {"what": "saved tensor", "reason": reason, "count": n}

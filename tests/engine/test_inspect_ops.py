@@ -218,3 +218,14 @@ def test_documented_policy_agrees_with_the_lists_torch_tests_autocast_with():
         assert ops, (device, name)
         agree = [op for op in ops if policy.policy_of(device, op) == expected]
         assert len(agree) >= 0.75 * len(ops), (device, name, sorted(ops - set(agree)))
+
+
+def test_a_model_that_cannot_be_copied_is_refused_and_never_trained_itself():
+    import threading
+
+    model = nn.Linear(4, 2)
+    model.lock = threading.Lock()  # deepcopy cannot copy a lock
+    before = model.weight.detach().clone()
+    with pytest.raises(ValueError, match="cannot be copied for inspection"):
+        run_inspection(model, [(torch.randn(2, 4), torch.tensor([0, 1]))], "bf16")
+    assert torch.equal(model.weight, before) and model.weight.grad is None

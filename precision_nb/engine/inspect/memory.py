@@ -123,22 +123,41 @@ def step_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def adamw_expected(params: list[nn.Parameter]) -> dict[Any, int]:
+    """AdamW's state by hand: 2 x each parameter's bytes, plus one scalar ``step`` per tensor."""
+    expected: dict[Any, int] = defaultdict(int)
+    for d, n in numel_bytes(params).items():
+        expected[d] += 2 * n
+    expected[step_dtype()] += len(params) * torch.empty((), dtype=step_dtype()).element_size()
+    return dict(expected)
+
+
+def expected_rows(model: nn.Module, plan: Any, method: str) -> list[dict[str, Any]]:
+    """Hand arithmetic only (``bytes`` None): parameters, gradients, AdamW state, weight copies."""
+    params = trainable(model)
+    groups = (
+        (PARAMS, numel_bytes(list(model.parameters()))),
+        (GRADS, numel_bytes(params)),
+        (OPTIM, adamw_expected(params)),
+    )
+    rows = [row(kind, d, None, n, method) for kind, by_dtype in groups for d, n in by_dtype.items()]
+    for r in weight_copy_rows(model, (), plan):
+        rows.append({**r, "method": method})
+    return rows
+
+
 def optimizer_rows(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """AdamW state: ``exp_avg`` + ``exp_avg_sq`` per parameter (its dtype) + a scalar ``step``."""
     states = list(optimizer.state.values())
     tensors = [v for state in states for v in state.values() if torch.is_tensor(v)]
     keys = sorted({k for state in optimizer.state.values() for k in state})
-    expected: dict[Any, int] | None = None
+    expected: dict[Any, int] = {}
     if isinstance(optimizer, torch.optim.AdamW) and not optimizer.defaults.get("amsgrad"):
-        params = trainable(model)
-        expected = defaultdict(int)
-        for d, n in numel_bytes(params).items():
-            expected[d] += 2 * n
-        expected[step_dtype()] += len(params) * torch.empty((), dtype=step_dtype()).element_size()
+        expected = adamw_expected(trainable(model))
     return _merge(
         OPTIM,
         storage_bytes(tensors),
-        dict(expected or {}),
+        expected,
         f"storages of optimizer.state ({', '.join(keys)}) after one step; expected: AdamW "
         "exp_avg + exp_avg_sq per trainable parameter and one scalar step each",
     )

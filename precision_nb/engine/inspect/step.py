@@ -115,7 +115,7 @@ def resolve(
         Event(
             "fallback",
             f"{d.field}: {d.reason}",
-            {"field": d.field, "requested": None, "used": d.outcome},
+            {"field": d.field, "used": d.outcome},
         )
         for d in explanation.fallbacks
     ]
@@ -138,27 +138,7 @@ def simulated_inspection(
     model: nn.Module, plan: PrecisionPlan, device: torch.device, label: str, events: list[Event]
 ) -> InspectionData:
     """What can be said without running: analytic memory rows and the documented policy."""
-    params = mem.trainable(model)
-    rows = [
-        mem.row(mem.PARAMS, d, None, n, "expected only: simulated device")
-        for d, n in mem.numel_bytes(list(model.parameters())).items()
-    ]
-    rows += [
-        mem.row(mem.GRADS, d, None, n, "expected only: simulated device")
-        for d, n in mem.numel_bytes(params).items()
-    ]
-    step_bytes = torch.empty((), dtype=mem.step_dtype()).element_size()
-    opt: dict[Any, int] = {}
-    for d, n in mem.numel_bytes(params).items():
-        opt[d] = opt.get(d, 0) + 2 * n
-    opt[mem.step_dtype()] = opt.get(mem.step_dtype(), 0) + step_bytes * len(params)
-    rows += [
-        mem.row(mem.OPTIM, d, None, n, "expected only: simulated device (AdamW)")
-        for d, n in opt.items()
-    ]
-    rows += mem.weight_copy_rows(model, (), plan)
-    for r in rows:
-        r["method"] = "expected only: simulated device"
+    rows = mem.expected_rows(model, plan, "expected only: simulated device (AdamW state)")
     policy = policy_rows(device.type, plan.dtype) if device.type in ("cuda", "cpu") else []
     message = (
         f"{device} is simulated: nothing ran. Memory shows hand arithmetic only; the ops table is "
@@ -231,21 +211,25 @@ def run_inspection(
         log.warning(msg)
         events.append(Event("warning", msg))
     cuda = [dev] if dev.type == "cuda" else []
+    batch = None
     with torch.random.fork_rng(devices=cuda):
         try:
-            work = copy.deepcopy(model)
-        except (TypeError, RuntimeError, copy.Error) as exc:
-            raise ValueError(
-                f"model {type(model).__name__} cannot be copied for inspection (copy.deepcopy "
-                f"raised {type(exc).__name__}: {exc}); inspection never trains the model itself"
-            ) from exc
-        batch = None
-        try:
+            work = _copy(model)
             batch = to_device(source.get(0), dev)
             return _instrumented_step(work, batch, plan, dev, label, events, loss_fn, optimizer)
         except torch.OutOfMemoryError as exc:
-            del work
+            work = None
             raise _oom_error(exc, plan, dev, _batch_tensors(batch or ())) from exc
+
+
+def _copy(model: nn.Module) -> nn.Module:
+    try:
+        return copy.deepcopy(model)
+    except (TypeError, copy.Error) as exc:
+        raise ValueError(
+            f"model {type(model).__name__} cannot be copied for inspection (copy.deepcopy "
+            f"raised {type(exc).__name__}: {exc}); inspection never trains the model itself"
+        ) from exc
 
 
 def _instrumented_step(

@@ -20,7 +20,7 @@ from typing import Any
 
 from precision_nb import __version__
 
-SUBCOMMANDS = ("plan", "profile")
+SUBCOMMANDS = ("plan", "profile", "inspect")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 a run failed, 2 bad input, 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{plan,profile}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"precision_nb.cli.{name}")

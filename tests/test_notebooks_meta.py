@@ -170,7 +170,7 @@ def test_sanitizer_is_the_one_the_test_command_uses_and_is_valid() -> None:
     assert compiled[0].sub("X", "at 0x7f3a2b1c9d00>") == "at X>"
 
 
-@pytest.mark.parametrize("doc", ["README.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/notebooks.md"])
 def test_docs_name_every_notebook(doc: str) -> None:
     text = (ROOT / doc).read_text(encoding="utf-8")
     for name in NAMES:

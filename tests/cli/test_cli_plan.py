@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from itertools import pairwise
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest

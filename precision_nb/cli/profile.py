@@ -11,7 +11,6 @@ import contextlib
 import shlex
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from precision_nb.cli.main import (
     cli_text,
     error,
     fused_arg,
+    paragraphs,
 )
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
@@ -38,16 +38,12 @@ DEFAULT_PRESET = "small"
 DEFAULT_STEPS = 10
 
 
-def _paragraphs(*texts: str) -> str:
-    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help="train a built-in workload under several precision plans and write a report",
         formatter_class=HelpFormatter,
-        description=_paragraphs(
+        description=paragraphs(
             "Train a built-in workload for a few steps under each requested precision plan (same "
             "seed) and write metrics.csv, summary.csv, PNG figures and a self-contained "
             "report.html into --out. Requests that resolve to the same plan run once.",

@@ -16,14 +16,15 @@ does):
 - **overflow**: the value lies beyond the largest finite value after rounding. A cast gives inf
   there for fp16, bf16 and e5m2; ``float8_e4m3fn`` has no inf, and what its cast does is read from
   torch at run time (:func:`overflow_behaviour`: torch builds differ, saturating to +-448 or NaN),
-  so overflow is told by rounding half the value (``cast(x / 2) * 2 > max``: scaling by a power of
-  two moves no rounding position while the value stays normal), which holds either way.
+  so overflow is told against the smallest magnitude that overflows (:func:`overflow_limit`,
+  found by casting), which holds either way.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -119,26 +120,98 @@ def overflow_behaviour(name: str) -> str:
     return "saturates"
 
 
-def cast_counts(x: torch.Tensor, name: str, scale: float | torch.Tensor | None = None) -> Any:
-    """Counts (int64 device tensor, order :data:`COUNT_FIELDS`) of ``x * scale`` cast to ``name``.
+@dataclass(frozen=True)
+class Magnitudes:
+    """What every count of one tensor shares: ``a = |x|`` in fp32 with non-finite elements set
+    to 0, and device counts of structural zeros and non-finite elements. A cast of ``|x|`` is
+    the magnitude of the cast of ``x`` (rounding to nearest is symmetric), so one ``a`` serves
+    every format and scale."""
 
-    Working memory: a few temporaries the size of ``x`` (one tensor at a time).
-    """
-    info = FORMATS[name]
+    a: torch.Tensor
+    zeros: torch.Tensor
+    nonfinite: torch.Tensor
+
+    @property
+    def elements(self) -> int:
+        return self.a.numel()
+
+    @property
+    def dead(self) -> torch.Tensor:
+        """Elements no cast can lose: structural zeros and non-finite ones."""
+        return self.zeros + self.nonfinite
+
+
+def magnitudes(x: torch.Tensor | Magnitudes) -> Magnitudes:
+    """:class:`Magnitudes` of ``x`` (returned as is when it already is one)."""
+    if isinstance(x, Magnitudes):
+        return x
     x = x.detach()
     if x.dtype != torch.float32:
         x = x.float()
-    y = x if scale is None else x * scale
-    zero = x == 0
-    live = torch.isfinite(x) & ~zero
-    cast = y.to(info.dtype).float()
-    mag = cast.abs()
-    underflow = live & (mag == 0)
-    subnormal = live & (mag > 0) & (mag < info.smallest_normal)
-    beyond = (y * 0.5).to(info.dtype).float().abs() * 2.0 > info.max
-    overflow = live & (beyond | ~torch.isfinite(cast))
-    nonfinite = x.numel() - live.sum() - zero.sum()
-    return torch.stack([zero.sum(), nonfinite, underflow.sum(), subnormal.sum(), overflow.sum()])
+    finite = torch.isfinite(x)
+    a = torch.where(finite, x.abs(), torch.zeros((), device=x.device))
+    return Magnitudes(a, torch.count_nonzero(x == 0), x.numel() - torch.count_nonzero(finite))
+
+
+_BITS = {1: torch.uint8, 2: torch.int16}
+
+
+@functools.lru_cache(maxsize=8)
+def _normal_bits(name: str) -> int:
+    info = FORMATS[name]
+    one = torch.tensor([info.smallest_normal]).to(info.dtype)
+    return int(one.view(_BITS[one.element_size()])[0])
+
+
+@functools.lru_cache(maxsize=8)
+def overflow_limit(name: str) -> float:
+    """The smallest fp32 magnitude whose cast to ``name`` overflows, found by casting: the
+    candidate is the midpoint above the maximum, tested with ``cast(v / 2) * 2 > max`` (scaling
+    by 2 moves no rounding position while the value stays normal; e4m3fn has no inf to see)."""
+    info = FORMATS[name]
+
+    def beyond(v: torch.Tensor) -> bool:
+        half = (v * 0.5).to(info.dtype).float().abs() * 2.0
+        return bool(half[0] > info.max) or not bool(torch.isfinite(v.to(info.dtype).float())[0])
+
+    ulp = 2.0 ** (math.floor(math.log2(info.max)) - info.mantissa_bits)
+    o = torch.tensor([info.max + ulp / 2], dtype=torch.float32)
+    if not beyond(o):
+        o = torch.nextafter(o, torch.tensor([math.inf]))
+    return float(o[0])
+
+
+def count_casts(
+    x: torch.Tensor | Magnitudes, specs: Sequence[tuple[str, float | torch.Tensor | None]]
+) -> torch.Tensor:
+    """``(len(specs), 5)`` int64 device tensor: counts (order :data:`COUNT_FIELDS`) of ``x *
+    scale`` cast to each ``(format, scale)`` of ``specs`` (``scale`` ``None``: unscaled).
+
+    Zero and subnormal results are read from the bits of the real cast; overflow is ``|x| *
+    scale >= overflow_limit(format)`` (exact: rounding is monotone, the limit comes from a cast).
+    Working memory: a few temporaries the size of ``x``.
+    """
+    m = magnitudes(x)
+    dead = m.dead
+    rows = []
+    for name, scale in specs:
+        info = FORMATS[name]
+        b = m.a if scale is None else m.a * scale
+        cast = b.to(info.dtype)
+        bits = cast.view(_BITS[cast.element_size()])
+        zero = torch.count_nonzero(bits == 0)  # structural zeros and non-finite (set to 0) included
+        below_normal = torch.count_nonzero(bits < _normal_bits(name))
+        over = torch.count_nonzero(b >= overflow_limit(name))
+        rows.append(torch.stack([m.zeros, m.nonfinite, zero - dead, below_normal - zero, over]))
+    return torch.stack(rows)
+
+
+def cast_counts(
+    x: torch.Tensor | Magnitudes, name: str, scale: float | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Counts (int64 device tensor, order :data:`COUNT_FIELDS`) of ``x * scale`` cast to
+    ``name``; see :func:`count_casts`."""
+    return count_casts(x, [(name, scale)])[0]
 
 
 def counts_row(counts: Any, elements: int) -> dict[str, Any]:

@@ -50,6 +50,8 @@ _EXPORTS: dict[str, str] = {
     "hints": "precision_nb.views.report.hints",
     "dashboard_figure": "precision_nb.views.report.figures",
     "profile": "precision_nb.views.report.profile",
+    "numerics": "precision_nb.views.report.numerics",
+    "Numerics": "precision_nb.views.report.numerics",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

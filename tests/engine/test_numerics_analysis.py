@@ -92,16 +92,16 @@ def test_counts_match_a_direct_cast_and_the_sweep_agrees_with_them():
     result = analyze(model, [(x, y)], loss_fn=loss_fn, scale=2.0**12, device="cpu")
     loss_fn(ref(x), y).backward()
     for name, p in ref.named_parameters():
-        for variant, scale in (("fp16", None), ("fp16 x4096", 2.0**12)):
+        for variant, scale in (("fp16", None), ("fp16 x2^12", 2.0**12)):
             row = by(result.gradients, layer=name, variant=variant)[0]
             c = cast_counts(p.grad, "fp16", scale).tolist()
             assert (row["zeros"], row["underflow"], row["subnormal"]) == (c[0], c[2], c[3])
-    # sweep at 2^12 == the "fp16 x4096" rows summed (parameters) and activations summed
+    # sweep at 2^12 == the "fp16 x2^12" rows summed (parameters) and activations summed
     at = by(result.scale_window, log2_scale=12)[0]
-    p_rows = by(result.gradients, variant="fp16 x4096")
+    p_rows = by(result.gradients, variant="fp16 x2^12")
     p_under = sum(r["underflow"] for r in p_rows) / sum(r["live"] for r in p_rows)
     assert at["param_underflow_fraction"] == pytest.approx(p_under)
-    a_rows = by(result.activations, variant="fp16 x4096")
+    a_rows = by(result.activations, variant="fp16 x2^12")
     a_under = sum(r["underflow"] for r in a_rows) / sum(r["live"] for r in a_rows)
     assert at["activation_underflow_fraction"] == pytest.approx(a_under)
     first = by(result.scale_window, log2_scale=0)[0]

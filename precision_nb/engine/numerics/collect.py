@@ -15,6 +15,7 @@ module's output), the model's inputs, and outputs a module modifies in place lat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,9 @@ def variants(formats: Sequence[str], scale: float) -> list[tuple[str, str, float
     for name in formats:
         out.append((name, name, None))
         if name == "fp16":
-            out.append((f"fp16 x{scale:g}", "fp16", scale))
+            k = math.log2(scale)
+            label = f"fp16 x2^{int(k)}" if k == int(k) else f"fp16 x{scale:g}"
+            out.append((label, "fp16", scale))
     return out
 
 

@@ -28,13 +28,17 @@ def grad_underflow_stats(
     ``grads``: gradient tensors (``p.grad`` of a parameter list; ``None`` entries are skipped but
     keep their index). ``scale``: a loss-scale tensor on the device (the grad scaler's own
     ``_scale``), a float, or ``None`` for gradients that are already scaled (read them before
-    ``scaler.unscale_``). Elements are counted among the non-zero ones (inf included, NaN not).
+    ``scaler.unscale_``). Elements are counted among the non-zero ones (inf and NaN included).
+    The limits are divided by the scale instead of multiplying every gradient (one pass less):
+    exact for a power-of-two scale (GradScaler's defaults keep it one); otherwise a value within
+    one fp32 rounding of a limit may be classed differently from a cast of ``g * scale``.
 
     Returns 0-dim device tensors: ``underflow`` (fraction of all non-zero elements whose cast is
     zero, float32), ``worst_underflow`` (the largest per-tensor fraction), ``worst_index`` (its
     index in ``grads``, int64; -1 when there is no gradient; any layer when nothing underflows)
-    and ``overflow`` (fraction whose cast overflows). Cost: a handful of elementwise kernels per
-    gradient; no extra gradient copy is kept (one temporary the size of the tensor at hand).
+    and ``overflow`` (fraction whose cast overflows). Cost: five elementwise kernels per
+    gradient (a count, abs, two compares with counts); no extra gradient copy is kept (one
+    temporary the size of the tensor at hand).
     """
     u, o = cast_limits(format_name(fmt, "fmt"))
     device = next((g.device for g in grads if g is not None), None)
@@ -42,21 +46,26 @@ def grad_underflow_stats(
         device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
     zero_f = torch.zeros((), device=device)
     absent = torch.full((), -1.0, device=device)  # never the worst
+    if scale is None:
+        u_s: torch.Tensor | float = u
+        o_s: torch.Tensor | float = o
+    elif isinstance(scale, torch.Tensor):
+        s = scale.detach().float().reshape(())
+        u_s, o_s = u / s, o / s
+    else:
+        u_s, o_s = u / float(scale), o / float(scale)
     fractions: list[torch.Tensor] = []
     under_total = live_total = over_total = zero_f
     for g in grads:
         if g is None:
             fractions.append(absent)
             continue
-        a = g.detach().abs()
-        if a.dtype != torch.float32:
-            a = a.float()
-        if scale is not None:
-            a = a * scale
-        pos = a > 0
-        live = torch.count_nonzero(pos)
-        under = torch.count_nonzero(pos & (a <= u))
-        over_total = over_total + torch.count_nonzero(a >= o)
+        g = g.detach()
+        live = torch.count_nonzero(g)
+        a = g.abs()
+        # |g| <= U / s also holds for the zeros: remove them
+        under = torch.count_nonzero(a <= u_s) - (g.numel() - live)
+        over_total = over_total + torch.count_nonzero(a >= o_s)
         under_total = under_total + under
         live_total = live_total + live
         fractions.append(under / live.clamp_min(1))

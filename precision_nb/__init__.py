@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "profile": "precision_nb.views.report.profile",
     "inspect": "precision_nb.views.report.inspection",
     "Inspection": "precision_nb.views.report.inspection",
+    "numerics": "precision_nb.views.report.numerics",
+    "Numerics": "precision_nb.views.report.numerics",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -43,3 +43,10 @@ def test_bench_panel_latency_cycles_through_the_changes() -> None:
     times = bench.plan_latency(panel, changes=len(bench.CHANGES), cached=False)
     assert len(times) >= len(bench.CHANGES) - 2 and all(t > 0 for t in times)
     assert panel.controls.loss_scale_lab.value is False  # the cycle ends where it started
+
+
+def test_bench_numerics_times_both_variants_and_a_full_call():
+    bench = _load("bench_numerics")
+    pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)
+    assert len(pairs) == 2 and all(p > 0 and s > 0 and 0 < a < s for p, s, a in pairs)
+    assert len(bench.numerics_seconds("mlp", "tiny", calls=1)) == 1

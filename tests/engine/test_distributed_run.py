@@ -35,9 +35,26 @@ def _run(strategy: str = "ddp", model: str = "mlp", **kw):
     )
 
 
+class Collector:
+    def __init__(self) -> None:
+        self.logged: list[dict] = []
+        self.ended = None
+
+    def on_log(self, record: dict) -> None:
+        self.logged.append(record)
+
+    def on_fit_end(self, result) -> None:
+        self.ended = result
+
+
 @pytest.fixture(scope="module")
-def ddp_fp32():
-    return _run()
+def collector():
+    return Collector()
+
+
+@pytest.fixture(scope="module")
+def ddp_fp32(collector):
+    return _run(callbacks=[collector])
 
 
 def _bytes(result, op):
@@ -54,6 +71,11 @@ def test_ddp_on_two_ranks_trains_what_one_process_trains(ddp_fp32) -> None:
     # each rank trained a different half of the batch: their own losses differ
     assert ddp_fp32.ranks[0].records[0]["loss"] != ddp_fp32.ranks[1].records[0]["loss"]
     assert 0 < ddp_fp32.startup_s < ddp_fp32.seconds
+
+
+def test_callbacks_follow_rank_0_and_see_the_result(ddp_fp32, collector) -> None:
+    assert collector.logged == ddp_fp32.ranks[0].records
+    assert collector.ended is ddp_fp32
 
 
 def test_ddp_all_reduces_every_gradient_in_fp32_and_records_memory(ddp_fp32) -> None:

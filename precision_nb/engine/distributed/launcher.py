@@ -11,6 +11,7 @@ are killed by id.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,12 @@ import psutil
 import torch
 from torch import nn
 
-from precision_nb.core.distributed import LOOPBACK, Distributed, explain_distributed
+from precision_nb.core.distributed import (
+    LOOPBACK,
+    Distributed,
+    DistributedPlan,
+    explain_distributed,
+)
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.parallel import batch_samples, check_divisible
@@ -203,6 +210,68 @@ def _failure(result: DistributedResult, log_text: str, returncode: int) -> Distr
     return DistributedError("\n".join(lines), result, root)
 
 
+def write_spec(
+    model: nn.Module | Workload | str,
+    batches: Any = None,
+    *,
+    distributed: Distributed | None = None,
+    preset: str = "tiny",
+    device: Any = "auto",
+    precision: PrecisionConfig | str | None = None,
+    optimizer: OptimizerConfig | None = None,
+    train: Any = None,
+    factory: str | None = None,
+    run_dir: str | Path | None = None,
+    **train_options: Any,
+) -> tuple[DistributedPlan, Path]:
+    """Resolve and check a run, write the workers' ``spec.json`` to ``run_dir`` (a new temporary
+    folder by default) and return the plan and the spec's path; nothing is started.
+
+    ``fit_distributed`` starts torchrun on it; for several nodes, run
+    ``torchrun ... -m precision_nb.engine.distributed.worker SPEC`` on each (docs/distributed.md).
+    """
+    req = distributed if distributed is not None else Distributed()
+    cfg = make_train_config(train, train_options)
+    prec = (
+        precision
+        if isinstance(precision, PrecisionConfig)
+        else PrecisionConfig(mode=precision if precision is not None else "auto")
+    )
+    opt = optimizer if optimizer is not None else OptimizerConfig()
+    plan = explain_distributed(req, prec, device, optimizer=opt)  # RuntimeError before start
+    fresh = run_dir is None
+    folder = Path(tempfile.mkdtemp(prefix="precision_nb_dist_")) if fresh else Path(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        model_spec, batches_path = _model_spec(model, batches, preset, factory, folder, req.nproc)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    spec = {
+        "run_dir": str(folder),
+        "model": model_spec,
+        "batches": batches_path,
+        "device": plan.device_type,
+        "timeout_s": req.timeout_s,
+        "precision": prec.to_dict(),
+        "optimizer": opt.to_dict(),
+        "train": asdict(cfg),
+        "plan": {
+            "strategy": plan.strategy,
+            "backend": plan.backend,
+            "param_dtype": plan.param_dtype,
+            "reduce_dtype": plan.reduce_dtype,
+            "output_dtype": plan.output_dtype,
+            "comm_hook": plan.comm_hook,
+            "count_collectives": req.count_collectives,
+        },
+    }
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    return plan, spec_path
+
+
 def fit_distributed(
     model: nn.Module | Workload | str,
     batches: Any = None,
@@ -227,46 +296,19 @@ def fit_distributed(
     (``on_log(record)``) and ``on_fit_end(result)``. Raises :class:`DistributedError` (every
     rank's records kept, the failing rank's error in the message) when a rank fails.
     """
-    req = distributed if distributed is not None else Distributed()
-    cfg = make_train_config(train, train_options)
-    prec = (
-        precision
-        if isinstance(precision, PrecisionConfig)
-        else PrecisionConfig(mode=precision if precision is not None else "auto")
+    plan, spec_path = write_spec(
+        model,
+        batches,
+        distributed=distributed,
+        preset=preset,
+        device=device,
+        precision=precision,
+        optimizer=optimizer,
+        train=train,
+        factory=factory,
+        **train_options,
     )
-    opt = optimizer if optimizer is not None else OptimizerConfig()
-    plan = explain_distributed(req, prec, device, optimizer=opt)  # RuntimeError before start
-    run_dir = Path(tempfile.mkdtemp(prefix="precision_nb_dist_"))
-    try:
-        model_spec, batches_path = _model_spec(model, batches, preset, factory, run_dir, req.nproc)
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    import json
-    from dataclasses import asdict
-
-    spec = {
-        "run_dir": str(run_dir),
-        "model": model_spec,
-        "batches": batches_path,
-        "device": plan.device_type,
-        "timeout_s": req.timeout_s,
-        "precision": prec.to_dict(),
-        "optimizer": opt.to_dict(),
-        "train": asdict(cfg),
-        "plan": {
-            "strategy": plan.strategy,
-            "backend": plan.backend,
-            "param_dtype": plan.param_dtype,
-            "reduce_dtype": plan.reduce_dtype,
-            "output_dtype": plan.output_dtype,
-            "comm_hook": plan.comm_hook,
-            "count_collectives": req.count_collectives,
-        },
-    }
-    spec_path = run_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
-    return _launch(plan, spec_path, run_dir, list(callbacks), stop)
+    return _launch(plan, spec_path, spec_path.parent, list(callbacks), stop)
 
 
 def _launch(

@@ -167,4 +167,23 @@ def test_bad_requests_are_refused_before_any_process_starts(monkeypatch) -> None
         fit_distributed("mlp", distributed=Distributed("ddp", 2, backend="nccl"), device="cpu")
     with pytest.raises(ValueError, match="cannot be sent to torchrun workers"):
         fit_distributed(torch.nn.Linear(2, 2), [torch.zeros(2, 2)], distributed=Distributed())
+    with pytest.raises(ValueError, match="loss_fn"):
+        fit_distributed("mlp", distributed=Distributed(), device="cpu", loss_fn=lambda out: out)
     assert started == []
+
+
+def test_stop_ends_every_rank_between_steps_and_keeps_the_records() -> None:
+    import threading
+
+    stop = threading.Event()
+
+    class StopAfterTwo:
+        def on_log(self, record: dict) -> None:
+            if record["step"] >= 2:
+                stop.set()
+
+    result = _run(steps=100_000, callbacks=[StopAfterTwo()], stop=stop)
+    assert result.stopped and result.error is None
+    assert all(len(r.records) >= 2 for r in result.ranks)
+    assert len(result.records) >= 2
+    assert _leftovers(result.run_dir) == []

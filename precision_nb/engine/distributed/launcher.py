@@ -221,6 +221,7 @@ def write_spec(
     optimizer: OptimizerConfig | None = None,
     train: Any = None,
     factory: str | None = None,
+    loss_fn: str | None = None,
     run_dir: str | Path | None = None,
     **train_options: Any,
 ) -> tuple[DistributedPlan, Path]:
@@ -231,6 +232,13 @@ def write_spec(
     ``torchrun ... -m precision_nb.engine.distributed.worker SPEC`` on each (docs/distributed.md).
     """
     req = distributed if distributed is not None else Distributed()
+    if loss_fn is not None and not isinstance(loss_fn, str):
+        raise ValueError(
+            f"loss_fn: invalid value of type {type(loss_fn).__name__}; allowed: None or "
+            "'package.module:function' (a function object cannot be sent to torchrun workers)"
+        )
+    if loss_fn is not None:
+        import_path(loss_fn)
     cfg = make_train_config(train, train_options)
     prec = (
         precision
@@ -252,6 +260,7 @@ def write_spec(
         "run_dir": str(folder),
         "model": model_spec,
         "batches": batches_path,
+        "loss_fn": loss_fn,
         "device": plan.device_type,
         "timeout_s": req.timeout_s,
         "precision": prec.to_dict(),
@@ -283,6 +292,7 @@ def fit_distributed(
     optimizer: OptimizerConfig | None = None,
     train: Any = None,
     factory: str | None = None,
+    loss_fn: str | None = None,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
     **train_options: Any,
@@ -291,7 +301,8 @@ def fit_distributed(
 
     ``model``: a built-in workload (name or :class:`Workload`, with ``preset``), a
     ``"package.module:factory"`` path (with ``batches="package.module:function"``), or an
-    ``nn.Module`` with ``factory=`` (its state dict travels in a file). Every batch is a global
+    ``nn.Module`` with ``factory=`` (its state dict travels in a file); ``loss_fn`` likewise as
+    ``"package.module:function"``. Every batch is a global
     batch; each rank trains its 1/nproc slice. ``callbacks`` get rank 0's records live
     (``on_log(record)``) and ``on_fit_end(result)``. Raises :class:`DistributedError` (every
     rank's records kept, the failing rank's error in the message) when a rank fails.
@@ -306,6 +317,7 @@ def fit_distributed(
         optimizer=optimizer,
         train=train,
         factory=factory,
+        loss_fn=loss_fn,
         **train_options,
     )
     return _launch(plan, spec_path, spec_path.parent, list(callbacks), stop)

@@ -144,6 +144,7 @@ def run(spec: dict[str, Any], log: RankLog) -> None:
         precision=_tuples(PrecisionConfig, spec["precision"]),
         optimizer=_tuples(OptimizerConfig, spec["optimizer"]),
         train=train,
+        loss_fn=import_path(spec["loss_fn"]) if spec.get("loss_fn") else None,
         workload_info=info,
     )
     memory: dict[str, Any] = {}

@@ -6,6 +6,10 @@ They alternate in blocks of ``--block`` steps, the order flipping every round, s
 same machine state; the ratio of each round's step times (counted / plain) is paired, and the
 median over rounds is printed with its interquartile range (how much the machine moved).
 
+The layer's own cost is also measured where model noise cannot hide it: 1-element all-reduces
+through each group, interleaved in blocks; the difference per call, divided by the plain DDP
+step time (one all-reduce per step for these models), is the implied per-step ratio.
+
 **Start-up.** ``fit_distributed`` of the tiny MLP for one step: the seconds from launching
 torchrun until every rank enters its fit loop, and the whole call.
 
@@ -71,20 +75,50 @@ def paired_rounds(
     for name in models:  # warm-up (DDP rebuilds its buckets after the first iterations)
         block_time(name, 0)
     counter.take()
-    ratios = []
+    ratios: list[float] = []
+    plain: list[float] = []
     for r in range(rounds):
         order = ["plain", "counted"] if r % 2 == 0 else ["counted", "plain"]
         t = {name: block_time(name, r * block) for name in order}
         ratios.append(t["counted"] / t["plain"])
+        plain.append(t["plain"])
+    paired_rounds.last_plain_step_s = statistics.median(plain)  # type: ignore[attr-defined]
     per_step = sum(row["bytes"] for row in counter.take()) // (rounds * block)
     return ratios, per_step
+
+
+def per_call_overhead(calls: int, block: int = 100) -> tuple[float, float]:
+    """Seconds per 1-element all-reduce through the counting group and through the plain group,
+    interleaved in blocks (the medians of the blocks): the layer's own cost, free of model noise."""
+    counted = counting_group(CommCounter())
+    t = torch.zeros(1)
+    times: dict[str, list[float]] = {"plain": [], "counted": []}
+    for i in range(max(2, calls // block)):
+        order = ["plain", "counted"] if i % 2 == 0 else ["counted", "plain"]
+        for name in order:
+            group = dist.group.WORLD if name == "plain" else counted
+            t0 = time.perf_counter()
+            for _ in range(block):
+                dist.all_reduce(t, group=group)
+            times[name].append((time.perf_counter() - t0) / block)
+    return statistics.median(times["counted"]), statistics.median(times["plain"])
 
 
 def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ratios, per_step = paired_rounds(args.preset, args.rounds, args.block, rank, world)
+    counted_s, plain_s = per_call_overhead(args.calls)
+    step_s = paired_rounds.last_plain_step_s  # type: ignore[attr-defined]
     if rank == 0:
+        extra = counted_s - plain_s
+        print(
+            f"counting layer, per collective call: {extra * 1e6:+.1f} us ({counted_s * 1e6:.1f} vs "
+            f"{plain_s * 1e6:.1f} us for a 1-element all-reduce, medians of interleaved blocks); "
+            f"with 1 all-reduce per DDP step of {step_s * 1e3:.1f} ms the implied ratio is "
+            f"{1 + max(extra, 0.0) / step_s:.4f}",
+            flush=True,
+        )
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         print(
             f"counting layer, mlp {args.preset}, {world} ranks, gloo: counted / plain DDP step = "
@@ -112,11 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--calls", type=int, default=4000, help="all-reduce calls per group")
     p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.block = 6, 5
+        args.rounds, args.block, args.calls = 6, 5, 400
     if args.worker:
         worker(args)
         return 0
@@ -125,11 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc-per-node={args.nproc}", __file__, "--worker", f"--preset={args.preset}",
-        f"--rounds={args.rounds}", f"--block={args.block}",
+        f"--rounds={args.rounds}", f"--block={args.block}", f"--calls={args.calls}",
     ]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("counting layer")]
-    print(lines[0] if lines else f"overhead run failed:\n{done.stderr[-3000:]}")
+    print("\n".join(lines) if lines else f"overhead run failed:\n{done.stderr[-3000:]}")
     up, total = startup()
     print(
         f"start-up, 2 CPU ranks, mlp tiny: {up:.1f} s from launch to every rank's fit loop, "

@@ -19,8 +19,10 @@ def test_paired_rounds_time_both_groups_and_count_the_all_reduce(tmp_path) -> No
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         ratios, per_step = bench.paired_rounds("tiny", rounds=2, block=2, rank=0, world=1)
+        counted_s, plain_s = bench.per_call_overhead(calls=20, block=5)
     finally:
         dist.destroy_process_group()
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert counted_s > 0 and plain_s > 0
     params = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
     assert per_step == 4 * params  # one fp32 all-reduce of every gradient per step

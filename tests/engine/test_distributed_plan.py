@@ -113,3 +113,34 @@ def test_merged_records_average_the_loss_and_take_the_slowest_rank() -> None:
     assert rec["loss"] == 2.0 and rec["step_time_s"] == 0.2
     assert rec["samples_per_s"] == pytest.approx((4 + 4) / 0.2)
     assert merge_records([a, RankResult(1)]) == []  # a step not every rank logged
+
+
+TORCHRUN_REPORT = """
+Failures:
+[1]:
+  time      : 2026-11-30_11:10:45
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11433)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_11:10:45
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 11434)
+"""
+
+
+def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
+    from precision_nb.engine.distributed.launcher import exit_codes, root_cause
+
+    codes = exit_codes(TORCHRUN_REPORT)
+    assert codes == {0: -15, 1: -9}
+    done = RankResult(0, finished=True)
+    killed = RankResult(1)  # no result, no error: it died without writing one
+    assert root_cause([done, killed], codes) == 1
+    late = RankResult(0, error={"t": 20.0}, finished=False)
+    early = RankResult(1, error={"t": 10.0}, finished=False)
+    assert root_cause([late, early], {}) == 1
+    assert root_cause([RankResult(0, finished=True), RankResult(1, finished=True)], codes) == 0

@@ -167,12 +167,10 @@ def _reap(proc: subprocess.Popen, ranks: list[RankResult], spec_path: Path) -> N
             continue
 
 
-def _root_cause(log_text: str) -> tuple[int | None, int | None]:
-    """Rank and exit code of torchrun's "Root Cause (first observed failure)"."""
-    part = log_text.split("Root Cause", 1)[-1] if "Root Cause" in log_text else ""
-    rank = re.search(r"rank\s*:\s*(\d+)", part)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", part)
-    return (int(rank.group(1)) if rank else None, int(code.group(1)) if code else None)
+def exit_codes(log_text: str) -> dict[int, int]:
+    """Each failed rank's exit code from torchrun's failure report (negative: killed by signal)."""
+    pattern = r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
+    return {int(r): int(c) for r, c in re.findall(pattern, log_text)}
 
 
 def _describe(r: RankResult, exit_code: int | None) -> str:
@@ -188,22 +186,27 @@ def _describe(r: RankResult, exit_code: int | None) -> str:
     return "finished"
 
 
+def root_cause(ranks: list[RankResult], codes: dict[int, int]) -> int | None:
+    """The rank that failed first: one that ended with neither a result nor an error (killed),
+    else the earliest recorded error, else the first rank torchrun reports."""
+    killed = [r.rank for r in ranks if not r.finished and r.error is None]
+    if killed:
+        return min(killed, key=lambda k: (codes.get(k, 0) >= 0, k))
+    errors = [r for r in ranks if r.error is not None]
+    if errors:
+        return min(errors, key=lambda r: r.error["t"]).rank  # type: ignore[index]
+    return min(codes) if codes else None
+
+
 def _failure(result: DistributedResult, log_text: str, returncode: int) -> DistributedError:
-    root, code = _root_cause(log_text)
-    failed = [r for r in result.ranks if r.error is not None or not r.finished]
-    if root is None or root >= len(result.ranks):
-        timed = [r for r in failed if r.error is not None]
-        root = (
-            min(timed, key=lambda r: r.error["t"]).rank
-            if timed
-            else (failed[0].rank if failed else None)
-        )
+    codes = exit_codes(log_text)
+    root = root_cause(result.ranks, codes)
     lines = [f"distributed run failed (torchrun exit code {returncode})"]
     if root is not None:
-        lines[0] += f": rank {root} {_describe(result.ranks[root], code)}"
+        lines[0] += f": rank {root} {_describe(result.ranks[root], codes.get(root))}"
     for r in result.ranks:
         if r.rank != root:
-            state = _describe(r, None) if (r.error or not r.finished) else "finished"
+            state = _describe(r, codes.get(r.rank))
             lines.append(f"  rank {r.rank}: {len(r.records)} record(s) kept; {state}")
     lines.append("every rank's records are in error.result.ranks")
     result.error = lines[0]

@@ -74,7 +74,8 @@ def expected_comm_bytes(plan: Any, params: int) -> dict[str, dict[str, int]]:
 
     A prediction from the plan (buffer sizes in the convention of the counting layer: the full
     buffer of each collective), not a measurement: DDP all-reduces every gradient once; FSDP2
-    all-gathers parameters for forward and again for backward and reduce-scatters gradients.
+    all-gathers parameters for forward and again for backward (an upper bound: the root
+    module keeps its parameters gathered from forward to backward) and reduce-scatters gradients.
     """
     if plan.strategy == "ddp":
         dtype = plan.comm_hook if plan.comm_hook in ("bf16", "fp16") else "fp32"

@@ -144,3 +144,19 @@ def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
     early = RankResult(1, error={"t": 10.0}, finished=False)
     assert root_cause([late, early], {}) == 1
     assert root_cause([RankResult(0, finished=True), RankResult(1, finished=True)], codes) == 0
+
+
+def test_fsdp2_shards_the_outermost_blocks_once() -> None:
+    from torch import nn
+
+    from precision_nb.engine.distributed.parallel import _shard_blocks
+    from precision_nb.engine.workloads import get_workload
+
+    model = get_workload("transformer", "tiny").make_model()
+    sharded: list[nn.Module] = []
+    _shard_blocks(model, sharded.append)
+    assert sharded == list(model.blocks)  # not the MLPs inside each block again
+    mlp = get_workload("mlp", "tiny").make_model()
+    sharded = []
+    _shard_blocks(mlp, sharded.append)
+    assert sharded == [m for m in mlp.net if isinstance(m, nn.Linear)]

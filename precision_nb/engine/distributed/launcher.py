@@ -54,6 +54,7 @@ from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload
 log = logging.getLogger(__name__)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 _POLL_S = 0.05
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 
 
 def free_port(host: str) -> int:
@@ -175,8 +176,13 @@ def exit_codes(log_text: str) -> dict[int, int]:
 
 def _describe(r: RankResult, exit_code: int | None) -> str:
     if r.error is not None:
-        tb = [ln for ln in (r.error.get("traceback") or "").strip().splitlines() if ln.strip()]
-        where = f" ({tb[-3].strip()})" if len(tb) >= 3 else ""
+        frames = [
+            ln.strip()
+            for ln in (r.error.get("traceback") or "").splitlines()
+            if ln.strip().startswith('File "')
+        ]
+        outside = [f for f in frames if _TORCH_DIR not in f]
+        where = f" ({(outside or frames)[-1]})" if frames else ""
         return f"raised {r.error.get('type')}: {r.error.get('message')}{where}"
     if exit_code is not None and exit_code < 0:
         name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else "?"

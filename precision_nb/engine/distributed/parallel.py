@@ -108,13 +108,20 @@ def wrap_model(model: nn.Module, spec: dict[str, Any], group: Any, device: torch
         reduce_dtype=_dtype(spec.get("reduce_dtype")),
         output_dtype=_dtype(spec.get("output_dtype")),
     )
-    for module in list(model.modules())[1:]:
-        if isinstance(module, (nn.Sequential, nn.ModuleList)):
-            for child in module.children():
-                if any(p.requires_grad for p in child.parameters()):
-                    fully_shard(child, mesh=mesh, mp_policy=policy)
+    _shard_blocks(model, lambda m: fully_shard(m, mesh=mesh, mp_policy=policy))
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def _shard_blocks(module: nn.Module, shard: Any) -> None:
+    """Shard each child with parameters of the outermost ``Sequential`` / ``ModuleList``
+    containers (the usual "blocks"), without descending into what was sharded."""
+    container = isinstance(module, (nn.Sequential, nn.ModuleList))
+    for child in module.children():
+        if container and any(p.requires_grad for p in child.parameters()):
+            shard(child)
+        else:
+            _shard_blocks(child, shard)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

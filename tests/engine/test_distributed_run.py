@@ -7,6 +7,7 @@ Each test starts one torchrun (a few seconds of start-up); the fp32 DDP run is s
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -137,6 +138,8 @@ def test_a_rank_that_raises_ends_the_run_with_its_error_and_keeps_records() -> N
         _run(model="dist_helpers:raise_on_rank1", batches="dist_helpers:batches", steps=8)
     err = info.value
     assert err.rank == 1 and "failed on purpose" in str(err)
+    assert "dist_helpers.py" in str(err)  # where it was raised, not a frame inside torch
+    assert not Path(err.result.run_dir).exists()  # the records travel in the error
     assert len(err.result.ranks[0].records) >= 1 and len(err.result.ranks[1].records) >= 1
     assert _leftovers(err.result.run_dir) == []
 

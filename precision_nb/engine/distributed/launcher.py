@@ -381,6 +381,7 @@ def _launch(
         result.startup_s = max(starts) - t0  # type: ignore[type-var]
     if proc.returncode != 0 or any(r.error or not r.finished for r in ranks):
         if not (stopped and all(r.finished or r.error is None for r in ranks)):
+            shutil.rmtree(run_dir, ignore_errors=True)  # records and log tail are in the error
             raise _failure(result, log_text, proc.returncode)
     for cb in callbacks:
         if hasattr(cb, "on_fit_end"):

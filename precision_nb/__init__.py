@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "build_optimizer": "precision_nb.core.optim",
     "RunConfig": "precision_nb.core.config",
     "load_config": "precision_nb.core.config",
+    "Distributed": "precision_nb.core.distributed",
+    "explain_distributed": "precision_nb.core.distributed",
     # engine
     "Trainer": "precision_nb.engine.trainer",
     "TrainConfig": "precision_nb.engine.trainer",
@@ -43,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "WORKLOADS": "precision_nb.engine.workloads",
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
+    "fit_distributed": "precision_nb.engine.distributed.launcher",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",

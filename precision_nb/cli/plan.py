@@ -27,6 +27,7 @@ SIMULATE_PRESETS = (
     "this-machine",
     "cpu-only",
     "cuda-bf16",
+    "cuda-fp8",
     "cuda-bf16-emulated",
     "cuda-no-bf16",
     "cuda-bf16-error",

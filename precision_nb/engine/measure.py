@@ -66,7 +66,7 @@ class MeasureConfig:
     warmup_max: int = 20
     warmup_window: int = 3
     warmup_tolerance: float = 0.15
-    warmup_seconds: float = 10.0
+    warmup_seconds: float = 3.0
 
     def __post_init__(self) -> None:
         validate.integer("measure.rounds", self.rounds, minimum=1)

@@ -39,6 +39,8 @@ CONFIDENCE = 0.95
 #: Bootstrap resamples and their seed (fixed: the same times always give the same interval).
 RESAMPLES = 2000
 SEED = 0
+#: Beyond this many rounds the advice stops suggesting more rounds (the spread must shrink).
+PRACTICAL_ROUNDS = 200
 #: A spread (IQR / median) above this makes "a larger model or batch" part of the advice.
 NOISY_IQR = 0.25
 
@@ -184,13 +186,14 @@ def verdict(
         return Verdict("faster", f"{label} is {s.estimate:.2f}x the {baseline} speed {ci}.")
     if s.high < 1:
         return Verdict("slower", f"{label} is {s.estimate:.2f}x the {baseline} speed {ci}: slower.")
-    pm = f"±{max(s.high - 1, 1 - s.low) * 100:.0f} %"
+    reach = max(s.high - 1, 1 - s.low) * 100
+    pm = f"±{reach:.0f} %" if reach <= 100 else f"the interval spans {s.low:.2f}-{s.high:.2f}x"
     advice = []
     needed = _rounds_needed(s)
-    if needed is not None and needed > s.rounds:
+    if needed is not None and s.rounds < needed <= PRACTICAL_ROUNDS:
         advice.append(f"about {needed} rounds")
-    else:
-        advice.append("more rounds")
+    elif needed is not None and needed <= s.rounds:
+        advice.append("a few more rounds")
     noisy = spread_of_plan is not None and spread_of_plan.relative_iqr > NOISY_IQR
     advice.append(
         "a larger model or batch (step times spread widely)" if noisy else "a larger model or batch"

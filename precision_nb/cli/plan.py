@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--loss-scale-lab",
         action="store_true",
         default=None,
-        help="opt in to CPU fp16 with a CPU GradScaler (outside the spec's matrix)",
+        help="opt in to CPU fp16 with a CPU GradScaler (outside the resolution rules)",
     )
     parser.set_defaults(run=run)
     return parser

@@ -1,4 +1,4 @@
-"""Device resolution: ``resolve_device(requested="auto")`` as the spec defines it.
+"""Device resolution: ``resolve_device(requested="auto")``.
 
 Auto order: CUDA when available, then MPS when exposed and available, then CPU. Explicit CUDA and
 MPS requests verify availability and raise ``RuntimeError`` when absent (also "cuda:7" on a
@@ -13,8 +13,10 @@ from typing import Any
 import torch
 
 from precision_nb.core.capabilities import Capabilities, get_capabilities
+from precision_nb.core.names import DEVICE_FORMS, device_string
+from precision_nb.core.validate import short_repr
 
-DEVICE_FORMS = "'auto', 'cpu', 'cuda', 'cuda:N', 'mps', or another torch device string"
+__all__ = ["DEVICE_FORMS", "normalize_device_request", "resolve_device", "resolve_device_traced"]
 
 
 def normalize_device_request(requested: Any, field: str = "device") -> str:
@@ -30,18 +32,25 @@ def normalize_device_request(requested: Any, field: str = "device") -> str:
         return str(requested)
     if not isinstance(requested, str):
         raise ValueError(
-            f"{field}: invalid value {requested!r} ({type(requested).__name__}); "
+            f"{field}: invalid value {short_repr(requested)} ({type(requested).__name__}); "
             f"expected a string or torch.device: {DEVICE_FORMS}"
         )
-    text = requested.strip().lower()
-    if text == "auto":
-        return text
     try:
-        return str(torch.device(text))
-    except RuntimeError as exc:
-        raise ValueError(
-            f"{field}: invalid value {requested!r}; allowed: {DEVICE_FORMS} ({exc})"
-        ) from None
+        text = device_string(requested, field)
+    except ValueError:
+        renamed = _renamed_backend(requested)
+        if renamed is None:
+            raise
+        return renamed
+    return text if text == "auto" else str(torch.device(text))
+
+
+def _renamed_backend(text: str) -> str | None:
+    """A device of a backend renamed with ``torch.utils.rename_privateuse1_backend``, or None."""
+    try:
+        return str(torch.device(text.strip().lower()))
+    except RuntimeError:
+        return None
 
 
 def resolve_device_traced(
@@ -80,7 +89,7 @@ def resolve_device_traced(
         return device, f"explicit mps: MPS is available{where}"
     if device.type == "cpu":
         return device, "explicit cpu"
-    return device, f"explicit {device}: passed to torch.device as the spec says (not verified)"
+    return device, f"explicit {device}: passed to torch.device as given (availability not verified)"
 
 
 def resolve_device(

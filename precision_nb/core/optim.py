@@ -199,8 +199,8 @@ def describe_fused(
             cpu_note = " " + _cpu_kernel_note() + "; set optimizer.fused=true to use it."
         return (
             "plain AdamW",
-            f"optimizer.fused=null probes, and the spec's probe (supports_fused_adamw) is false "
-            f"off CUDA, so {kind} gets plain AdamW.{cpu_note}",
+            "optimizer.fused=null probes, and the fused AdamW probe (supports_fused_adamw) is "
+            f"false off CUDA, so {kind} gets plain AdamW.{cpu_note}",
             False,
         )
     # fused is True: attempted at build time on the model's real parameters
@@ -304,10 +304,11 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
                 reason = f"fused=None: the fused AdamW probe on {dev} failed; plain AdamW"
             else:
                 reason = (
-                    f"fused=None: the spec's probe is false off CUDA, so {dev.type} gets plain "
-                    "AdamW (torch's CPU fused AdamW exists; fused=True attempts it)"
+                    f"fused=None: the fused AdamW probe is false off CUDA, so {dev.type} gets "
+                    "plain AdamW (torch's CPU fused AdamW exists; fused=True attempts it)"
                     if dev.type == "cpu"
-                    else f"fused=None: the spec's probe is false off CUDA; plain AdamW on {dev}"
+                    else f"fused=None: the fused AdamW probe is false off CUDA; plain AdamW on "
+                    f"{dev}"
                 )
             optimizer = plain()
             outcome = FusedOutcome(None, False, False, reason, str(dev))

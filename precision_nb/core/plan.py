@@ -12,10 +12,17 @@ from typing import Any
 
 import torch
 
-#: The precision modes a request may name ("auto" lets the device decide).
-MODES: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
-#: The concrete precisions a plan can resolve to.
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+from precision_nb.core.names import MODES, PRECISIONS, precision_name
+from precision_nb.core.validate import short_repr
+
+__all__ = [
+    "MODES",
+    "PRECISIONS",
+    "TORCH_DTYPES",
+    "PrecisionConfig",
+    "PrecisionPlan",
+    "normalize_precision",
+]
 
 #: torch dtype of each concrete precision.
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -23,21 +30,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
 }
-
-_ALIASES: dict[str, str] = {
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "single": "fp32",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-}
 _DTYPE_OBJECTS: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
-
-_SPELLINGS = "'float32', 'bfloat16', 'float16', 'half', torch.float32/bfloat16/float16"
 
 
 def normalize_precision(value: Any, field: str = "precision.mode", allow_auto: bool = True) -> str:
@@ -46,25 +39,9 @@ def normalize_precision(value: Any, field: str = "precision.mode", allow_auto: b
     Accepts case and surrounding space, the ``torch`` names ("float16", "bfloat16",
     "float32"), "half" and torch dtype objects. Raises ``ValueError`` naming ``field`` otherwise.
     """
-    allowed = MODES if allow_auto else PRECISIONS
-    if isinstance(value, torch.dtype):
-        name = _DTYPE_OBJECTS.get(value)
-        if name is not None:
-            return name
-    elif isinstance(value, str):
-        key = value.strip().lower()
-        if key.startswith("torch."):
-            key = key[len("torch.") :]
-        if allow_auto and key == "auto":
-            return "auto"
-        name = _ALIASES.get(key)
-        if name is not None:
-            return name
-    allowed_text = ", ".join(repr(a) for a in allowed)
-    raise ValueError(
-        f"{field}: invalid value {value!r} ({type(value).__name__}); "
-        f"allowed: {allowed_text} (also spelled {_SPELLINGS})"
-    )
+    if isinstance(value, torch.dtype) and value in _DTYPE_OBJECTS:
+        return _DTYPE_OBJECTS[value]
+    return precision_name(value, field, allow_auto)
 
 
 @dataclass(frozen=True)
@@ -116,8 +93,9 @@ class PrecisionConfig:
 
     ``mode`` is "auto", "fp32", "bf16" or "fp16". ``dtype`` only matters when ``mode == "auto"``:
     ``PrecisionConfig(mode="auto", dtype="fp16")`` requests fp16, while with ``mode="fp32"`` a
-    ``dtype`` is ignored (the spec's rule). ``loss_scale_lab=True`` opts in to a CPU fp16 plan
-    with autocast and a CPU GradScaler, outside the spec's matrix, for studying loss scaling.
+    ``dtype`` is ignored (see ``docs/plans.md#resolution-rules``). ``loss_scale_lab=True`` opts in
+    to a CPU fp16 plan with autocast and a CPU GradScaler, outside the resolution rules, for
+    studying loss scaling.
     """
 
     mode: str = "auto"
@@ -131,7 +109,7 @@ class PrecisionConfig:
             object.__setattr__(self, "dtype", dtype)
         if not isinstance(self.loss_scale_lab, bool):
             raise ValueError(
-                f"precision.loss_scale_lab: invalid value {self.loss_scale_lab!r} "
+                f"precision.loss_scale_lab: invalid value {short_repr(self.loss_scale_lab)} "
                 f"({type(self.loss_scale_lab).__name__}); allowed: true, false"
             )
 

@@ -1,9 +1,11 @@
 """Turns a chunk of device-side values into host records: one transfer per logging interval.
 
-The trainer appends each attempt's loss (sum over microbatches), the scaler's scale after the
-update and the grad norm to a :class:`Chunk` as device tensors. :meth:`Recorder.flush` brings the
-whole chunk home with a single ``tolist()``, works out which attempts the scaler skipped (the
-scale went down) and counts the rest; :meth:`Recorder.emit` writes one record.
+The loop appends each attempt's loss (sum over microbatches) and its :class:`StepOutcome` (the
+scale it used, the scaler's found-inf flag, the grad norm) to a :class:`Chunk` as device tensors.
+:meth:`Recorder.flush` brings the whole chunk home with a single ``tolist()``, takes the skipped
+attempts from the found-inf flags (never from the scale going down), counts the rest, stops the
+run when the scale left ``[min_loss_scale, inf)``, and collects the attempts' times;
+:meth:`Recorder.emit` writes one record.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ from typing import Any
 import torch
 
 from precision_nb.core.events import Event
+from precision_nb.engine.amp_step import StepOutcome
 from precision_nb.engine.batches import BatchShape
 from precision_nb.engine.metrics import MemoryProbe, Peak
-from precision_nb.engine.results import RECORD_KEYS, NonFiniteLossError, RunResult
+from precision_nb.engine.results import (
+    RECORD_KEYS,
+    LossScaleFloorError,
+    NonFiniteLossError,
+    RunResult,
+)
+from precision_nb.engine.step_timer import StepTimer
 
 
 @dataclass
@@ -28,8 +37,21 @@ class Chunk:
     first_attempt: int
     losses: list[torch.Tensor] = field(default_factory=list)
     scales: list[torch.Tensor] = field(default_factory=list)
+    found: list[torch.Tensor] = field(default_factory=list)
     norms: list[torch.Tensor] = field(default_factory=list)
     host_skips: list[int] = field(default_factory=list)  # skipped on the host (skip_nonfinite)
+    final_scale: torch.Tensor | None = None  # the scale after the chunk's last update
+
+    def add(self, loss: torch.Tensor, out: StepOutcome) -> None:
+        self.losses.append(loss)
+        if out.scale is not None:
+            self.scales.append(out.scale)
+        if out.found_inf is not None:
+            self.found.append(out.found_inf)
+        elif out.stepped is False:
+            self.host_skips.append(self.first_attempt + len(self.losses))
+        if out.grad_norm is not None:
+            self.norms.append(out.grad_norm)
 
 
 class Recorder:
@@ -43,37 +65,38 @@ class Recorder:
         shape: BatchShape,
         flops_step: int,
         peak: Peak | None,
-        accumulation: int,
+        cfg: Any,
         callbacks: list[Any],
-        host_scale: float | None,
         steps_done: int,
         where: str,
+        timer: StepTimer,
+        scaled: bool,
     ) -> None:
         self.result, self.base, self.probe, self.shape = result, base, probe, shape
-        self.flops_step, self.peak, self.K, self.callbacks = (
-            flops_step,
-            peak,
-            accumulation,
-            callbacks,
-        )
-        self.host_scale = host_scale
+        self.flops_step, self.peak, self.callbacks = flops_step, peak, callbacks
+        self.K, self.floor = cfg.accumulation, cfg.min_loss_scale
+        self.host_scale: float | None = None
         self.steps_done = steps_done
-        self.where = where
+        self.where, self.timer, self.scaled = where, timer, scaled
         self.t_start = time.perf_counter()
-        self._reset(self.t_start)
+        self._reset()
         self.lr: float | None = None
         self._warned_mfu = False
         self.norm: float | None = None
 
-    def _reset(self, now: float) -> None:
-        self.attempts, self.skipped, self.losses, self.t = 0, 0, [], now
+    def _reset(self) -> None:
+        self.attempts, self.skipped, self.losses, self.busy = 0, 0, [], 0.0
 
     def emit(self, now: float) -> None:
-        """Write one record for the attempts since the last one (nothing when there were none)."""
+        """Write one record for the attempts since the last one (nothing when there were none).
+
+        Speeds come from the attempts' own times: logging work and pauses between
+        ``FitSession.advance`` calls are not in them.
+        """
         n = self.attempts
         if n == 0:
             return
-        dt = max(now - self.t, 1e-12)
+        dt = max(self.busy, 1e-12)
         finite = [v for v in self.losses if math.isfinite(v)]
         mem = self.probe.read()
         fps = self.flops_step * n / dt
@@ -112,7 +135,7 @@ class Recorder:
                 )
             )
         self.result.records.append(record)
-        self._reset(time.perf_counter())
+        self._reset()
         for cb in self.callbacks:
             if hasattr(cb, "on_log"):
                 cb.on_log(record)
@@ -121,57 +144,100 @@ class Recorder:
         """One host transfer for the chunk; returns the number of counted (not skipped) steps."""
         n = len(chunk.losses)
         if n == 0:
+            self.timer.collect()
             return 0
         parts = [torch.stack(chunk.losses).double()]
-        if chunk.scales:
-            parts.append(torch.stack(chunk.scales).double())
-        if chunk.norms:
-            parts.append(torch.stack(chunk.norms).double())
+        seqs = (chunk.scales, chunk.found, chunk.norms)
+        parts += [torch.stack(seq).double() for seq in seqs if seq]
+        if chunk.final_scale is not None:
+            parts.append(chunk.final_scale.double().reshape(1))
         flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
-        losses = [v / self.K for v in flat[:n]]
-        scales = flat[n : 2 * n] if chunk.scales else [None] * n
-        norms = flat[-n:] if chunk.norms else [None] * n
-        result = self.result
+        times = self.timer.collect()  # after the transfer: CUDA events are complete
+
+        def take(seq: list[Any], count: int) -> list[Any]:
+            nonlocal flat
+            if not seq:
+                return [None] * count
+            out, flat = flat[:count], flat[count:]
+            return out
+
+        losses = [v / self.K for v in take(chunk.losses, n)]
+        scales, found, norms = (take(seq, n) for seq in (chunk.scales, chunk.found, chunk.norms))
+        final = flat[0] if chunk.final_scale is not None else None
+        self.lr, self.norm = lr, norms[-1]
         good = 0
         for i in range(n):
             attempt = chunk.first_attempt + i + 1
-            before, after = self.host_scale, scales[i]
-            skipped = (after is not None and before is not None and after < before) or (
-                attempt in chunk.host_skips
-            )
-            self.host_scale = after if after is not None else before
+            skipped = (found[i] is not None and found[i] > 0) or attempt in chunk.host_skips
+            after = scales[i + 1] if i + 1 < n else final
             if not skipped and not math.isfinite(losses[i]):
-                self._non_finite(i, good, losses[i])
+                self._account(i, good)
+                self._non_finite(good, losses[i])
             good += 0 if skipped else 1
-            result.scale_history.append(
+            self.result.scale_history.append(
                 dict(
                     step=self.steps_done + good,
                     attempt=attempt,
-                    loss_scale=before,
+                    loss_scale=scales[i],
                     skipped=bool(skipped),
                 )
             )
+            self.result.step_times_s.append(times[i] if i < len(times) else float("nan"))
+            self.busy += times[i] if i < len(times) else 0.0
             self.losses.append(losses[i])
             if skipped:
                 self.skipped += 1
-                result.skipped_total += 1
-        self.attempts += n
-        self.lr, self.norm = lr, norms[-1]
-        result.attempts += n
-        self.steps_done += good
-        result.steps += good
+                self.result.skipped_total += 1
+            if after is not None:
+                self.host_scale = after
+                if not (self.floor <= after < math.inf):
+                    self._account(i + 1, good)
+                    self._below_floor(attempt, after)
+        self._account(n, good)
         return good
 
-    def _non_finite(self, index: int, good: int, value: float) -> None:
-        step = self.steps_done + good + 1
-        self.attempts += index
+    def _account(self, attempts: int, good: int) -> None:
+        self.attempts += attempts
+        self.result.attempts += attempts
         self.steps_done += good
         self.result.steps += good
+
+    def _non_finite(self, good: int, value: float) -> None:
+        step = self.steps_done + 1
         self.emit(time.perf_counter())
+        why = (
+            "the grad scaler did not skip it: its gradients were finite"
+            if self.scaled
+            else "no grad scaler to skip it"
+        )
+        hint = (
+            "check the loss function and the data"
+            if self.scaled
+            else "pass TrainConfig(skip_nonfinite=True) to skip such steps"
+        )
         msg = (
-            f"loss became {value} at step {step} ({self.where}, no grad scaler to skip it); lower "
-            "the learning rate, check the data, or pass TrainConfig(skip_nonfinite=True) to skip "
-            "such steps"
+            f"loss became {value} at step {step} ({self.where}, {why}); lower the learning "
+            f"rate, check the data, or {hint}"
         )
         self.result.events.append(Event("stop", msg, {"reason": "non-finite loss", "step": step}))
         raise NonFiniteLossError(msg, self.result, step)
+
+    def _below_floor(self, attempt: int, scale: float) -> None:
+        self.emit(time.perf_counter())
+        state = "fell below the floor" if math.isfinite(scale) else "is not finite"
+        msg = (
+            f"the loss scale {state}: {scale:g} after attempt {attempt} (step {self.steps_done}, "
+            f"{self.where}; floor train.min_loss_scale={self.floor:g}), so the run stopped: a "
+            "scale outside [floor, inf) means the scaler keeps finding inf/NaN gradients and "
+            "skipping steps. Lower the learning rate, check the data and the loss for inf/NaN, "
+            "use bf16 where the device has it, or change train.min_loss_scale / train.init_scale"
+        )
+        data = {
+            "reason": "loss scale below floor" if math.isfinite(scale) else "loss scale not finite",
+            "scale": scale,
+            "floor": self.floor,
+            "attempt": attempt,
+            "step": self.steps_done,
+        }
+        self.result.events.append(Event("scaler", msg, data))
+        raise LossScaleFloorError(msg, self.result, self.steps_done, scale)

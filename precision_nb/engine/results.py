@@ -5,10 +5,17 @@ Records are flat dicts with the stable keys listed in docs/architecture.md (``RE
 
 from __future__ import annotations
 
+import html
+import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from precision_nb.core.events import Event
+
+if TYPE_CHECKING:
+    from precision_nb.core.optim import FusedOutcome
+    from precision_nb.core.plan import PrecisionPlan
+    from precision_nb.core.resolution import Explanation
 
 RECORD_KEYS: tuple[str, ...] = (
     "run",
@@ -41,14 +48,18 @@ RECORD_KEYS: tuple[str, ...] = (
 )
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
-    """Everything one ``fit()`` call recorded. Mutable while running (callbacks see it grow)."""
+    """Everything one ``fit()`` call recorded. Mutable while running (callbacks see it grow).
+
+    ``step_times_s``: seconds of every optimizer attempt, in order, aligned with
+    ``scale_history`` (skipped attempts included; logging work excluded).
+    """
 
     label: str
-    plan: Any
-    explanation: Any
-    optimizer_outcome: Any
+    plan: PrecisionPlan
+    explanation: Explanation | None
+    optimizer_outcome: FusedOutcome | None
     device: str
     records: list[dict[str, Any]] = field(default_factory=list)
     scale_history: list[dict[str, Any]] = field(default_factory=list)
@@ -60,6 +71,7 @@ class RunResult:
     skipped_total: int = 0
     seconds: float = 0.0
     final_loss: float | None = None
+    step_times_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (records and history included; plan as plain values)."""
@@ -77,7 +89,38 @@ class RunResult:
             "skipped_total": self.skipped_total,
             "seconds": self.seconds,
             "final_loss": self.final_loss,
+            "step_times_s": list(self.step_times_s),
         }
+
+    def summary(self) -> str:
+        """One line: label, plan, device, steps (skips), final loss, seconds."""
+        mode = getattr(self.plan, "mode", self.plan)
+        loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4g}"
+        stopped = ", stopped early" if self.stopped else ""
+        return (
+            f"{self.label}: {mode} on {self.device}, {self.steps} steps "
+            f"({self.skipped_total} skipped attempts{stopped}), final loss {loss}, "
+            f"{self.seconds:.2f} s"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<RunResult {self.summary()}; {len(self.records)} records, {len(self.events)} events>"
+        )
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        items = "".join(
+            f"<li><code>{esc(e.kind)}</code> {esc(e.message)}</li>" for e in self.events
+        )
+        events = f"<ul>{items}</ul>" if items else "<p>No events.</p>"
+        loss = self.final_loss
+        loss_txt = "n/a" if loss is None or not math.isfinite(loss) else f"{loss:.6g}"
+        return (
+            f"<div><p><b>RunResult</b> {esc(self.summary())}</p>"
+            f"<p>final loss: {esc(loss_txt)} (mean over the last logging interval)</p>"
+            f"<p>events:</p>{events}</div>"
+        )
 
 
 @runtime_checkable
@@ -109,3 +152,14 @@ class NonFiniteLossError(FitError):
 
 class DeviceOutOfMemoryError(FitError):
     """The accelerator ran out of memory; the message names plan, batch size and peak memory."""
+
+
+class LossScaleFloorError(FitError):
+    """The loss scale left ``[train.min_loss_scale, inf)`` at ``.step`` (its value: ``.scale``)."""
+
+    def __init__(
+        self, message: str, result: RunResult | None = None, step: int = 0, scale: float = 0.0
+    ) -> None:
+        super().__init__(message, result)
+        self.step = step
+        self.scale = scale

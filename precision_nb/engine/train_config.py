@@ -1,4 +1,8 @@
-"""Loop settings: :class:`TrainConfig` (validated on construction) and the LR schedule."""
+"""Loop settings: :class:`TrainConfig` (validated on construction) and the LR schedule.
+
+The schedule advances on counted optimizer steps only: an attempt the grad scaler skipped does not
+move it (:class:`CountedLR`).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,34 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from precision_nb.core.validate import integer
+import torch
+
+from precision_nb.core import validate
 
 SCHEDULES = ("constant", "cosine")
 
+#: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
+MAX_STEPS = 10_000_000
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    return integer(f"train.{name}", value, minimum)
+#: Seeds ``torch.manual_seed`` accepts.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
+    return validate.integer(f"train.{name}", value, minimum, maximum)
+
+
+def _positive(name: str, value: Any, minimum: float = 0.0, strict: bool = True) -> float:
+    return validate.number(f"train.{name}", value, minimum=minimum, strict=strict)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Loop settings. Scaler settings apply to plans with a grad scaler (CUDA fp16, the lab)."""
+    """Loop settings. Scaler settings apply to plans with a grad scaler (CUDA fp16, the lab).
+
+    ``min_loss_scale``: the floor of the loss scale; a scale below it (or not finite) stops the
+    run with an error, as DeepSpeed's ``min_loss_scale`` (default 1) does.
+    """
 
     steps: int = 20
     accumulation: int = 1
@@ -37,49 +57,56 @@ class TrainConfig:
     overflow_at_steps: tuple[int, ...] = ()
     cuda_sync_debug: str | None = None
     measure_peak: bool = True
+    min_loss_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        _positive_int("steps", self.steps)
+        _positive_int("steps", self.steps, 1, MAX_STEPS)
         _positive_int("accumulation", self.accumulation)
         _positive_int("log_every", self.log_every)
         _positive_int("warmup_steps", self.warmup_steps, 0)
         _positive_int("growth_interval", self.growth_interval)
-        if self.grad_clip is not None and not (
-            isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0
+        if self.grad_clip is not None:
+            _positive("grad_clip", self.grad_clip)
+        validate.choice("train.schedule", self.schedule, SCHEDULES)
+        validate.number("train.min_lr_ratio", self.min_lr_ratio, minimum=0.0, maximum=1.0)
+        if self.seed is not None:
+            validate.integer("train.seed", self.seed, *SEED_RANGE)
+        for name in ("init_scale", "min_loss_scale"):
+            object.__setattr__(self, name, _positive(name, getattr(self, name)))
+        _positive("growth_factor", self.growth_factor, 1.0)
+        backoff = _positive("backoff_factor", self.backoff_factor)
+        if backoff >= 1:
+            raise ValueError(
+                f"train.backoff_factor: invalid value {backoff!r}; allowed: a number in (0, 1)"
+            )
+        if self.init_scale < self.min_loss_scale:
+            raise ValueError(
+                f"train.init_scale: invalid value {self.init_scale!r}; allowed: a finite number "
+                f">= train.min_loss_scale ({self.min_loss_scale:g})"
+            )
+        steps = self.overflow_at_steps
+        if not isinstance(steps, (tuple, list)) or any(
+            isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps
         ):
             raise ValueError(
-                f"train.grad_clip: invalid value {self.grad_clip!r}; allowed: None or a number > 0"
+                f"train.overflow_at_steps: invalid value {validate.short_repr(steps)}; "
+                "allowed: a tuple of attempt numbers (integers >= 1)"
             )
-        if self.schedule not in SCHEDULES:
-            raise ValueError(
-                f"train.schedule: invalid value {self.schedule!r}; allowed: {SCHEDULES}"
-            )
-        if not 0.0 <= float(self.min_lr_ratio) <= 1.0:
-            raise ValueError(
-                f"train.min_lr_ratio: invalid value {self.min_lr_ratio!r}; allowed: [0, 1]"
-            )
-        if not (self.init_scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1):
-            raise ValueError(
-                f"train scaler settings invalid: init_scale={self.init_scale!r} (> 0), "
-                f"growth_factor={self.growth_factor!r} (> 1), "
-                f"backoff_factor={self.backoff_factor!r} (between 0 and 1)"
-            )
-        steps = tuple(self.overflow_at_steps)
-        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
-            raise ValueError(
-                f"train.overflow_at_steps: invalid value {self.overflow_at_steps!r}; "
-                "allowed: attempt numbers (integers >= 1)"
-            )
-        object.__setattr__(self, "overflow_at_steps", steps)
-        if self.cuda_sync_debug not in (None, "warn", "error"):
-            raise ValueError(
-                f"train.cuda_sync_debug: invalid value {self.cuda_sync_debug!r}; "
-                "allowed: None, 'warn', 'error'"
-            )
+        object.__setattr__(self, "overflow_at_steps", tuple(steps))
+        validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
+
+    def scaler_settings(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""
+        return dict(
+            init_scale=self.init_scale,
+            growth_factor=self.growth_factor,
+            backoff_factor=self.backoff_factor,
+            growth_interval=self.growth_interval,
+        )
 
 
 def lr_factor(step: int, cfg: TrainConfig, total: int) -> float:
-    """LR multiplier for optimizer attempt ``step`` (0-based): warmup, then constant/cosine."""
+    """LR multiplier for counted step ``step`` (0-based): warmup, then constant/cosine."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.schedule == "constant":
@@ -87,3 +114,38 @@ def lr_factor(step: int, cfg: TrainConfig, total: int) -> float:
     span = max(1, total - cfg.warmup_steps)
     progress = min(1.0, max(0.0, (step - cfg.warmup_steps) / span))
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class CountedLR:
+    """Sets each param group's LR before every attempt from the counted steps so far.
+
+    ``after_attempt(stepped)`` advances the count when the step ran (``True``), not when it was
+    skipped (``False``). ``stepped=None`` (only the device knows: a fused optimizer under a grad
+    scaler) counts the attempt; :meth:`sync` puts in the true count at the next logging point.
+    A constant schedule without warmup sets the LR once and does no per-step work.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: TrainConfig, counted: int) -> None:
+        self.optimizer, self.cfg, self.counted = optimizer, cfg, counted
+        self.total = counted + cfg.steps
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base = [g["initial_lr"] for g in optimizer.param_groups]
+        self.active = bool(cfg.warmup_steps) or cfg.schedule != "constant"
+        if not self.active:
+            for group, lr in zip(optimizer.param_groups, self.base, strict=True):
+                group["lr"] = lr
+
+    def before_attempt(self) -> None:
+        if self.active:
+            factor = lr_factor(self.counted, self.cfg, self.total)
+            for group, lr in zip(self.optimizer.param_groups, self.base, strict=True):
+                group["lr"] = lr * factor
+
+    def after_attempt(self, stepped: bool | None) -> None:
+        if stepped is not False:
+            self.counted += 1
+
+    def sync(self, counted: int) -> None:
+        """The true number of counted steps, known on the host at a logging point."""
+        self.counted = counted

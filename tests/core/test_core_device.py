@@ -72,3 +72,44 @@ def test_wrong_device_object_types_raise_value_error(bad):
 def test_unparseable_device_strings_raise_value_error(bad):
     with pytest.raises(ValueError, match=rf"device: invalid value '{bad}'.*'auto', 'cpu', 'cuda'"):
         resolve_device(bad)
+
+
+def test_bad_device_message_says_what_is_allowed_not_torchs_whole_list():
+    with pytest.raises(ValueError) as err:
+        resolve_device("gpu")
+    message = str(err.value)
+    assert "'cuda:N'" in message and "another torch device string" in message
+    assert "mkldnn" not in message and "privateuseone" not in message
+
+
+def test_device_types_known_without_torch_are_torchs_own():
+    import re
+
+    from precision_nb.core.names import TORCH_DEVICE_TYPES
+
+    with pytest.raises(RuntimeError) as err:
+        torch.device("notadevice")
+    listed = re.search(r"Expected one of (.*) device type", str(err.value))
+    assert listed is not None
+    assert tuple(listed.group(1).split(", ")) == TORCH_DEVICE_TYPES
+
+
+@pytest.mark.parametrize(
+    "text,canonical", [(" CUDA:1 ", "cuda:1"), ("cpu:0", "cpu:0"), ("Auto", "auto"), ("xpu", "xpu")]
+)
+def test_device_strings_checked_without_torch_match_torch(text, canonical):
+    from precision_nb.core.names import device_string
+
+    assert device_string(text) == canonical
+    if canonical != "auto":
+        assert str(torch.device(canonical)) == canonical
+
+
+@pytest.mark.parametrize("bad", ["cuda:-1", "cuda:01", "cuda: 1", "cuda:1:2", "", "c uda"])
+def test_malformed_device_strings_are_refused_like_torch_refuses_them(bad):
+    from precision_nb.core.names import device_string
+
+    with pytest.raises(ValueError, match="allowed: 'auto', 'cpu'"):
+        device_string(bad)
+    with pytest.raises(RuntimeError):
+        torch.device(bad.strip().lower())

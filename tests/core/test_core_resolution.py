@@ -162,7 +162,7 @@ def test_emulated_bf16_warns_and_native_does_not():
 def test_loss_scale_lab_is_opt_in_and_says_so():
     lab = explain_precision(PrecisionConfig("fp16", loss_scale_lab=True), "cpu")
     assert lab.plan == PrecisionPlan("fp16", torch.float16, True, True, "cpu")
-    assert any("outside the spec's matrix" in w for w in lab.warnings)
+    assert any("outside the resolution rules" in w for w in lab.warnings)
     assert resolve_precision(PrecisionConfig("fp16"), "cpu").mode == "fp32"
     # the lab changes nothing but an explicit fp16 request on CPU
     cuda = explain_precision(
@@ -212,3 +212,26 @@ def test_explanation_for_this_machine_matches_resolution():
     e = explain_precision(PrecisionConfig("bf16"), "cpu", capabilities=caps)
     assert e.plan == resolve_precision(PrecisionConfig("bf16"), "cpu", capabilities=caps)
     assert e.simulated is False
+
+
+def test_html_marks_with_css_classes_not_inline_colours():
+    e = explain_precision(PrecisionConfig("fp16"), "cpu", capabilities="cpu-only")
+    page = e._repr_html_()
+    assert "style=" not in page  # colours live in one <style> block, keyed by class
+    assert '<tr class="pnb-current" data-row="cpu-fp16">' in page
+    assert page.count('class="pnb-fallback"') == len(e.fallbacks) >= 1
+    assert "docs/plans.md#resolution-rules" in page
+
+
+@pytest.mark.parametrize("preset", ["cpu-only", "cuda-bf16", "cuda-bf16-emulated", "mps"])
+@pytest.mark.parametrize("mode", ["auto", "fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("lab", [False, True])
+def test_no_message_speaks_of_a_spec_and_the_rule_is_linked(preset, mode, lab):
+    devices = {"cpu-only": "cpu", "mps": "mps"}
+    device = devices.get(preset, "cuda")
+    e = explain_precision(PrecisionConfig(mode, loss_scale_lab=lab), device, capabilities=preset)
+    text = str(e)
+    assert "spec" not in text.lower()
+    assert "docs/plans.md#resolution-rules" in text
+    mode_reason = next(d.reason for d in e.decisions if d.field == "mode")
+    assert f"resolution rule {e.row.id!r}" in mode_reason

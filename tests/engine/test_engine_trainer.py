@@ -258,10 +258,10 @@ def test_overflow_attempts_count_from_each_fit(make_model, batches):
 
 
 def test_mfu_above_one_is_reported_not_clipped(make_model, batches, monkeypatch):
-    from precision_nb.engine import trainer as trainer_module
+    from precision_nb.engine import run_setup
     from precision_nb.engine.metrics import Peak
 
-    monkeypatch.setattr(trainer_module, "peak_flops", lambda *a, **k: Peak(1.0, "measured: tiny"))
+    monkeypatch.setattr(run_setup, "peak_flops", lambda *a, **k: Peak(1.0, "measured: tiny"))
     result = Trainer(make_model(), batches, device="cpu", train=quiet(steps=4, log_every=2)).fit()
     assert result.records[0]["mfu"] > 1
     assert sum(e.kind == "calibration" and "> 1" in e.message for e in result.events) == 1

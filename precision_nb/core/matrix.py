@@ -1,0 +1,154 @@
+"""The resolution rules as data: the rows a plan can come from, and the key that picks each row.
+
+A request is keyed by ``(device type, request, capability)`` (:func:`rule_key`); :data:`RULES` maps
+each key to the id of a :class:`MatrixRow` in :data:`MATRIX` and the reason shown to the user.
+:func:`lookup` is a dictionary look-up, with ``"*"`` as the capability when it does not matter.
+The table is documented in ``docs/plans.md#resolution-rules`` and a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from precision_nb.core.capabilities import Capabilities
+
+#: Where the resolution rules are listed for users.
+RULES_DOC = "docs/plans.md#resolution-rules"
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One row of the resolution rules.
+
+    ``source`` is "listed" for the twelve base rules, "implied" for cases they do not list (CUDA
+    explicit fp32; device types other than CUDA/CPU/MPS) and "lab" for the opt-in loss-scale lab
+    (CPU fp16 with a CPU GradScaler).
+    """
+
+    id: str
+    device: str
+    request: str
+    mode: str
+    scaler: bool
+    autocast: bool
+    source: str = "listed"
+    note: str = ""
+
+
+MATRIX: tuple[MatrixRow, ...] = (
+    MatrixRow("cuda-auto-bf16", "CUDA", "auto, BF16 supported", "bf16", False, True),
+    MatrixRow("cuda-auto-no-bf16", "CUDA", "auto, BF16 unsupported", "fp16", True, True),
+    MatrixRow("cuda-bf16", "CUDA", "explicit bf16, supported", "bf16", False, True),
+    MatrixRow(
+        "cuda-bf16-unsupported", "CUDA", "explicit bf16, unsupported/error", "fp32", False, False
+    ),
+    MatrixRow("cuda-fp16", "CUDA", "explicit fp16", "fp16", True, True),
+    MatrixRow("cpu-auto", "CPU", "auto", "fp32", False, False),
+    MatrixRow("cpu-fp32", "CPU", "explicit fp32", "fp32", False, False),
+    MatrixRow("cpu-fp16", "CPU", "explicit fp16", "fp32", False, False),
+    MatrixRow("cpu-bf16", "CPU", "explicit bf16", "bf16", False, True),
+    MatrixRow("mps-auto", "MPS", "auto", "fp32", False, False),
+    MatrixRow("mps-mixed", "MPS", "explicit mixed mode", "fp32", False, False),
+    MatrixRow("mps-fp32", "MPS", "explicit fp32", "fp32", False, False),
+    MatrixRow(
+        "cuda-fp32", "CUDA", "explicit fp32", "fp32", False, False, "implied",
+        "not listed by the base rules; fp32 is what was asked for",
+    ),
+    MatrixRow(
+        "other-device", "other", "any", "fp32", False, False, "implied",
+        "device types outside CUDA/CPU/MPS (e.g. meta, xpu) are not in the base rules",
+    ),
+    MatrixRow(
+        "cpu-fp16-lab", "CPU", "explicit fp16 + loss-scale lab", "fp16", True, True, "lab",
+        "opt-in loss-scale lab: CPU autocast fp16 with torch.amp.GradScaler('cpu')",
+    ),
+)  # fmt: skip
+ROWS: dict[str, MatrixRow] = {row.id: row for row in MATRIX}
+
+_LAB = "loss-scale lab (loss_scale_lab=True)"
+
+#: (device type, request, capability) -> (row id, reason). The capability is the CUDA BF16 query
+#: ("supported" | "unsupported" | "error") where it decides, else "*". Reasons are ``str.format``
+#: templates with ``{bf16}`` (what the BF16 query said), ``{request}`` and ``{device}``.
+RULES: dict[tuple[str, str, str], tuple[str, str]] = {
+    ("cuda", "auto", "supported"): ("cuda-auto-bf16", "auto on CUDA and {bf16}"),
+    ("cuda", "auto", "unsupported"): ("cuda-auto-no-bf16", "auto on CUDA and {bf16}"),
+    ("cuda", "auto", "error"): (
+        "cuda-auto-no-bf16",
+        "auto on CUDA and {bf16} (a raising query counts as unsupported)",
+    ),
+    ("cuda", "bf16", "supported"): ("cuda-bf16", "explicit bf16 on CUDA and {bf16}"),
+    ("cuda", "bf16", "unsupported"): (
+        "cuda-bf16-unsupported",
+        "explicit bf16 on CUDA but {bf16}: falls back to fp32",
+    ),
+    ("cuda", "bf16", "error"): (
+        "cuda-bf16-unsupported",
+        "explicit bf16 on CUDA but {bf16}: falls back to fp32",
+    ),
+    ("cuda", "fp16", "*"): ("cuda-fp16", "explicit fp16 on CUDA"),
+    ("cuda", "fp32", "*"): (
+        "cuda-fp32",
+        "explicit fp32 on CUDA (a row the base rules imply but do not list)",
+    ),
+    ("cpu", "auto", "*"): (
+        "cpu-auto",
+        "auto on CPU stays fp32 for broad custom-module compatibility",
+    ),
+    ("cpu", "fp32", "*"): ("cpu-fp32", "explicit fp32 on CPU"),
+    ("cpu", "fp16", "*"): (
+        "cpu-fp16",
+        "explicit fp16 on CPU falls back to fp32: there is no CPU GradScaler path by default "
+        f"(the {_LAB} studies CPU fp16 with a CPU GradScaler)",
+    ),
+    ("cpu", "fp16+lab", "*"): (
+        "cpu-fp16-lab",
+        f"explicit fp16 on CPU with the {_LAB}: an opt-in outside the base rules "
+        "(CPU autocast fp16 with torch.amp.GradScaler('cpu'))",
+    ),
+    ("cpu", "bf16", "*"): (
+        "cpu-bf16",
+        "explicit bf16 on CPU is kept with CPU autocast; CPU BF16 capability is not checked "
+        "(by design) and depends on the torch build and custom operators - verify_autocast() "
+        "checks what is really computed",
+    ),
+    ("mps", "auto", "*"): ("mps-auto", "auto on MPS stays fp32"),
+    ("mps", "fp32", "*"): ("mps-fp32", "explicit fp32 on MPS"),
+    ("mps", "bf16", "*"): ("mps-mixed", "explicit bf16 on MPS falls back to fp32 (MPS runs fp32)"),
+    ("mps", "fp16", "*"): ("mps-mixed", "explicit fp16 on MPS falls back to fp32 (MPS runs fp32)"),
+    ("other", "any", "*"): (
+        "other-device",
+        "device type {device!r} is not in the resolution rules (CUDA, CPU, MPS): fp32 without "
+        "autocast or scaler is the only choice known to be safe there",
+    ),
+}
+
+
+def bf16_text(caps: Capabilities) -> str:
+    """What ``torch.cuda.is_bf16_supported()`` said, in words."""
+    if caps.cuda_bf16 == "error":
+        return f"torch.cuda.is_bf16_supported() raised ({caps.cuda_bf16_error or 'error'})"
+    return f"torch.cuda.is_bf16_supported() is {caps.cuda_bf16 == 'supported'}"
+
+
+def rule_key(
+    requested: str, loss_scale_lab: bool, device_type: str, caps: Capabilities
+) -> tuple[str, str, str]:
+    """The :data:`RULES` key of a request ("auto"/"fp32"/"bf16"/"fp16") on a device type."""
+    if device_type not in ("cuda", "cpu", "mps"):
+        return "other", "any", "*"
+    if device_type == "cpu" and requested == "fp16" and loss_scale_lab:
+        requested = "fp16+lab"
+    if device_type == "cuda" and requested in ("auto", "bf16"):
+        return "cuda", requested, caps.cuda_bf16
+    return device_type, requested, "*"
+
+
+def lookup(
+    requested: str, loss_scale_lab: bool, device_type: str, caps: Capabilities
+) -> tuple[MatrixRow, str]:
+    """The row that applies and the reason, for a request on a device with these capabilities."""
+    key = rule_key(requested, loss_scale_lab, device_type, caps)
+    row_id, template = RULES[key]
+    reason = template.format(bf16=bf16_text(caps), request=requested, device=device_type)
+    return ROWS[row_id], reason

@@ -1,0 +1,78 @@
+"""Precision and device names as a user types them, checked without importing torch.
+
+The command line checks its flags with these before torch loads (a bad value answers at once);
+:mod:`precision_nb.core.plan` and :mod:`precision_nb.core.device` build on them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from precision_nb.core.validate import short_repr
+
+#: The precision modes a request may name ("auto" lets the device decide).
+MODES: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
+#: The concrete precisions a plan can resolve to.
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+
+PRECISION_ALIASES: dict[str, str] = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "single": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+SPELLINGS = "'float32', 'bfloat16', 'float16', 'half', torch.float32/bfloat16/float16"
+
+#: Device types ``torch.device`` accepts (a test keeps this equal to torch's own list).
+TORCH_DEVICE_TYPES: tuple[str, ...] = (
+    "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga",
+    "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone",
+)  # fmt: skip
+DEVICE_FORMS = "'auto', 'cpu', 'cuda', 'cuda:N', 'mps', or another torch device string"
+_DEVICE = re.compile(r"(?P<type>[a-z_]+)(?::(?P<index>0|[1-9][0-9]{0,5}))?")
+
+
+def precision_name(value: Any, field: str = "precision.mode", allow_auto: bool = True) -> str:
+    """The canonical name ("auto", "fp32", "bf16", "fp16") of a typed precision string.
+
+    Case, surrounding space and a ``torch.`` prefix are ignored. ``ValueError`` names ``field``,
+    the value and what is allowed.
+    """
+    if isinstance(value, str):
+        key = value.strip().lower()
+        key = key.removeprefix("torch.")
+        if allow_auto and key == "auto":
+            return "auto"
+        name = PRECISION_ALIASES.get(key)
+        if name is not None:
+            return name
+    allowed = ", ".join(repr(a) for a in (MODES if allow_auto else PRECISIONS))
+    raise ValueError(
+        f"{field}: invalid value {short_repr(value)} ({type(value).__name__}); "
+        f"allowed: {allowed} (also spelled {SPELLINGS})"
+    )
+
+
+def device_string(value: str, field: str = "device") -> str:
+    """A device request as typed ("CUDA:1 ", "auto") -> its canonical form ("cuda:1", "auto").
+
+    ``ValueError`` for anything ``torch.device`` would refuse, naming what is allowed (not torch's
+    list of every device type it knows).
+    """
+    text = value.strip().lower()
+    if text == "auto":
+        return text
+    match = _DEVICE.fullmatch(text)
+    if match is None or match["type"] not in TORCH_DEVICE_TYPES:
+        gpu = text.split(":")[0] in ("gpu", "nvidia", "metal")
+        hint = " (for a GPU: 'cuda', 'cuda:N' or 'mps')" if gpu else ""
+        raise ValueError(
+            f"{field}: invalid value {short_repr(value)}; allowed: {DEVICE_FORMS}{hint}"
+        )
+    return text

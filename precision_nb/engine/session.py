@@ -1,0 +1,283 @@
+"""One fit as a resumable session: ``Trainer.start()`` -> ``advance(n)`` ... -> ``finish()``.
+
+``Trainer.fit()`` is ``start()`` + ``advance(all)`` + ``finish()``, so a run's losses, scales and
+parameters are the same however its steps are split into ``advance`` calls. The loop
+(:meth:`FitSession._chunk` and :meth:`FitSession._attempt`) runs optimizer attempts in chunks that
+end at logging points (or at the end of an ``advance``); each attempt runs K microbatches, one
+:class:`~precision_nb.engine.amp_step.AmpStep` step and ``zero_grad``; losses, scales and found-inf
+flags stay on the device until the chunk's one host transfer (:class:`Recorder`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from tqdm.auto import tqdm
+
+from precision_nb.core import validate
+from precision_nb.core.events import Event
+from precision_nb.engine.amp_step import AmpStep, poison_gradient
+from precision_nb.engine.batches import BatchesExhausted, output_to_loss, split_batch, to_device
+from precision_nb.engine.metrics import MemoryProbe
+from precision_nb.engine.preflight import fallback_events, verify_event
+from precision_nb.engine.recorder import Chunk, Recorder
+from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult
+from precision_nb.engine.run_setup import (
+    check_loss,
+    describe_run,
+    restore_scaler,
+    seed_everything,
+)
+from precision_nb.engine.step_timer import StepTimer
+from precision_nb.engine.train_config import CountedLR, TrainConfig
+
+if TYPE_CHECKING:
+    from precision_nb.engine.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class FitSession:
+    """A started fit. ``advance(n)`` runs up to n more counted steps; ``finish()`` ends it."""
+
+    def __init__(self, trainer: Trainer, cfg: TrainConfig, callbacks: list[Any], stop: Any):
+        self.trainer, self.cfg, self.callbacks, self.stop = trainer, cfg, callbacks, stop
+        label = cfg.label or trainer.plan.mode + (" (loss-scale lab)" if trainer.lab else "")
+        self.result = trainer._new_result(label)
+        self.result.events.extend(trainer._pending_events)
+        trainer._pending_events = []
+        trainer.last_result = self.result
+        self.counted = 0
+        self.stop_reason: str | None = None
+        self._closed = False
+        self._loss_checked = False
+        self._task: str | None = None
+        with self._guard():
+            self._setup()
+
+    # ------------------------------------------------------------------------ public API
+
+    @property
+    def done(self) -> bool:
+        """True once no more steps will run: all counted, stopped, failed or finished."""
+        return self._closed or self.stop_reason is not None or self.counted >= self.cfg.steps
+
+    def advance(self, n: int) -> int:
+        """Run up to ``n`` more counted steps; returns how many were counted in this call."""
+        n = validate.integer("advance.n", n, 0)
+        target, before = min(self.cfg.steps, self.counted + n), self.counted
+        with self._guard():
+            while not self.done and self.counted < target:
+                self._chunk(min(target - self.counted, self._to_next_log()))
+        return self.counted - before
+
+    def finish(self) -> RunResult:
+        """Final bookkeeping (stop event, seconds, final loss), ``on_fit_end``; the RunResult."""
+        if self._closed:
+            return self.result
+        result, cfg = self.result, self.cfg
+        self._close()
+        if self.stop_reason is not None:
+            result.stopped = True
+            result.events.append(
+                Event(
+                    "stop",
+                    f"{self.stop_reason} after {self.counted} of {cfg.steps} steps",
+                    {"reason": self.stop_reason, "steps": self.counted, "of": cfg.steps},
+                )
+            )
+        result.seconds = time.perf_counter() - self.rec.t_start
+        finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
+        result.final_loss = finite[-1] if finite else None
+        for cb in self.callbacks:
+            if hasattr(cb, "on_fit_end"):
+                cb.on_fit_end(result)
+        return result
+
+    # ------------------------------------------------------------------------ setup
+
+    def _setup(self) -> None:
+        t, cfg, result = self.trainer, self.cfg, self.result
+        if cfg.seed is not None and t.steps_done == 0 and t.attempts_done == 0:
+            seed_everything(cfg.seed)
+        self.amp = AmpStep.for_plan(
+            t.plan, t.device, cfg.scaler_settings(), skip_nonfinite=cfg.skip_nonfinite
+        )
+        t.amp = self.amp
+        result.events.extend(restore_scaler(t, self.amp, cfg))
+        result.events.extend(fallback_events(t.explanation, t.optimizer_outcome))
+        result.events.append(verify_event(t.plan, t.device))
+        self.probe = MemoryProbe(t.device)
+        self.probe.reset()
+        self._peeked: tuple[int, Any] | None = None
+        shape, flops_step, peak = describe_run(self, self._first_batch())
+        for cb in self.callbacks:
+            if hasattr(cb, "on_fit_start"):
+                cb.on_fit_start(result)
+        self.params = [p for p in t.model.parameters() if p.requires_grad]
+        # attempts of this fit, numbered from 1, that get an injected overflow (lab / teaching)
+        scaled = self.amp.scaler is not None
+        self.overflow = {t.attempts_done + a for a in cfg.overflow_at_steps} if scaled else set()
+        self.lr = CountedLR(t.optimizer, cfg, t.steps_done)
+        self.bar = tqdm(
+            total=cfg.steps, desc=result.label, unit="step", disable=not cfg.progress, leave=False
+        )
+        self.sync_mode = cfg.cuda_sync_debug if t.device.type == "cuda" else None
+        self.timer = StepTimer(t.device)
+        where = f"plan {t.plan.mode} on {t.device}"
+        self.rec = Recorder(
+            result, t._record_base(result.label), self.probe, shape, flops_step, peak, cfg,
+            self.callbacks, t.steps_done, where, self.timer, scaled,
+        )  # fmt: skip
+
+    def _first_batch(self) -> Any:
+        """The first microbatch, peeked: measured for shape and FLOPs, then trained on."""
+        index = self.trainer.microbatches_done
+        batch = to_device(self.trainer.source.get(index), self.trainer.device)
+        self._peeked = (index, batch)
+        return batch
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        """The model's loss on one microbatch under the plan's forward context."""
+        args, kwargs, labels = split_batch(batch)
+        with self.amp.forward_context():
+            out = self.trainer.model(*args, **kwargs)
+            loss, self._task = output_to_loss(out, labels, self.trainer.loss_fn)
+        if not self._loss_checked:
+            check_loss(loss, self.trainer.loss_fn)
+            self._loss_checked = True
+        return loss
+
+    # ------------------------------------------------------------------------ the loop
+
+    def _to_next_log(self) -> int:
+        return self.cfg.log_every - self.counted % self.cfg.log_every
+
+    def _chunk(self, want: int) -> None:
+        """Up to ``want`` attempts, one host transfer, a record at a logging point."""
+        opt, rec = self.trainer.optimizer, self.rec
+        chunk = Chunk(first_attempt=self.trainer.attempts_done)
+        try:
+            with self._sync_debug():
+                for i in range(want):
+                    if self.stop is not None and self.stop.is_set():
+                        self.stop_reason = "stopped by request"
+                        break
+                    self._attempt(chunk, last=i == want - 1)
+        except KeyboardInterrupt:
+            self.stop_reason = "interrupted (KeyboardInterrupt)"
+            opt.zero_grad(set_to_none=True)
+        except BatchesExhausted:
+            self.stop_reason = "batch source ran out"
+        except Exception:
+            try:  # keep the finished attempts of this interval, then re-raise
+                self._flush(chunk)
+                rec.emit(time.perf_counter())
+            except Exception:
+                log.exception("could not record the steps made before the failure")
+            raise
+        good = self._flush(chunk)
+        self.counted += good
+        self.bar.update(good)
+        if self.counted % self.cfg.log_every == 0 or self.done:
+            rec.emit(time.perf_counter())
+
+    def _attempt(self, chunk: Chunk, last: bool) -> None:
+        """One optimizer attempt: K microbatches, one precision step, zero_grad."""
+        t, amp, K = self.trainer, self.amp, self.cfg.accumulation
+        self.lr.before_attempt()
+        self.timer.start()
+        total = None
+        for _ in range(K):
+            loss = self.loss(self._next_batch())
+            t.microbatches_done += 1
+            total = loss.detach() if total is None else total + loss.detach()
+            amp.backward(loss / K if K > 1 else loss)
+        t.attempts_done += 1
+        if t.attempts_done in self.overflow:  # teaching: a real overflow the scaler must catch
+            poison_gradient(self.params)
+        out = amp.step(t.optimizer, self.cfg.grad_clip, self.params, total)
+        t.optimizer.zero_grad(set_to_none=True)
+        self.lr.after_attempt(out.stepped)
+        self.timer.stop(last)
+        chunk.add(total, out)  # type: ignore[arg-type]
+
+    def _next_batch(self) -> Any:
+        index = self.trainer.microbatches_done
+        if self._peeked is not None and self._peeked[0] == index:
+            batch, self._peeked = self._peeked[1], None
+            return batch
+        return to_device(self.trainer.source.get(index), self.trainer.device)
+
+    def _flush(self, chunk: Chunk) -> int:
+        chunk.final_scale = self.amp.scale_tensor() if chunk.losses else None
+        try:
+            return self.rec.flush(chunk, self.trainer.optimizer.param_groups[0]["lr"])
+        finally:
+            self.trainer.steps_done = self.rec.steps_done
+            self.lr.sync(self.rec.steps_done)
+
+    # ------------------------------------------------------------------------ plumbing
+
+    @contextlib.contextmanager
+    def _sync_debug(self) -> Iterator[None]:
+        """CUDA sync checks on for the attempts, off for logging (``train.cuda_sync_debug``)."""
+        if not self.sync_mode:
+            yield
+            return
+        old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(self.sync_mode)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Errors carry the result: OOM becomes DeviceOutOfMemoryError; the session closes."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            self._close()
+            raise self._oom(exc) from exc
+        except FitError:
+            self._close()
+            raise
+        except BaseException as exc:
+            self._close()
+            exc.precision_nb_result = self.result  # type: ignore[attr-defined]
+            raise
+
+    def _close(self) -> None:
+        self._closed = True
+        bar = getattr(self, "bar", None)
+        if bar is not None:
+            bar.close()
+
+    def _oom(self, exc: BaseException) -> FitError:
+        t, cfg = self.trainer, self.cfg
+        probe = MemoryProbe(t.device)
+        peak = probe.read().peak
+        t.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if t.device.type == "cuda":
+            torch.cuda.empty_cache()
+        samples = t.workload_info.get("batch_size", "?")
+        msg = (
+            f"out of memory on {t.device} with plan {t.plan.mode} "
+            f"(dtype {t.plan.dtype}, scaler {t.plan.use_scaler}), batch size {samples} "
+            f"x {cfg.accumulation} microbatches, peak {peak / 2**20:.0f} MiB ({probe.kind}); "
+            "memory was released. Use a smaller preset or batch, more accumulation, or a "
+            "mixed-precision plan."
+        )
+        self.result.events.append(
+            Event("oom", msg, {"peak_bytes": peak, "memory_kind": probe.kind})
+        )
+        return DeviceOutOfMemoryError(msg, self.result)

@@ -1,0 +1,67 @@
+"""The resolution rules as keyed data, and the documented table kept identical to MATRIX."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from precision_nb.core.capabilities import BF16_QUERY_RESULTS, get_capabilities
+from precision_nb.core.matrix import MATRIX, ROWS, RULES, RULES_DOC, lookup, rule_key
+from precision_nb.core.plan import MODES
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "plans.md"
+BF16_PRESET = {"supported": "cuda-bf16", "unsupported": "cuda-no-bf16", "error": "cuda-bf16-error"}
+
+
+def test_every_rule_names_a_row_and_every_row_is_reachable():
+    assert {row_id for row_id, _ in RULES.values()} == set(ROWS)
+    assert len(ROWS) == len(MATRIX)
+
+
+@pytest.mark.parametrize(
+    "device,request_,lab,bf16",
+    list(
+        itertools.product(("cuda", "cpu", "mps", "xpu"), MODES, (False, True), BF16_QUERY_RESULTS)
+    ),
+)
+def test_every_request_has_exactly_one_rule(device, request_, lab, bf16):
+    caps = get_capabilities(BF16_PRESET[bf16])
+    key = rule_key(request_, lab, device, caps)
+    assert key in RULES
+    row, reason = lookup(request_, lab, device, caps)
+    assert row.id == RULES[key][0]
+    assert "{" not in reason  # every template field was filled
+
+
+def test_the_lab_key_only_exists_for_cpu_fp16():
+    caps = get_capabilities("cpu-only")
+    assert lookup("fp16", True, "cpu", caps)[0].id == "cpu-fp16-lab"
+    assert lookup("bf16", True, "cpu", caps)[0].id == "cpu-bf16"
+    assert lookup("fp16", True, "mps", caps)[0].id == "mps-mixed"
+
+
+def _doc_rows() -> list[list[str]]:
+    text = DOCS.read_text(encoding="utf-8")
+    section = text.split("## Resolution rules", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in rows]
+
+
+def test_docs_table_is_the_matrix():
+    yes = {True: "yes", False: "no"}
+    documented = [cells[:7] for cells in _doc_rows()]
+    expected = [
+        [f"`{r.id}`", r.device, r.request, r.mode, yes[r.scaler], yes[r.autocast], r.source]
+        for r in MATRIX
+    ]
+    assert documented == expected
+    assert all(cells[7] for cells in _doc_rows())  # every row says what it means
+
+
+def test_the_linked_section_exists():
+    path, anchor = RULES_DOC.split("#")
+    assert path == "docs/plans.md"
+    heading = "## " + anchor.replace("-", " ").capitalize()
+    assert heading in DOCS.read_text(encoding="utf-8")

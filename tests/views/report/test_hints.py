@@ -222,3 +222,20 @@ def test_hints_by_run_lists_shared_hints_under_each_run():
         "bf16": [shared, everyone],
         "fp16 (loss-scale lab)": [shared, everyone],
     }
+
+
+def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
+    from precision_nb.core.cpu_features import CpuFeatures
+
+    cpu = CpuFeatures(avx512_bf16=False, amx_bf16=False, source="/proc/cpuinfo flags")
+    explanation = SimpleNamespace(capabilities=SimpleNamespace(cpu=cpu))
+    source = _comparison(
+        fp32=_result(make_records("fp32", "fp32")),
+        bf16=_result(make_records("bf16", "bf16"), explanation=explanation),
+    )
+    (hint,) = _by_topic(hints(source))["cpu_features"]
+    assert hint.run == "bf16" and "no native bf16 instructions" in hint.message
+    assert "source: /proc/cpuinfo flags" in hint.message
+    native = SimpleNamespace(capabilities=SimpleNamespace(cpu=CpuFeatures(avx512_bf16=True)))
+    source.results["bf16"].explanation = native
+    assert "cpu_features" not in _by_topic(hints(source))

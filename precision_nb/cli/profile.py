@@ -140,7 +140,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"precision-nb profile: run failed: {err}", file=sys.stderr)
         return 1
     _print_outcome(output)
-    return 0
+    failures = getattr(output.comparison, "failures", None) or {}
+    for label, why in failures.items():
+        print(
+            f"precision-nb profile: plan {label} {why}; the report covers what it completed",
+            file=sys.stderr,
+        )
+    return 1 if failures else 0
 
 
 def _load(flag: str, spec: str) -> tuple[Any, Any]:

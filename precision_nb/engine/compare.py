@@ -253,7 +253,9 @@ def compare(
     model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
     ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``. ``measure`` sets
     the warm-up rule and the rounds (:class:`MeasureConfig`); ``steps`` (a TrainConfig field) is
-    the number of measured steps per plan, split over the rounds.
+    the number of measured steps per plan, split over the rounds. When a plan fails, the others
+    still finish; then the first failure is raised with the whole comparison attached as
+    ``exc.precision_nb_comparison`` (``failures`` says which plans stopped where).
     """
     if isinstance(modes, (str, PrecisionConfig)):
         modes = [modes]
@@ -320,8 +322,6 @@ def compare(
         out.drift[label] = {"params": params}  # type: ignore[dict-item]
         if result.stopped or measurement.stopped:
             out.stopped = True
-    if failures and len(failures) == len(sessions):
-        raise next(iter(failures.values()))
     out.failures = {label: str(measurement.plans[label].failed) for label in failures}
     out.figures, more = plan_figures(measurement, out.results, ref_label)
     out.events.extend(more)
@@ -343,4 +343,8 @@ def compare(
         d["param_rel_diff"] = float((params - reference).norm()) / denom
     if reference is None:
         out.events.append(Event("warning", "no fp32 run among the requests: drift is None"))
+    if failures:  # loud, after the other plans finished; the comparison travels with the error
+        first = next(iter(failures.values()))
+        first.precision_nb_comparison = out  # type: ignore[attr-defined]
+        raise first
     return out

@@ -36,10 +36,15 @@ __all__ = [
     "PlanTiming",
     "Session",
     "Warmup",
+    "WarmupExhausted",
     "block_sizes",
     "run_rounds",
     "warm_up",
 ]
+
+
+class WarmupExhausted(ValueError):
+    """The batches ran out before a plan's warm-up ended: its steps cannot be timed."""
 
 
 class Session(Protocol):
@@ -164,8 +169,8 @@ def _stable(times: Sequence[float], cfg: MeasureConfig) -> bool:
 def warm_up(label: str, session: Session, cfg: MeasureConfig) -> Warmup:
     """Advance ``session`` one step at a time until the warm-up rule ends it (see module doc).
 
-    ``ValueError`` when the batches run out before the warm-up ends (the message names the plan,
-    the step and what is needed).
+    :class:`WarmupExhausted` (a ``ValueError``) when the batches run out before the warm-up ends
+    (the message names the plan, the step and what is needed); a failing step raises as it is.
     """
     if cfg.warmup_max == 0:
         return Warmup(0, 0.0, "none: warm-up skipped (warmup_max=0)")
@@ -173,14 +178,9 @@ def warm_up(label: str, session: Session, cfg: MeasureConfig) -> Warmup:
     times: list[float] = []
     rule = f"cap: {cfg.warmup_max} steps without stabilising"
     for n in range(cfg.warmup_max):
-        try:
-            got = session.advance(1)
-        except Exception as exc:
-            raise RuntimeError(
-                f"warm-up of plan {label} failed at step {n + 1}: {type(exc).__name__}: {exc}"
-            ) from exc
+        got = session.advance(1)
         if got < 1:
-            raise ValueError(
+            raise WarmupExhausted(
                 f"batches ran out during the warm-up of plan {label} after {n} step(s): timing "
                 f"needs up to {cfg.warmup_max} warm-up steps plus the measured steps; pass "
                 "batches that can be replayed (a list, a DataLoader or a callable of the index) "
@@ -267,17 +267,29 @@ def measure_plans(
     """Warm each plan up on a throw-away session, then run the real sessions in rounds.
 
     ``make_session(label, steps, warmup)`` builds a session from the shared initial state;
-    ``warmup=True`` asks for a throw-away one (no callbacks, no progress bar).
+    ``warmup=True`` asks for a throw-away one (no callbacks, no progress bar). A plan whose
+    warm-up fails is marked failed (0 rounds) and not measured; batches running out in a warm-up
+    (:class:`WarmupExhausted`) stop the measurement.
     """
     sizes = block_sizes(steps, cfg.rounds)
     measurement = Measurement(cfg, sizes, {label: PlanTiming(label) for label in labels})
+    failures: dict[str, BaseException] = {}
     for label in labels:
         if stop is not None and stop.is_set():
             break
         if cfg.warmup_max:
-            session = make_session(label, cfg.warmup_max, True)
-            warm = warm_up(label, session, cfg)
-            del session
+            try:
+                warm = warm_up(label, make_session(label, cfg.warmup_max, True), cfg)
+            except WarmupExhausted:
+                raise
+            except (RuntimeError, ValueError) as exc:  # this plan cannot run; the others go on
+                failures[label] = exc
+                timing = measurement.plans[label]
+                timing.failed = f"failed in warm-up: {type(exc).__name__}: {exc}"
+                measurement.events.append(
+                    Event("measurement", f"{label}: {timing.failed}", {"run": label, "rounds": 0})
+                )
+                continue
         else:
             warm = warm_up(label, _NoSession(), cfg)
         measurement.plans[label].warmup = warm
@@ -289,8 +301,10 @@ def measure_plans(
                 {"run": label, "warmup_steps": warm.steps, "warmup_s": warm.seconds},
             )
         )
-    sessions = {label: make_session(label, steps, False) for label in labels}
-    failures = run_rounds(sessions, sizes, measurement, stop)
+    sessions = {
+        label: make_session(label, steps, False) for label in labels if label not in failures
+    }
+    failures.update(run_rounds(sessions, sizes, measurement, stop))
     return measurement, sessions, failures
 
 

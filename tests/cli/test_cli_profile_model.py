@@ -82,3 +82,43 @@ def test_model_and_workload_together_are_refused(user_module, capsys, tmp_path):
     args = ["profile", "--model", f"{user_module}:make", "--workload", "mlp"]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
+    tmp_path, capsys, monkeypatch, make_records
+):
+    from types import SimpleNamespace
+
+    from precision_nb.views.report import profile as report
+
+    comparison = SimpleNamespace(
+        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
+        drift={},
+        merged={},
+        events=[],
+        failures={"bf16": "failed in round 3: RuntimeError: bf16 kernel failed"},
+    )
+
+    def partial(request, progress):
+        exc = RuntimeError("bf16 kernel failed")
+        exc.precision_nb_comparison = comparison
+        raise exc
+
+    monkeypatch.setattr(report, "_compare", partial)
+    out = tmp_path / "out"
+    assert main(["profile", "--no-progress", "--preset", "tiny", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "plan bf16 failed in round 3" in err and "the report covers" in err
+    assert (out / "report.html").exists() and (out / "summary.csv").exists()
+
+
+def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
+    from precision_nb.views.report import profile as report
+
+    def failing(request, progress):
+        raise RuntimeError("every plan failed")
+
+    monkeypatch.setattr(report, "_compare", failing)
+    assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
+    assert "run failed: every plan failed" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -79,14 +79,16 @@ def test_a_plan_failing_part_way_is_kept_with_its_rounds(make_model, batches):
                 raise RuntimeError("bf16 kernel failed")
         return torch.nn.functional.cross_entropy(out.float(), labels)
 
-    out = compare(
-        ["fp32", "bf16"],
-        model=make_model(),
-        batches=batches,
-        loss_fn=loss_fn,
-        train=quiet(steps=8),
-        measure=MeasureConfig(rounds=4, warmup_min=3, warmup_max=3),
-    )
+    with pytest.raises(RuntimeError, match="bf16 kernel failed") as info:
+        compare(
+            ["fp32", "bf16"],
+            model=make_model(),
+            batches=batches,
+            loss_fn=loss_fn,
+            train=quiet(steps=8),
+            measure=MeasureConfig(rounds=4, warmup_min=3, warmup_max=3),
+        )
+    out = info.value.precision_nb_comparison  # raised after fp32 finished, with everything
     assert set(out.failures) == {"bf16"} and "round 3" in out.failures["bf16"]
     assert out.figures["bf16"]["rounds"] == 2 and out.figures["fp32"]["rounds"] == 4
     assert out.results["bf16"].steps == 4 and out.results["fp32"].steps == 8

@@ -137,3 +137,13 @@ def test_measure_plans_warms_each_plan_on_a_throw_away_session():
 def test_measure_config_refuses_bad_values():
     with pytest.raises(ValueError, match="measure.rounds"):
         M.MeasureConfig(rounds=0)
+
+
+def test_a_plan_failing_in_warm_up_is_not_measured_and_the_others_are():
+    def make(label, steps, warmup):
+        return Scripted(lambda k: 1.0, fail_at=0 if label == "bf16" else None)
+
+    m, sessions, failures = M.measure_plans(["fp32", "bf16"], make, 4, M.MeasureConfig(rounds=2))
+    assert set(failures) == {"bf16"} and set(sessions) == {"fp32"}
+    assert m.plans["bf16"].failed.startswith("failed in warm-up: RuntimeError: boom")
+    assert m.plans["fp32"].rounds_completed == 2 and m.plans["bf16"].rounds_completed == 0

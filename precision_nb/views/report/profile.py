@@ -290,8 +290,22 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
     """Call the engine's ``compare()`` for a validated request.
 
     Logs about 25 points per plan (``log_every``) so the figures have curves while host syncs
-    stay rare.
+    stay rare. When a plan fails part-way and another completed, the comparison is returned with
+    ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
+    try:
+        return _compare(request, progress)
+    except (RuntimeError, ValueError) as exc:
+        comparison = getattr(exc, "precision_nb_comparison", None)
+        failed = getattr(comparison, "failures", None) or {}
+        done = [k for k in getattr(comparison, "results", {}) if k not in failed]
+        if comparison is None or not done:
+            raise
+        log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
+        return comparison
+
+
+def _compare(request: ProfileRequest, progress: bool) -> Any:
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import compare
     from precision_nb.engine.measure import MeasureConfig

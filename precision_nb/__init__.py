@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "WORKLOADS": "precision_nb.engine.workloads",
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
+    "MeasureConfig": "precision_nb.engine.measure",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "hints": "precision_nb.views.report.hints",
     "dashboard_figure": "precision_nb.views.report.figures",
     "profile": "precision_nb.views.report.profile",
+    "Profile": "precision_nb.views.report.profile_result",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

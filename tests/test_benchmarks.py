@@ -43,3 +43,9 @@ def test_bench_panel_latency_cycles_through_the_changes() -> None:
     times = bench.plan_latency(panel, changes=len(bench.CHANGES), cached=False)
     assert len(times) >= len(bench.CHANGES) - 2 and all(t > 0 for t in times)
     assert panel.controls.loss_scale_lab.value is False  # the cycle ends where it started
+
+
+def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
+    bench = _load("bench_profile")
+    ratios = bench.hand_loop(("fp32", "bf16"), rounds=2, block=1, warmup=1)
+    assert set(ratios) == {"bf16"} and ratios["bf16"] > 0

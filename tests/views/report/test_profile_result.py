@@ -93,3 +93,16 @@ def test_save_writes_the_cli_folder_and_refuses_a_file(make_records, tmp_path):
         result.save(target)
     assert target.read_text() == "keep"
     assert "bf16 is 2.00x" in repr(result)
+
+
+def test_throughput_figure_shows_the_measured_rate_and_interval(make_records):
+    from precision_nb.views.report.figures import throughput_figure
+
+    comparison = _comparison(make_records)
+    comparison.figures["bf16"]["samples_per_s"] = 12345.0
+    ax = throughput_figure(comparison).axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert "bf16 2.00x fp32 [1.90-2.10]" in labels and "fp32" in labels
+    flat = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert 12345.0 in flat
+    assert "warm-up excluded" in ax.get_title()

@@ -62,7 +62,7 @@ def plan_latency(panel: Panel, changes: int, cached: bool) -> list[float]:
         if widget.value == value:
             continue
         if not cached:
-            panel._plans.cache.clear()
+            panel._resolver.cache.clear()
         start = time.perf_counter()
         widget.value = value  # observers run synchronously, as in the kernel
         times.append(time.perf_counter() - start)

@@ -52,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "dashboard_figure": "precision_nb.views.report.figures",
     "profile": "precision_nb.views.report.profile",
     "Profile": "precision_nb.views.report.profile_result",
+    "inspect": "precision_nb.views.report.inspection",
+    "Inspection": "precision_nb.views.report.inspection",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

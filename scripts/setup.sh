@@ -1,23 +1,50 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs precision_nb into it.
-#   bash scripts/setup.sh          the package and its notebook dependencies
+#   bash scripts/setup.sh          the package and JupyterLab (the `notebook` extra)
 #   bash scripts/setup.sh test     ... plus the test tools (pytest, nbval, playwright, ruff)
 #   bash scripts/setup.sh dev      ... plus the benchmark tools (accelerate)
-# torch is installed first, on its own, so that the CPU build is used where no GPU build is wanted:
-# set PRECISION_NB_TORCH (default "torch==2.13.0") and PIP_INDEX_URL / PIP_EXTRA_INDEX_URL to change it.
+# torch is installed first, on its own (scripts/torch_source.py says from where and why): the CPU
+# build on Linux without an NVIDIA driver, pip's default (the CUDA build on Linux) with one.
+#   PRECISION_NB_TORCH        the torch requirement (default "torch==2.13.0")
+#   PRECISION_NB_TORCH_INDEX  auto (default) | cpu | default (pip's own configuration) | an index URL
+#   PRECISION_NB_DRY_RUN=1    print the commands instead of running them
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 extra="${1:-}"
 case "$extra" in
-  "") spec="." ;;
+  "") spec=".[notebook]" ;;
   test) spec=".[test]" ;;
   dev) spec=".[dev]" ;;
   *) echo "scripts/setup.sh: unknown extra '$extra' (allowed: test, dev, or nothing)" >&2; exit 2 ;;
 esac
+torch="${PRECISION_NB_TORCH:-torch==2.13.0}"
+dry="${PRECISION_NB_DRY_RUN:-}"
+
+run() {
+  if [ -n "$dry" ]; then
+    printf "+"; printf " %q" "$@"; echo
+  else
+    "$@"
+  fi
+}
+
 if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
+  run python3 -m venv .venv
 fi
 py=.venv/bin/python
-"$py" -m pip install -q --disable-pip-version-check "${PRECISION_NB_TORCH:-torch==2.13.0}"
-"$py" -m pip install -q --disable-pip-version-check -e "$spec"
-"$py" -c "import torch, precision_nb; print(f'precision_nb {precision_nb.__version__} with torch {torch.__version__} in .venv')"
+# a dry run before .venv exists asks the system Python where torch would come from
+probe="$py"
+[ -x "$probe" ] || probe=python3
+source_args="$("$probe" scripts/torch_source.py "$torch")"
+torch_args=()
+if [ -n "$source_args" ]; then
+  while IFS= read -r line; do torch_args+=("$line"); done <<<"$source_args"
+fi
+pip=("$py" -m pip install -q --disable-pip-version-check)
+if ! run "${pip[@]}" ${torch_args[@]+"${torch_args[@]}"} "$torch"; then
+  echo "scripts/setup.sh: installing $torch failed; PRECISION_NB_TORCH_INDEX=default uses pip's" \
+    "own configuration, PRECISION_NB_TORCH_INDEX=<index URL> another index" >&2
+  exit 1
+fi
+run "${pip[@]}" -e "$spec"
+run "$py" -c "import torch, precision_nb; print(f'precision_nb {precision_nb.__version__} with torch {torch.__version__} in .venv')"

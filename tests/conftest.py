@@ -4,11 +4,17 @@ run records that follow the engine's record schema (docs/architecture.md)."""
 from __future__ import annotations
 
 import math
+import os
+import shlex
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -113,3 +119,27 @@ def three_plans() -> list[dict[str, Any]]:
             peak_bytes=90 * 2**20,
         )
     )
+
+
+@pytest.fixture
+def setup_dry_run() -> Callable[..., tuple[list[list[str]], str]]:
+    """Run ``scripts/setup.sh ARGS`` with ``PRECISION_NB_DRY_RUN=1`` and extra environment.
+
+    Returns the commands it would run (argument lists) and its stderr, or ``"exit N"`` when it
+    failed.
+    """
+
+    def run(*args: str, **env: str) -> tuple[list[list[str]], str]:
+        done = subprocess.run(
+            ["bash", "scripts/setup.sh", *args],
+            cwd=ROOT,
+            env={**os.environ, "PRECISION_NB_DRY_RUN": "1", **env},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        lines = done.stdout.splitlines()
+        commands = [shlex.split(line[2:]) for line in lines if line.startswith("+ ")]
+        return commands, done.stderr if done.returncode == 0 else f"exit {done.returncode}"
+
+    return run

@@ -1,22 +1,56 @@
 """The ``precision-nb`` command line: ``plan`` (core only) and ``profile`` (the main job).
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
-``run(args) -> int``; this module only wires them together, so ``precision-nb plan`` never imports
-matplotlib.
-Exit codes: 0 success, 2 bad input (a clear message on stderr), 1 a failed run.
+``run(args) -> int``; this module wires them together and owns what every command shares: exit
+codes, error lines, CLI spellings in messages, Ctrl-C and a closed output pipe. Flag values are
+checked before torch is imported, so a bad value is answered at once.
+
+Exit codes: 0 success, 1 a failed run, 2 bad input or usage (one line on stderr), 130 interrupted
+(Ctrl-C), 141 the reader of the output went away (``precision-nb plan --json | head -1``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-SUBCOMMANDS = ("plan", "profile")
+from precision_nb import __version__
+
+SUBCOMMANDS = ("plan", "profile", "inspect")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 
 # ``--fused`` of every subcommand: auto probes (null), true attempts, false disables.
 FUSED = {"auto": None, "null": None, "none": None, "true": True, "false": False}
+
+#: Python and config spellings in library messages -> what a command-line user types.
+CLI_SPELLINGS: tuple[tuple[str, str], ...] = (
+    ("PrecisionConfig(mode='fp16', loss_scale_lab=True)", "--mode fp16 --loss-scale-lab"),
+    ("loss_scale_lab=True", "--loss-scale-lab"),
+    ("optimizer.fused=null", "--fused auto"),
+    ("optimizer.fused=true", "--fused true"),
+    ("optimizer.fused=false", "--fused false"),
+    ("fused=None", "--fused auto"),
+    ("fused=True", "--fused true"),
+    ("fused=False", "--fused false"),
+)
+
+
+def cli_text(text: str) -> str:
+    """``text`` with the Python spellings of :data:`CLI_SPELLINGS` replaced by flags."""
+    for python, flag in CLI_SPELLINGS:
+        text = text.replace(python, flag)
+    return text
+
+
+def error(command: str, message: Any, code: int = EXIT_USAGE) -> int:
+    """Print ``precision-nb COMMAND: error: MESSAGE`` on stderr; return ``code``."""
+    print(f"precision-nb {command}: error: {cli_text(str(message))}", file=sys.stderr)
+    return code
 
 
 def fused_arg(value: str) -> str:
@@ -29,12 +63,33 @@ def fused_arg(value: str) -> str:
     return key
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (unless the help already names it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or action.default is argparse.SUPPRESS
+            or "default" in text
+            or isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+        ):
+            return text
+        if action.default in (None, False) and action.nargs == 0:
+            return f"{text} (default: off)"
+        if action.default is None:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="precision-nb",
         description="PyTorch mixed precision you can see: resolve plans and profile them.",
+        epilog="Exit codes: 0 ok, 1 a run failed, 2 bad input, 130 interrupted.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{plan,profile}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"precision_nb.cli.{name}")
@@ -42,10 +97,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the exit flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test's capture)
+        return
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.run(args))
+    args = parser.parse_args(argv)  # usage errors exit 2; --help and --version exit 0
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        print(f"precision-nb {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_PIPE
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

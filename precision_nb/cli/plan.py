@@ -1,43 +1,77 @@
 """``precision-nb plan``: print the resolved plan and the decisions behind it.
 
-Module-level imports stay light (argparse only); torch and the core load when the command runs.
-Flags override the values of ``--config``. Bad input prints one line on stderr and exits 2.
+Module-level imports stay light (argparse only). Flag values and the ``--config`` file are checked
+before torch loads; the core loads when the command runs. Flags override the values of
+``--config``. Bad input prints one line on stderr and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
-from precision_nb.cli.main import FUSED, fused_arg
+from precision_nb.cli.main import (
+    EXIT_FAILED,
+    EXIT_OK,
+    FUSED,
+    HelpFormatter,
+    cli_text,
+    error,
+    fused_arg,
+)
+
+#: ``--simulate`` presets (core.capabilities.PRESETS, listed here so checking needs no torch).
+SIMULATE_PRESETS = (
+    "this-machine",
+    "cpu-only",
+    "cuda-bf16",
+    "cuda-bf16-emulated",
+    "cuda-no-bf16",
+    "cuda-bf16-error",
+    "mps",
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "plan",
         help="resolve device and precision and explain every decision",
+        formatter_class=HelpFormatter,
         description=(
             "Resolve a device and precision request to the plan the trainer would use, with the "
-            "ordered decisions, the resolution-matrix row and warnings. Flags override --config."
+            "ordered decisions, the resolution rule that applied and warnings. Flags override "
+            "--config."
         ),
     )
-    parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:N, mps")
-    parser.add_argument("--mode", help="auto (default), fp32, bf16, fp16")
-    parser.add_argument("--dtype", help="fp32, bf16 or fp16; counts only when the mode is auto")
     parser.add_argument(
-        "--fused", type=fused_arg, help="fused AdamW: auto (probe, default), true, false"
+        "--device",
+        help="auto, cpu, cuda, cuda:N, mps or another torch device string "
+        "(default: the --config value, else auto)",
+    )
+    parser.add_argument(
+        "--mode", help="auto, fp32, bf16, fp16 (default: the --config value, else auto)"
+    )
+    parser.add_argument(
+        "--dtype",
+        help="fp32, bf16 or fp16; counts only when the mode is auto (default: the --config "
+        "value, else none)",
+    )
+    parser.add_argument(
+        "--fused",
+        type=fused_arg,
+        help="fused AdamW: auto (probe), true (attempt), false (disable) (default: the --config "
+        "value, else auto)",
     )
     parser.add_argument(
         "--simulate",
         metavar="PRESET",
-        help=(
-            "explain for simulated hardware: this-machine, cpu-only, cuda-bf16, "
-            "cuda-bf16-emulated, cuda-no-bf16, cuda-bf16-error, mps"
-        ),
+        help=f"explain for simulated hardware: {', '.join(SIMULATE_PRESETS)} "
+        "(default: this machine, read from torch)",
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML file: device, precision, optimizer")
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML file: device, precision, optimizer (default: none)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
         "--verify",
@@ -48,13 +82,34 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--loss-scale-lab",
         action="store_true",
         default=None,
-        help="opt in to CPU fp16 with a CPU GradScaler (outside the resolution rules)",
+        help="opt in to CPU fp16 with a CPU GradScaler, outside the resolution rules "
+        "(default: the --config value, else off)",
     )
     parser.set_defaults(run=run)
     return parser
 
 
-def _explain(args: argparse.Namespace) -> Any:
+def check_flags(args: argparse.Namespace) -> Any:
+    """Check every flag value and read ``--config`` without importing torch.
+
+    Returns the config file's plain data (or None); ``ValueError``/``OSError`` otherwise.
+    """
+    from precision_nb.core.names import device_string, precision_name
+    from precision_nb.core.validate import choice
+    from precision_nb.core.yaml_source import read_source
+
+    if args.device is not None:
+        device_string(args.device, "--device")
+    if args.mode is not None:
+        precision_name(args.mode, "--mode")
+    if args.dtype is not None:
+        precision_name(args.dtype, "--dtype", allow_auto=False)
+    if args.simulate is not None:
+        choice("--simulate", args.simulate, SIMULATE_PRESETS)
+    return read_source(args.config) if args.config else None
+
+
+def _explain(args: argparse.Namespace, config_data: Any) -> Any:
     from dataclasses import replace
 
     from precision_nb.core.capabilities import get_capabilities
@@ -62,7 +117,7 @@ def _explain(args: argparse.Namespace) -> Any:
     from precision_nb.core.plan import PrecisionConfig
     from precision_nb.core.resolution import explain_precision
 
-    cfg = load_config(args.config) if args.config else RunConfig()
+    cfg = load_config(config_data) if config_data is not None else RunConfig()
     precision = cfg.precision
     overrides: dict[str, Any] = {}
     if args.mode is not None:
@@ -94,18 +149,18 @@ def _verify(explanation: Any) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        explanation = _explain(args)
-        check = _verify(explanation) if getattr(args, "verify", False) else None
+        config_data = check_flags(args)
+        explanation = _explain(args, config_data)
+        check = _verify(explanation) if args.verify else None
     except (ValueError, RuntimeError, OSError) as exc:
-        print(f"precision-nb plan: error: {exc}", file=sys.stderr)
-        return 2
+        return error("plan", exc)
     if args.json:
         data = explanation.to_dict()
         if check is not None:
             data["autocast_check"] = check.to_dict()
         print(json.dumps(data, indent=2))
     else:
-        print(explanation)
+        print(cli_text(str(explanation)))
         if check is not None:
             print(f"Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
-    return 0 if check is None or check.ok else 1
+    return EXIT_OK if check is None or check.ok else EXIT_FAILED

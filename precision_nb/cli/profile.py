@@ -7,26 +7,55 @@ Only argparse is imported at module level; the engine, matplotlib and pandas loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
+import textwrap
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-from precision_nb.cli.main import FUSED, fused_arg
+from precision_nb.cli.main import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    FUSED,
+    HelpFormatter,
+    cli_text,
+    error,
+    fused_arg,
+)
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
 DEFAULT_OUT = "profile-out"
+# The engine's names and defaults, listed here so flags are checked before torch loads (a test
+# keeps them equal to engine.workloads and views.report.profile).
+WORKLOAD_NAMES = ("mlp", "transformer", "lm", "cnn")
+PRESET_NAMES = ("tiny", "small", "medium", "large")
+DEFAULT_WORKLOAD = "mlp"
+DEFAULT_PRESET = "small"
+DEFAULT_STEPS = 48
+DEFAULT_ROUNDS = 8
+
+
+def _paragraphs(*texts: str) -> str:
+    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help="measure a model under several precision plans and write a report",
-        description=(
+        formatter_class=HelpFormatter,
+        description=_paragraphs(
             "Train a built-in workload (or your own model, --model) under each requested "
             "precision plan from the same initial weights: a warm-up per plan, then the plans "
             "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 %% "
             "intervals), PNG figures and a self-contained report.html into --out. Requests that "
-            "resolve to the same plan run once."
+            "resolve to the same plan run once.",
+            "The report is staged inside --out and moved into place only when complete: Ctrl-C "
+            "(exit 130), a failed run (exit 1) or a full disk (exit 1) leaves --out as it was.",
         ),
     )
     parser.add_argument(
@@ -34,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="MODULE:FACTORY",
         help="profile your own model: package.module:factory, a callable returning an "
-        "nn.Module (the current folder is importable); replaces --workload",
+        "nn.Module (the current folder is importable); replaces --workload; default: none",
     )
     parser.add_argument(
         "--batches",
@@ -47,50 +76,47 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=None,
-        help="interleaved rounds the measured steps are split over; default 8",
+        default=DEFAULT_ROUNDS,
+        help="interleaved rounds the measured steps are split over",
     )
     parser.add_argument(
         "--workload",
-        default=None,
-        help="built-in workload: mlp, transformer (lm), cnn; "
-        "default: the built-in default workload",
+        default=DEFAULT_WORKLOAD,
+        help="built-in workload: mlp, transformer (alias lm), cnn",
     )
     parser.add_argument(
-        "--preset",
-        default=None,
-        help="size preset: tiny, small, medium, large; default: the default workload's preset",
+        "--preset", default=DEFAULT_PRESET, help="size preset: tiny, small, medium, large"
     )
     parser.add_argument(
         "--compare",
         default=DEFAULT_COMPARE,
         metavar="MODES",
-        help="comma-separated precision requests (auto, fp32, bf16, fp16); "
-        f"default {DEFAULT_COMPARE}",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
     )
     parser.add_argument(
-        "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps; default auto"
+        "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="measured optimizer steps per plan; default 48"
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="measured optimizer steps per plan (warm-up not included)",
     )
     parser.add_argument(
-        "--accumulation", type=int, default=1, help="microbatches per optimizer step; default 1"
+        "--accumulation", type=int, default=1, help="microbatches per optimizer step"
     )
     parser.add_argument(
         "--fused",
         type=fused_arg,
         default="auto",
-        help="fused AdamW: auto (probe), true (attempt), false (disable); default auto",
+        help="fused AdamW: auto (probe), true (attempt), false (disable)",
     )
     parser.add_argument(
         "--loss-scale-lab",
         action="store_true",
         help="allow fp16 with a CPU GradScaler to watch loss scaling without a GPU",
     )
-    parser.add_argument(
-        "--out", default=DEFAULT_OUT, help=f"output folder; default ./{DEFAULT_OUT}"
-    )
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     # Accepted only to be refused with a reason (argparse would just say "unrecognized").
     parser.add_argument("--simulate", nargs="?", const="", default=None, help=argparse.SUPPRESS)
@@ -98,18 +124,76 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str) -> int:
-    print(f"precision-nb profile: error: {message}", file=sys.stderr)
-    return 2
+def check_flags(args: argparse.Namespace) -> None:
+    """Check every flag value and ``--out`` without importing torch (``ValueError``)."""
+    from pathlib import Path
+
+    from precision_nb.core.names import device_string, precision_name
+    from precision_nb.core.validate import choice, positive_int
+    from precision_nb.views.report.folder import check_output_folder
+
+    choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
+    choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+    names = [m.strip() for m in args.compare.split(",") if m.strip()]
+    if not names:
+        raise ValueError(
+            f"--compare: invalid value {args.compare!r}: give at least one precision request, "
+            "comma-separated; allowed: auto, fp32, bf16, fp16"
+        )
+    for name in names:
+        precision_name(name, "--compare")
+    device_string(args.device, "--device")
+    positive_int("--steps", args.steps)
+    positive_int("--accumulation", args.accumulation)
+    check_output_folder(Path(args.out).expanduser())
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
+    """First Ctrl-C: set ``stop`` (the run ends after its current step). Second: interrupt now."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            "precision-nb profile: stopping after this step (Ctrl-C again to abort)",
+            file=sys.stderr,
+        )
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.simulate is not None:
-        return _error(
-            "--simulate is not available for profile: nothing can train on simulated hardware. "
-            "Use `precision-nb plan --simulate PRESET` to see the plan a machine would get."
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # wherever it lands: nothing was moved into --out
+        print(
+            f"precision-nb profile: interrupted; {str(args.out)!r} was left as it was",
+            file=sys.stderr,
         )
-    from precision_nb.views.report.profile import run_profile, validate_request
+        return EXIT_INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.simulate is not None:
+        return error(
+            "profile",
+            "--simulate is not available for profile: nothing can train on simulated hardware. "
+            "Use `precision-nb plan --simulate PRESET` to see the plan a machine would get.",
+        )
+    try:
+        check_flags(args)
+    except (ValueError, OSError) as err:
+        return error("profile", err)
+    from precision_nb.views.report.profile import ReportWriteError, run_profile, validate_request
 
     try:
         model, batches = _user_model(args)
@@ -127,26 +211,34 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
         )
     except (ValueError, RuntimeError) as err:
-        return _error(str(err))
+        return error("profile", err)
 
     command = "precision-nb " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
+    stop = threading.Event()
     try:
-        output = run_profile(
-            request, progress=not args.no_progress, settings={"command": command.strip()}
-        )
-    except ValueError as err:  # the output folder turned out not to be writable
-        return _error(str(err))
-    except RuntimeError as err:  # a run failed (FitError and friends carry the reason)
-        print(f"precision-nb profile: run failed: {err}", file=sys.stderr)
-        return 1
+        with _ctrl_c_stops(stop):
+            output = run_profile(
+                request,
+                progress=not args.no_progress,
+                settings={"command": command.strip()},
+                stop=stop,
+            )
+    except ReportWriteError as err:
+        return error("profile", err.strerror, EXIT_FAILED)
+    except ValueError as err:
+        return error("profile", err)
+    except (RuntimeError, OSError) as err:  # a run failed (FitError and friends carry the reason)
+        print(f"precision-nb profile: run failed: {cli_text(str(err))}", file=sys.stderr)
+        return EXIT_FAILED
     _print_outcome(output)
     failures = getattr(output.comparison, "failures", None) or {}
     for label, why in failures.items():
         print(
-            f"precision-nb profile: plan {label} {why}; the report covers what it completed",
+            f"precision-nb profile: plan {label} {cli_text(why)}; the report covers what it "
+            "completed",
             file=sys.stderr,
         )
-    return 1 if failures else 0
+    return EXIT_FAILED if failures else EXIT_OK
 
 
 def _load(flag: str, spec: str) -> tuple[Any, Any]:
@@ -181,7 +273,7 @@ def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
         if args.batches is not None:
             raise ValueError("--batches: given without --model; built-in workloads bring theirs")
         return None, None
-    if args.workload is not None:
+    if args.workload != DEFAULT_WORKLOAD:
         raise ValueError("--model and --workload: give one of them")
     module, factory = _load("--model", args.model)
     if not callable(factory):
@@ -239,12 +331,7 @@ def _print_outcome(output: Any) -> None:
     ]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for verdict in getattr(output, "verdicts", {}).values():
-        print(f"verdict: {verdict}")
+        print(f"verdict: {cli_text(verdict)}")
     for hint in output.hints:
-        print(f"hint: {hint}")
+        print(f"hint: {cli_text(str(hint))}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")
-    if getattr(output.comparison, "stopped", False):
-        print(
-            "precision-nb profile: stopped early; the report covers the steps made before the stop",
-            file=sys.stderr,
-        )

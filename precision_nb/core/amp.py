@@ -60,8 +60,14 @@ def make_grad_scaler(plan: PrecisionPlan, **scaler_kwargs: Any) -> Any:
     ``torch.cuda.amp.GradScaler()`` for older torch (logged). A CPU plan with ``use_scaler``
     only comes from ``PrecisionConfig(loss_scale_lab=True)`` and gets
     ``torch.amp.GradScaler("cpu")``. Everything else returns ``None``. ``scaler_kwargs``
-    (``init_scale``, ``growth_interval``, ...) are passed on.
+    (``init_scale``, ``growth_interval``, ...) are checked (finite, in range) and passed on.
     """
+    if not isinstance(plan, PrecisionPlan):
+        raise ValueError(
+            f"plan: invalid value {validate.short_repr(plan)} ({type(plan).__name__}); allowed: "
+            "a PrecisionPlan (from resolve_precision or explain_precision(...).plan)"
+        )
+    check_scaler_settings(scaler_kwargs)
     if not plan.use_scaler:
         return None
     if plan.mode != "fp16":

@@ -72,6 +72,12 @@ class BatchSource:
             batch = self._fn(index)
         else:
             batch = self._next()
+        if batch is None:  # a cheap check on every batch: None would fail deep in the model
+            raise ValueError(
+                f"batches returned None for microbatch {index}; allowed: a tensor, a tuple/list "
+                "(inputs, labels) or a mapping of tensors (raise StopIteration or end the "
+                "iterable to stop early)"
+            )
         if self._served == 0:
             _check_batch(batch, index)
         self._served += 1

@@ -239,8 +239,6 @@ class MemoryReading:
 
 
 _PROCESS: psutil.Process | None = None
-_STATM: tuple[int, int] | None = None  # (pid, fd of /proc/<pid>/statm), Linux only
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _this_process() -> psutil.Process:
@@ -252,26 +250,7 @@ def _this_process() -> psutil.Process:
 
 
 def host_rss() -> int:
-    """This process's resident set size in bytes.
-
-    On Linux one ``pread`` of ``/proc/<pid>/statm`` through a descriptor kept open (~2 us, where
-    ``psutil``'s ``memory_info()`` opens and parses the file each time, ~30 us); elsewhere, or if
-    that file cannot be read, ``psutil``.
-    """
-    global _STATM
-    pid = os.getpid()
-    if _STATM is None or _STATM[0] != pid:  # a forked child must not read its parent's file
-        try:
-            _STATM = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
-        except OSError:
-            _STATM = (pid, -1)
-    fd = _STATM[1]
-    if fd >= 0:
-        try:
-            return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
-        except (OSError, IndexError, ValueError):
-            log.warning("could not read /proc/%d/statm; reading host RSS with psutil", pid)
-            _STATM = (pid, -1)
+    """This process's resident set size in bytes (``psutil``; read once per logging interval)."""
     return int(_this_process().memory_info().rss)
 
 

@@ -188,6 +188,8 @@ class FitSession:
         self.bar.update(good)
         if self.counted % self.cfg.log_every == 0 or self.done:
             rec.emit(time.perf_counter())
+            # only here, so the LR does not depend on how a run is split into advance() calls
+            self.lr.sync(rec.steps_done)
 
     def _attempt(self, chunk: Chunk, last: bool) -> None:
         """One optimizer attempt: K microbatches, one precision step, zero_grad."""
@@ -222,7 +224,6 @@ class FitSession:
             return self.rec.flush(chunk, self.trainer.optimizer.param_groups[0]["lr"])
         finally:
             self.trainer.steps_done = self.rec.steps_done
-            self.lr.sync(self.rec.steps_done)
 
     # ------------------------------------------------------------------------ plumbing
 

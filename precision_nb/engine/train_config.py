@@ -121,7 +121,9 @@ class CountedLR:
 
     ``after_attempt(stepped)`` advances the count when the step ran (``True``), not when it was
     skipped (``False``). ``stepped=None`` (only the device knows: a fused optimizer under a grad
-    scaler) counts the attempt; :meth:`sync` puts in the true count at the next logging point.
+    scaler) counts the attempt; :meth:`sync` puts in the true count at the next logging point
+    (logging points depend on counted steps only, so the LR does not depend on how a run is
+    split into ``advance`` calls).
     A constant schedule without warmup sets the LR once and does no per-step work.
     """
 

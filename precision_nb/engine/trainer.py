@@ -210,25 +210,21 @@ class Trainer:
         return ckpt.save_checkpoint(path, self.state_dict())
 
     def load_checkpoint(self, path: Any) -> None:
-        """Restore a checkpoint; the grad scaler state is restored into the next fit's scaler."""
+        """Restore a checkpoint; the grad scaler state is restored into the next fit's scaler.
+
+        Every entry is checked first (``ValueError`` naming each bad one); with any bad entry
+        nothing is changed.
+        """
         payload = ckpt.load_checkpoint(path, map_location=self.device)
-        own = self.model.state_dict()
-        theirs = payload["model"]
-        bad = sorted(set(own) ^ set(theirs))
-        bad += [k for k in own if k in theirs and tuple(own[k].shape) != tuple(theirs[k].shape)]
-        if bad:
-            raise ValueError(
-                f"checkpoint {str(path)!r} does not fit model {type(self.model).__name__}: "
-                f"mismatched entries {bad[:5]}{' ...' if len(bad) > 5 else ''}; nothing was loaded"
-            )
-        self.model.load_state_dict(theirs)
+        ckpt.validate_state(payload, self.model, self.optimizer, f"checkpoint {str(path)!r}")
+        self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         counters = payload["counters"]
-        self.steps_done = int(counters["steps"])
-        self.attempts_done = int(counters["attempts"])
-        self.microbatches_done = int(counters["microbatches"])
+        self.steps_done = counters["steps"]
+        self.attempts_done = counters["attempts"]
+        self.microbatches_done = counters["microbatches"]
         ckpt.restore_rng(payload["rng"])
-        self._pending_scaler = payload["scaler"]
+        self._pending_scaler = payload["scaler"] or None
         if payload["plan"] != self.plan.to_dict():
             self._pending_events.append(
                 Event(

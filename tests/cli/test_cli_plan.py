@@ -72,14 +72,14 @@ def test_verify_runs_on_this_machine(capsys):
 @pytest.mark.parametrize(
     "argv,words",
     [
-        (["--mode", "fp8"], ["precision.mode", "'fp8'", "'bf16'"]),
-        (["--mode", "half precision"], ["precision.mode", "'half precision'"]),
-        (["--dtype", "16"], ["precision.dtype", "'16'"]),
-        (["--device", "gpu"], ["device", "'gpu'", "'cuda'"]),
+        (["--mode", "fp8"], ["--mode", "'fp8'", "'bf16'"]),
+        (["--mode", "half precision"], ["--mode", "'half precision'"]),
+        (["--dtype", "16"], ["--dtype", "'16'"]),
+        (["--device", "gpu"], ["--device", "'gpu'", "'cuda:N'", "another torch device string"]),
         (["--device", "cuda:7", "--simulate", "cuda-bf16"], ["'cuda:7'", "1 CUDA device"]),
         (["--device", "mps", "--simulate", "cpu-only"], ["MPS is not available"]),
-        (["--simulate", "a100"], ["'a100'", "'cuda-bf16'"]),
-        (["--config", "missing-file.yaml"], ["missing-file.yaml"]),
+        (["--simulate", "a100"], ["--simulate", "'a100'", "'cuda-bf16'"]),
+        (["--config", "missing-file.yaml"], ["missing-file.yaml", "not found"]),
         (["--verify", "--simulate", "cuda-bf16"], ["--verify", "real hardware"]),
     ],
 )

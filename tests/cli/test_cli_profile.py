@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from precision_nb.cli.main import main
+from precision_nb.views.report import folder
 from precision_nb.views.report import profile as report
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
@@ -103,7 +104,7 @@ def test_profile_into_an_existing_folder_keeps_other_files(
         merged={},
         events=[],
     )
-    monkeypatch.setattr(report, "run_comparison", lambda request, progress=True: fake)
+    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
     code = _profile("--preset", "tiny", "--steps", "2", "--compare", "fp32", "--out", str(out))
     assert code == 0
     assert (out / "notes.txt").read_text() == "mine"
@@ -123,11 +124,12 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--workload", "nope"], "known: mlp"),
-        (["--preset", "huge"], "known: tiny, small, medium, large"),
-        (["--steps", "0"], "steps: invalid value 0"),
-        (["--steps", "-3"], "steps: invalid value -3"),
-        (["--accumulation", "0"], "accumulation: invalid value 0"),
+        (["--workload", "nope"], "--workload: invalid value 'nope'"),
+        (["--preset", "huge"], "allowed: 'tiny', 'small', 'medium', 'large'"),
+        (["--steps", "0"], "--steps: invalid value 0"),
+        (["--steps", "-3"], "--steps: invalid value -3"),
+        (["--accumulation", "0"], "--accumulation: invalid value 0"),
+        (["--device", "gpu"], "--device: invalid value 'gpu'; allowed: 'auto', 'cpu', 'cuda'"),
         (["--compare", ""], "give at least one precision request"),
         (["--compare", " , "], "give at least one precision request"),
         (["--compare", "fp32,fp8"], "'fp8'"),
@@ -167,7 +169,7 @@ def test_output_not_writable_is_refused(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     # The suite may run as root, where permission bits do not stop writes; ask os.access instead.
-    monkeypatch.setattr(report.os, "access", lambda path, mode: Path(path) != out)
+    monkeypatch.setattr(folder.os, "access", lambda path, mode: Path(path) != out)
     assert _profile("--preset", "tiny", "--out", str(out)) == 2
     assert "is not writable" in capsys.readouterr().err
     assert list(out.iterdir()) == []
@@ -178,7 +180,7 @@ def test_a_failed_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch)
     out.mkdir()
     (out / "report.html").write_text("previous report")
 
-    def boom(request, progress=True):
+    def boom(request, **kwargs):
         raise RuntimeError("bf16: loss became NaN at step 3")
 
     monkeypatch.setattr(report, "run_comparison", boom)

@@ -79,7 +79,7 @@ def test_batches_without_model_is_refused(capsys, tmp_path):
 
 
 def test_model_and_workload_together_are_refused(user_module, capsys, tmp_path):
-    args = ["profile", "--model", f"{user_module}:make", "--workload", "mlp"]
+    args = ["profile", "--model", f"{user_module}:make", "--workload", "cnn"]
     assert main([*args, "--out", str(tmp_path / "o")]) == 2
     assert "give one of them" in capsys.readouterr().err
 
@@ -99,7 +99,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
         failures={"bf16": "failed in round 3: RuntimeError: bf16 kernel failed"},
     )
 
-    def partial(request, progress):
+    def partial(request, *args):
         exc = RuntimeError("bf16 kernel failed")
         exc.precision_nb_comparison = comparison
         raise exc
@@ -115,7 +115,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
     from precision_nb.views.report import profile as report
 
-    def failing(request, progress):
+    def failing(request, *args):
         raise RuntimeError("every plan failed")
 
     monkeypatch.setattr(report, "_compare", failing)

@@ -1,7 +1,9 @@
-"""The ipywidgets panel: ``Panel`` and the pieces it is built from.
+"""The ipywidgets panel: ``Panel`` and the pieces it is built from (see docs/panel.md).
 
-``api`` (the ``Panel`` class), ``controls`` (the widgets and their validation), ``plan_resolver``
-(the cached plan for the current selection), ``run`` (background runs and their live updates),
+``api`` (the ``Panel`` class: construction and public API), ``selection`` (the controls' values
+and their checks), ``controls`` (input widgets), ``plan_resolver`` (the cached plan of a selection
+and the live plan shown), ``outputs`` (output widgets), ``session`` (background runs, the plotting
+budget, what is drawn after a run), ``run`` (the worker thread and the throttled engine callback),
 ``code`` (the code a plan corresponds to) and ``live_charts`` (SVG charts during a run).
 """
 

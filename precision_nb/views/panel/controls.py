@@ -1,113 +1,47 @@
-"""The panel's input widgets and the frozen :class:`Selection` they describe.
+"""The panel's input widgets and the frozen :class:`~.selection.Selection` they describe.
 
-This module knows widgets, not precision rules: the panel passes in the device options (real and
-simulated), the workloads, and asks for the current :class:`Selection` to resolve it with the core.
+This module knows widgets, not precision rules (value checks are in :mod:`.selection`): the panel
+passes in the device options (real and simulated), the workloads, and asks for the current
+:class:`Selection` to resolve it with the core.
 Every widget carries a stable CSS class (``pnb-...``) so browser tests can find it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as widgets
 
-from precision_nb.core.device import normalize_device_request
-from precision_nb.core.plan import normalize_precision
-from precision_nb.core.validate import positive_int
+from precision_nb.views.panel.selection import (
+    COMPARE_CHOICES,
+    DEFAULT_COMPARE,
+    DTYPES,
+    FUSED_CHOICES,
+    MAX_ACCUMULATION,
+    MAX_STEPS,
+    MODES,
+    SEED_RANGE,
+    SIM_PREFIX,
+    USER_MODEL,
+    DeviceOption,
+    Selection,
+    check_seed,
+    normalise,
+)
 
-__all__ = [
+__all__ = [  # the selection names are re-exported here, where they used to live
     "COMPARE_CHOICES",
     "Controls",
+    "DEFAULT_COMPARE",
     "DeviceOption",
     "FUSED_CHOICES",
     "MODES",
+    "SEED_RANGE",
     "SIM_PREFIX",
     "Selection",
+    "check_seed",
 ]
-
-MODES = ("auto", "fp32", "bf16", "fp16")
-DTYPES = ("none", "fp32", "bf16", "fp16")
-FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
-SIM_PREFIX = "sim:"
-USER_MODEL = "your model"
-
-# Comparison entries: label -> (mode, loss_scale_lab).
-COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
-    "fp32": ("fp32", False),
-    "bf16": ("bf16", False),
-    "fp16": ("fp16", False),
-    "fp16 + loss-scale lab": ("fp16", True),
-    "auto": ("auto", False),
-}
-DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
-
-
-@dataclass(frozen=True)
-class DeviceOption:
-    """One entry of the device menu: ``value`` is ``auto``, a torch device string, or
-    ``sim:<preset>`` for a simulated hardware preset."""
-
-    value: str
-    label: str
-
-    @property
-    def simulated(self) -> bool:
-        return self.value.startswith(SIM_PREFIX)
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What the controls say, as plain values (no widget in here)."""
-
-    device: str
-    mode: str
-    dtype: str | None
-    fused: bool | None
-    workload: str | None
-    preset: str | None
-    steps: int
-    accumulation: int
-    loss_scale_lab: bool
-    seed: int
-    compare_plans: tuple[str, ...] = field(default=DEFAULT_COMPARE)
-
-    @property
-    def simulated_preset(self) -> str | None:
-        """The hardware preset name when the device is simulated, else None."""
-        if self.device.startswith(SIM_PREFIX):
-            return self.device[len(SIM_PREFIX) :]
-        return None
-
-    @property
-    def fused_label(self) -> str:
-        return {None: "probe", True: "on", False: "off"}[self.fused]
-
-
-def _normalise_dtype(value: Any) -> str:
-    """The dtype control's value: "none", or the core's canonical precision name."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
-        return "none"
-    try:
-        return normalize_precision(value, field="dtype", allow_auto=False)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; or None (no dtype)") from None
-
-
-def _normalise_mode(value: Any) -> str:
-    return normalize_precision(value, field="mode")
-
-
-def _normalise_fused(value: Any) -> str:
-    if value is None or value in FUSED_CHOICES:
-        return "probe" if value is None else str(value)
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    raise ValueError(
-        f"fused={value!r} is not a fused AdamW choice; allowed: None or 'probe', True or 'on', "
-        "False or 'off'"
-    )
 
 
 class Controls:
@@ -117,8 +51,8 @@ class Controls:
     workload name to its preset names (empty when the panel trains the user's model).
     """
 
-    MAX_STEPS = 100_000
-    MAX_ACCUMULATION = 1024
+    MAX_STEPS = MAX_STEPS
+    MAX_ACCUMULATION = MAX_ACCUMULATION
 
     def __init__(
         self,
@@ -317,69 +251,13 @@ class Controls:
 
     def normalise(self, **values: Any) -> dict[str, Any]:
         """Validate ``values`` (control name -> value) into widget values, raising ValueError."""
-        out: dict[str, Any] = {}
-        for name, value in values.items():
-            if name == "device":
-                out[name] = self._device_value(value)
-            elif name == "mode":
-                out[name] = _normalise_mode(value)
-            elif name == "dtype":
-                out[name] = _normalise_dtype(value)
-            elif name == "fused":
-                out[name] = _normalise_fused(value)
-            elif name == "workload":
-                if self.user_model:
-                    raise ValueError(
-                        "workload cannot be chosen: this panel trains the model passed as "
-                        "Panel(model=...)"
-                    )
-                if value not in self.workloads:
-                    raise ValueError(
-                        f"workload={value!r} is unknown; allowed: {', '.join(self.workloads)}"
-                    )
-                out[name] = value
-            elif name == "preset":
-                out[name] = value
-            elif name == "steps":
-                out[name] = positive_int("steps", value, self.MAX_STEPS)
-            elif name == "accumulation":
-                out[name] = positive_int("accumulation", value, self.MAX_ACCUMULATION)
-            elif name == "seed":
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ValueError(f"seed={value!r} must be an integer")
-                out[name] = value
-            elif name == "loss_scale_lab":
-                if not isinstance(value, bool):
-                    raise ValueError(f"loss_scale_lab={value!r} must be True or False")
-                out[name] = value
-            elif name == "compare_plans":
-                chosen = (value,) if isinstance(value, str) else tuple(value)
-                unknown = [c for c in chosen if c not in COMPARE_CHOICES]
-                if unknown or not chosen:
-                    raise ValueError(
-                        f"compare_plans={value!r} must name one or more of: "
-                        + ", ".join(COMPARE_CHOICES)
-                    )
-                out[name] = chosen
-            else:
-                raise ValueError(
-                    f"{name!r} is not a panel control; allowed: device, mode, dtype, fused, "
-                    "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans"
-                )
-        preset = out.get("preset")
-        if "preset" in out and not self.user_model:
-            workload = out.get("workload", self.workload.value)
-            allowed = self.workloads.get(workload, ())
-            if preset not in allowed:
-                raise ValueError(
-                    f"preset={preset!r} is not a size preset of workload {workload!r}; "
-                    f"allowed: {', '.join(map(str, allowed))}"
-                )
-        elif "preset" in out:
-            raise ValueError(
-                "preset cannot be chosen: this panel trains the model passed as Panel(model=...)"
-            )
-        return out
+        return normalise(
+            values,
+            device_options=self.device_options,
+            workloads=self.workloads,
+            user_model=self.user_model,
+            current_workload=self.workload.value,
+        )
 
     def apply(self, values: Mapping[str, Any]) -> None:
         """Set already-normalised values (workload before preset)."""
@@ -414,30 +292,6 @@ class Controls:
         self.lab_note.value = f"<small>{note}</small>" if note else ""
 
     # ------------------------------------------------------------------ helpers
-
-    def _device_value(self, value: Any) -> str:
-        """A menu value (real device or ``sim:<preset>``), or a torch device string to type."""
-        text = str(value).strip() if isinstance(value, str) else value
-        values = [o.value for o in self.device_options]
-        if isinstance(text, str):
-            lowered = text.lower()
-            if lowered in values:
-                return lowered
-            for name in (lowered, lowered.removeprefix("simulated:")):
-                if SIM_PREFIX + name in values:
-                    return SIM_PREFIX + name
-            if lowered.startswith(SIM_PREFIX):
-                presets = [v[len(SIM_PREFIX) :] for v in values if v.startswith(SIM_PREFIX)]
-                raise ValueError(
-                    f"device={value!r} is not a simulated preset; allowed: {', '.join(presets)}"
-                )
-        try:
-            return normalize_device_request(text)
-        except ValueError as exc:
-            raise ValueError(
-                f"{exc}; the menu offers: {', '.join(values)} (a simulated preset may be named "
-                "without the 'sim:' prefix)"
-            ) from None
 
     def _on_device_menu(self, _change: dict[str, Any]) -> None:
         self.device_text.value = ""

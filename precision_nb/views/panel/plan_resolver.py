@@ -1,6 +1,7 @@
 """The panel's live plan: a :class:`Selection` resolved by the core, and what is shown of it.
 
-:class:`PlanView` turns the controls' selection into the core's :class:`Explanation` (cached per
+:class:`LivePlan` keeps the plan of the controls' selection up to date in the panel.
+:class:`PlanResolver` turns the controls' selection into the core's :class:`Explanation` (cached per
 selection, so a control change costs well under a millisecond), says whether the loss-scale lab
 applies, and renders the badge and the "copy as code" snippet. Resolution itself is the core's
 ``explain_precision``; nothing here decides a precision.
@@ -9,8 +10,9 @@ applies, and renders the badge and the "copy as code" snippet. Resolution itself
 from __future__ import annotations
 
 import html
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabilities
 from precision_nb.core.device import resolve_device
@@ -18,9 +20,18 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.views.panel.code import CodeSpec, plan_code
-from precision_nb.views.panel.controls import SIM_PREFIX, DeviceOption, Selection
+from precision_nb.views.panel.controls import (
+    SIM_PREFIX,
+    Controls,
+    DeviceOption,
+    Selection,
+    check_seed,
+)
 
-__all__ = ["PlanView", "Resolved", "device_options"]
+if TYPE_CHECKING:
+    from precision_nb.views.panel.outputs import PanelOutputs
+
+__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options"]
 
 _BADGE_REAL = "background:#d4edda;color:#155724"
 _BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"
@@ -46,11 +57,20 @@ def device_options(caps: Capabilities) -> list[DeviceOption]:
 
 
 def fused_flag(explanation: Explanation) -> bool | None:
-    """The AdamW ``fused`` flag the explanation's fused decision amounts to."""
-    for decision in explanation.decisions:
-        if decision.field == "fused AdamW":
-            return decision.outcome.startswith("fused")
-    return explanation.optimizer.fused
+    """The AdamW ``fused`` flag the explanation's fused decision amounts to.
+
+    Read from structured fields, not the outcome's wording: a request for fused AdamW holds unless
+    the decision is a fallback; ``fused=False`` is plain AdamW; the probe (``None``) chooses fused
+    only on CUDA (where it is probed, or expected on simulated hardware) and only without a
+    fallback. No fused decision (no optimizer given): the request as it is.
+    """
+    requested = explanation.optimizer.fused
+    decision = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
+    if decision is None:
+        return requested
+    if requested is None:
+        return explanation.plan.device_type == "cuda" and not decision.fallback
+    return bool(requested) and not decision.fallback
 
 
 @dataclass(frozen=True)
@@ -62,7 +82,7 @@ class Resolved:
     lab_reason: str
 
 
-class PlanView:
+class PlanResolver:
     """Resolves selections against this machine (or a simulated preset), with a cache."""
 
     def __init__(self, capabilities: Capabilities, optimizer: OptimizerConfig) -> None:
@@ -149,3 +169,74 @@ def code_for(explanation: Explanation, selection: Selection) -> str:
         note=note,
     )
     return plan_code(spec)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PlanView":
+        import warnings
+
+        warnings.warn(
+            "PlanView is renamed PlanResolver (it resolves selections, it is not a view)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PlanResolver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class LivePlan:
+    """The plan of the controls' current selection, re-resolved on every change and shown.
+
+    ``refresh()`` resolves the selection (a seed typed into the widget is checked as ``set``
+    checks it), then shows the explanation, the badge and the code, or the reason it cannot be
+    resolved in the error box (source ``"selection"``, cleared by the next good refresh).
+    ``explanation`` is None and ``error`` the exception while the selection cannot be resolved.
+    """
+
+    def __init__(self, resolver: PlanResolver, controls: Controls, outputs: PanelOutputs) -> None:
+        self.resolver = resolver
+        self.controls = controls
+        self.outputs = outputs
+        self.explanation: Explanation | None = None
+        self.error: BaseException | None = None
+        self.refresh_seconds = 0.0
+
+    def refresh(self) -> None:
+        start = time.perf_counter()
+        selection = self.controls.selection()
+        try:
+            check_seed(selection.seed)
+            resolved = self.resolver.resolve(selection)
+        except (ValueError, RuntimeError) as exc:
+            self.explanation, self.error = None, exc
+            self.controls.update_enabled(lab_applies=False, lab_reason="")
+            self.outputs.clear_plan()
+            self.outputs.show_error(f"Cannot resolve this selection: {exc}", "selection")
+            self.refresh_seconds = time.perf_counter() - start
+            return
+        explanation = resolved.explanation
+        self.explanation, self.error = explanation, None
+        self.controls.update_enabled(
+            lab_applies=resolved.lab_applies, lab_reason=resolved.lab_reason
+        )
+        self.outputs.show_plan(
+            explanation._repr_html_(),
+            badge_html(explanation),
+            explanation.simulated,
+            code_for(explanation, selection),
+        )
+        if self.outputs.error_source == "selection":
+            self.outputs.show_error(None)
+        self.refresh_seconds = time.perf_counter() - start
+
+    def block_reason(self) -> str | None:
+        """Why Run cannot start with this selection (None when it can)."""
+        if self.error is not None:
+            return "Run is disabled: the selection cannot be resolved (see the message above)."
+        if self.explanation is not None and self.explanation.simulated:
+            name = self.explanation.capabilities.name
+            return (
+                f"Run is disabled: {name} is simulated hardware. The plan shows what it would "
+                "resolve to there; pick a real device (auto, cpu, ...) to run."
+            )
+        return None

@@ -22,11 +22,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Job", "LiveView", "check_train_options", "describe_failure", "metrics_text"]
+__all__ = [
+    "Job",
+    "LiveCallback",
+    "check_train_options",
+    "describe_failure",
+    "metrics_text",
+]
 
 
-class LiveView:
-    """Engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) that feeds the panel.
+class LiveCallback:
+    """Throttled engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) feeding the panel.
 
     ``progress(done, total, text, record)`` is called at most every ``progress_interval_s`` (and
     at each run's start and end) with the latest record (None before the first);
@@ -187,7 +193,9 @@ class Job:
         try:
             try:
                 self.result = self.target(self.stop_event)
-            except Exception as exc:  # noqa: BLE001 - UI boundary: shown in the panel, kept in .error
+            # A worker thread is a UI boundary: whatever the run raised (SystemExit from a model's
+            # forward included) is kept in .error and shown by the panel; nothing is hidden.
+            except BaseException as exc:  # noqa: BLE001
                 log.info("panel %s failed", self.kind, exc_info=True)
                 self.error = exc
             self.on_done(self)
@@ -200,37 +208,38 @@ class Job:
 def describe_failure(exc: BaseException, *, batch_hint: str = "") -> str:
     """A short, user-facing message for a failed run (plain text, no traceback).
 
-    Out-of-memory failures say what to change; the engine's messages (``FitError``) already name
-    the plan and what happened, so they are shown as they are.
+    The engine's errors (``FitError``, its ``DeviceOutOfMemoryError`` included) already name the
+    plan, what happened and what to change, so they are shown as they are. A torch out-of-memory
+    error that did not pass through the engine gets the advice added here.
     """
+    from precision_nb.engine.results import FitError
+
     text = str(exc).strip() or type(exc).__name__
-    if _is_oom(exc):
+    if isinstance(exc, FitError):
+        if is_out_of_memory(exc):
+            return f"Out of memory: {text}"
+        return f"Run failed: {text}"
+    if is_out_of_memory(exc):
         advice = (
             "What to change: pick a smaller size preset"
             + (f" ({batch_hint})" if batch_hint else "")
             + " or smaller batches, raise accumulation (same samples per step, less memory per "
             "microbatch), or use a mixed-precision plan (bf16/fp16 keep activations smaller)."
         )
-        if "use a smaller preset" in text.lower():
-            return f"Out of memory: {text}"
         return f"Out of memory: {text}\n{advice}"
-    from precision_nb.engine.results import FitError
-
-    if isinstance(exc, FitError):
-        return f"Run failed: {text}"
     return f"Run failed ({type(exc).__name__}): {text}"
 
 
-def _is_oom(exc: BaseException) -> bool:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for torch's out-of-memory error, the engine's, or a failure whose partial result
+    recorded an ``oom`` event (decided by type and event kind, never by message text)."""
+    from precision_nb.core.events import of_kind
     from precision_nb.engine.results import DeviceOutOfMemoryError
 
-    oom_types: tuple[type[BaseException], ...] = (DeviceOutOfMemoryError,)
-    torch_oom = getattr(torch, "OutOfMemoryError", None) or getattr(
-        torch.cuda, "OutOfMemoryError", None
-    )
-    if torch_oom is not None:
-        oom_types += (torch_oom,)
-    return isinstance(exc, oom_types) or "out of memory" in str(exc).lower()
+    if isinstance(exc, (DeviceOutOfMemoryError, torch.OutOfMemoryError)):
+        return True
+    partial = getattr(exc, "result", None) or getattr(exc, "precision_nb_result", None)
+    return bool(of_kind(getattr(partial, "events", None), "oom"))
 
 
 _CONTROLLED = ("steps", "accumulation", "seed", "progress", "label")
@@ -276,3 +285,16 @@ def metrics_text(record: dict[str, Any]) -> str:
         kind = html.escape(str(record.get("memory_kind") or "memory"))
         parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
     return " &middot; ".join(parts)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LiveView":
+        import warnings
+
+        warnings.warn(
+            "LiveView is renamed LiveCallback (it is an engine callback, not a view)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LiveCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -88,31 +88,36 @@ def write_report(
     """Write metrics.csv, summary.csv, one PNG per figure and report.html into ``out_dir``.
 
     summary.csv is :func:`~precision_nb.views.report.tables.summary` plus a ``hints`` column (the
-    messages of the hints about that plan, `` | ``-separated). ``out_dir`` must exist.
+    messages of the hints about that plan, `` | ``-separated). ``out_dir`` is created when
+    missing. A write that fails raises ``OSError`` whose ``filename`` is the file it was writing.
     Returns file name -> path for every file written.
     """
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     frame = to_frame(comparison)
     table = summary(comparison)
     written: dict[str, Path] = {}
 
-    def _write(name: str, data: bytes | str) -> None:
+    def _write(name: str, data: bytes | str | Callable[[Path], Any]) -> None:
         path = out_dir / name
-        if isinstance(data, bytes):
-            path.write_bytes(data)
-        else:
-            path.write_text(data, encoding="utf-8")
+        try:
+            if callable(data):
+                data(path)
+            elif isinstance(data, bytes):
+                path.write_bytes(data)
+            else:
+                path.write_text(data, encoding="utf-8")
+        except OSError as err:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         written[name] = path
 
     hint_list = hints(comparison)
-    frame.to_csv(out_dir / "metrics.csv", index=False)
-    written["metrics.csv"] = out_dir / "metrics.csv"
+    _write("metrics.csv", lambda path: frame.to_csv(path, index=False))
     per_run = hints_by_run(hint_list, [str(label) for label in table["run"]])
     with_hints = table.assign(
         hints=[" | ".join(h.message for h in per_run[str(label)]) for label in table["run"]]
     )
-    with_hints.to_csv(out_dir / "summary.csv", index=False)
-    written["summary.csv"] = out_dir / "summary.csv"
+    _write("summary.csv", lambda path: with_hints.to_csv(path, index=False))
     pngs = {stem: F.figure_to_png(fig) for stem, fig in make_figures(comparison).items()}
     for stem, png in pngs.items():
         _write(f"{stem}.png", png)

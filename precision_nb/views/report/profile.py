@@ -8,25 +8,29 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from precision_nb.views.report import folder
+from precision_nb.views.report.folder import check_output_folder
 from precision_nb.views.report.hints import hints
-from precision_nb.views.report.html import OUTPUT_FILES
+from precision_nb.views.report.html import OUTPUT_FILES, write_report
 from precision_nb.views.report.profile_result import Profile, measurement_settings
 from precision_nb.views.report.tables import summary
 
 __all__ = [
     "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
+    "DEFAULT_WARMUP_MAX",
     "PROFILE_POINTS",
     "Profile",
+    "ProfileInterrupted",
     "ProfileOutput",
     "ProfileRequest",
+    "ReportWriteError",
+    "check_output_folder",
     "parse_modes",
     "profile",
     "run_profile",
@@ -105,39 +109,17 @@ def validate_request(
     """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
 
     ``workload``: a built-in workload name (or None for the default) or your own ``nn.Module``,
-    which then needs ``batches``.
+    which then needs ``batches`` (checked by fetching the first batch).
     """
-    from torch import nn
-
     from precision_nb.core.device import resolve_device
     from precision_nb.engine import workloads as wl
-    from precision_nb.engine.batches import BatchSource
 
-    model = None
-    if isinstance(workload, nn.Module):
-        model = workload
-        if batches is None:
-            raise ValueError(
-                f"batches: invalid value None for model {type(model).__name__}; allowed: a list "
-                "of batches, a DataLoader or a callable taking the microbatch index"
-            )
-        source = BatchSource(batches)  # ValueError for the wrong kind of source
-        if source.one_shot:
-            raise ValueError(
-                f"batches has type {type(batches).__name__}, a one-shot iterator; profiling "
-                "replays the batches for every plan: pass a list, a DataLoader or a callable"
-            )
-        source.get(0)  # ValueError when the first batch is not a tensor, tuple or mapping
+    model = _user_model(workload, batches)
+    if model is not None:
         workload = type(model).__name__
-    elif workload is not None and not isinstance(workload, str):
-        raise ValueError(
-            f"model: invalid value of type {type(workload).__name__}; allowed: a torch.nn.Module "
-            "or a built-in workload name (mlp, transformer, cnn)"
-        )
     else:
         workload = wl.DEFAULT_WORKLOAD if workload is None else workload
-        preset = wl.DEFAULT_PRESET if preset is None else preset
-        wl.get_workload(workload, preset)  # raises ValueError listing the known names
+        wl.get_workload(workload, wl.DEFAULT_PRESET if preset is None else preset)
     preset = wl.DEFAULT_PRESET if preset is None else preset
     if steps is not None and (isinstance(steps, bool) or int(steps) != steps or steps <= 0):
         raise ValueError(f"steps: invalid value {steps!r}; allowed: an integer >= 1")
@@ -168,48 +150,32 @@ def validate_request(
     )
 
 
-def check_output_folder(out: Path) -> None:
-    """``ValueError`` unless ``out`` can become (or already is) a writable folder."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {str(out)!r} exists and is not a folder; give a folder path")
-    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"out: folder {str(out)!r} is not writable")
-    parent = _existing_ancestor(out.absolute().parent)
-    if not parent.is_dir():
-        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"out: {str(out)!r} cannot be created: {str(parent)!r} is not writable")
+def _user_model(workload: Any, batches: Any) -> Any:
+    """``workload`` when it is an ``nn.Module`` (its batches checked), None for a workload name."""
+    from torch import nn
 
+    from precision_nb.engine.batches import BatchSource
 
-def _existing_ancestor(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _staging_folder(out: Path) -> Path:
-    """A fresh temporary folder beside ``out`` (same file system, so moving it is atomic)."""
-    parent = out.absolute().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=parent))
-    except OSError as err:
-        raise ValueError(f"out: cannot write next to {str(out)!r}: {err.strerror}") from err
-    # mkdtemp makes the folder private (0o700); the report folder gets the usual permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)
-    return staging
-
-
-def _move_into_place(staging: Path, out: Path) -> dict[str, Path]:
-    if not out.exists():
-        staging.rename(out)
-    else:
-        for item in staging.iterdir():
-            os.replace(item, out / item.name)
-        staging.rmdir()
-    return {name: out / name for name in OUTPUT_FILES if (out / name).exists()}
+    if isinstance(workload, nn.Module):
+        if batches is None:
+            raise ValueError(
+                f"batches: invalid value None for model {type(workload).__name__}; allowed: a "
+                "list of batches, a DataLoader or a callable taking the microbatch index"
+            )
+        source = BatchSource(batches)  # ValueError for the wrong kind of source
+        if source.one_shot:
+            raise ValueError(
+                f"batches has type {type(batches).__name__}, a one-shot iterator; profiling "
+                "replays the batches for every plan: pass a list, a DataLoader or a callable"
+            )
+        source.get(0)  # ValueError when the first batch is not a tensor, tuple or mapping
+        return workload
+    if workload is not None and not isinstance(workload, str):
+        raise ValueError(
+            f"model: invalid value of type {type(workload).__name__}; allowed: a torch.nn.Module "
+            "or a built-in workload name (mlp, transformer, cnn)"
+        )
+    return None
 
 
 def profile(
@@ -257,19 +223,30 @@ def profile(
     return run_profile(request, progress=progress, settings=settings)
 
 
+class ProfileInterrupted(KeyboardInterrupt):
+    """The profile was interrupted (Ctrl-C or ``stop``); the output folder was left as it was."""
+
+
+class ReportWriteError(OSError):
+    """The report could not be written (e.g. a full disk); the output folder was left as it was."""
+
+
 def run_profile(
     request: ProfileRequest,
     *,
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
+    stop: Any = None,
 ) -> Profile:
     """Run a validated request; write its folder when ``request.out`` is set.
 
-    The files are written into a temporary folder beside ``request.out`` and moved into place only
-    when all of them are done, so a failed run leaves ``out`` as it was. Files of an earlier
-    report in ``out`` are replaced; other files there are left alone.
+    ``stop`` (anything with ``is_set()``) ends the comparison between steps. An interrupted
+    comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. See
+    :func:`write_folder` for how the folder is written.
     """
-    comparison = run_comparison(request, progress=progress)
+    comparison = run_comparison(request, progress=progress, stop=stop)
+    if getattr(comparison, "stopped", False) and request.out is not None:
+        raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
     hint_list = tuple(hints(comparison))
     shown = {
         "requested plans": ", ".join(request.modes),
@@ -286,7 +263,31 @@ def run_profile(
     return result
 
 
-def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
+def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dict[str, Path]:
+    """Write the report files into ``out`` atomically; file name -> path.
+
+    The files are staged inside ``out`` and moved into place only when all of them are written
+    (:mod:`precision_nb.views.report.folder`), so a failed or disk-full write leaves ``out`` as it
+    was (:class:`ReportWriteError` says what could not be written and the free space). Files of an
+    earlier report in ``out`` are replaced; other files are left alone.
+    """
+    check_output_folder(out)
+    staging, created = folder.staging_folder(out)
+    committed = False
+    try:
+        write_report(comparison, staging, settings=settings)
+        names = folder.commit(staging, out)
+        committed = True
+    except OSError as err:
+        message = folder.describe_write_error(err, out)
+        raise ReportWriteError(err.errno, f"{message}; {str(out)!r} was left as it was") from err
+    finally:
+        if not committed:
+            folder.discard(staging, out, created)
+    return {name: out / name for name in OUTPUT_FILES if name in names}
+
+
+def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:
     """Call the engine's ``compare()`` for a validated request.
 
     Logs about 25 points per plan (``log_every``) so the figures have curves while host syncs
@@ -294,7 +295,7 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
     ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
     try:
-        return _compare(request, progress)
+        return _compare(request, progress, stop)
     except (RuntimeError, ValueError) as exc:
         comparison = getattr(exc, "precision_nb_comparison", None)
         failed = getattr(comparison, "failures", None) or {}
@@ -305,7 +306,7 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True) -> Any:
         return comparison
 
 
-def _compare(request: ProfileRequest, progress: bool) -> Any:
+def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import compare
     from precision_nb.engine.measure import MeasureConfig
@@ -327,4 +328,5 @@ def _compare(request: ProfileRequest, progress: bool) -> Any:
         progress=progress,
         steps=steps,
         log_every=max(1, steps // PROFILE_POINTS),
+        stop=stop,
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,21 +61,13 @@ class Profile:
     def save(self, path: str | Path) -> dict[str, Path]:
         """Write the report folder the CLI writes (created if missing; a file there is refused).
 
-        Files are written beside ``path`` first and moved into place when all are done; other
-        files already in the folder are left alone.
+        Files are staged and moved into place when all are written; other files already in the
+        folder are left alone.
         """
-        from precision_nb.views.report import profile as P
-        from precision_nb.views.report.html import write_report
+        from precision_nb.views.report.profile import write_folder
 
         out = Path(path).expanduser()
-        P.check_output_folder(out)
-        staging = P._staging_folder(out)
-        try:
-            write_report(self.comparison, staging, settings=self.settings)
-            self.files = P._move_into_place(staging, out)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+        self.files = write_folder(self.comparison, out, self.settings)
         self.out_dir = out
         return self.files
 

@@ -210,7 +210,10 @@ def test_set_refreshes_once(panel: Panel, monkeypatch) -> None:
     monkeypatch.setattr(Panel, "refresh", counting)
     panel.set(mode="bf16", device="cpu", fused="off", steps=7, seed=3)
     assert len(calls) == 1
-    assert (panel.mode, panel.fused, panel.steps, panel.seed) == ("bf16", False, 7, 3)
+    # the one refresh saw every value: the plan and the code reflect all of them
+    assert panel.plan.mode == "bf16" and panel.plan.autocast_enabled
+    assert "fused=False" in panel.code and "torch.manual_seed(3)" in panel.code
+    assert "steps, accumulation = 7, 1" in panel.code
 
 
 def test_constructor_rejects_bad_arguments() -> None:
@@ -231,8 +234,8 @@ def test_fused_choice_reaches_explanation_and_code(panel: Panel) -> None:
     panel.set(fused=True)
     fused = next(d for d in panel.explanation.decisions if d.field == "fused AdamW")
     assert panel.fused is True
-    expected = "fused=True" if fused.outcome.startswith("fused") else "fused=False"
-    assert expected in panel.code
+    # a request for fused AdamW holds unless this torch falls back (no CPU fused kernel)
+    assert ("fused=False" if fused.fallback else "fused=True") in panel.code
 
 
 def _exec_snippet(code: str) -> dict:
@@ -294,3 +297,12 @@ def test_panel_displays_as_its_widget(panel: Panel) -> None:
     bundle = panel._repr_mimebundle_()
     view = bundle["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == panel.widget.model_id
+
+
+def test_fused_flag_of_the_code_follows_the_decision_not_its_wording(panel: Panel) -> None:
+    panel.set(device="sim:cuda-bf16", fused=None)  # the probe expects fused AdamW on CUDA
+    assert "fused=True" in panel.code
+    panel.set(fused="off")
+    assert "fused=False" in panel.code
+    panel.set(device="cpu", fused=None)  # off CUDA the probe gives plain AdamW
+    assert "fused=False" in panel.code

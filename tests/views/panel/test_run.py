@@ -1,5 +1,5 @@
-"""Panel runs, headless: Run / Compare / Stop by Button.click(), refusal of a second run,
-failures shown in the panel, live-update throttling. Tiny workloads, a few steps each."""
+"""Panel runs, headless: Run / Compare / Stop by Button.click(), refusal of a second run, the
+plotting budget, live-update throttling. Tiny workloads, a few steps each."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel.run import LiveView, describe_failure
+from precision_nb.views.panel.run import LiveCallback
+from precision_nb.views.panel.session import figure_fits_budget
 from precision_nb.views.report.figures import figure_to_png
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -25,50 +26,95 @@ def _wait_until(predicate, timeout: float = TIMEOUT) -> None:
         time.sleep(0.02)
 
 
-def test_run_button_trains_and_fills_every_view() -> None:
+@pytest.fixture(scope="module")
+def finished() -> tuple[Panel, dict]:
+    """A panel after one 5-step bf16 run started by its Run button, with what it showed then."""
     panel = Panel(steps=5, log_every=1, mode="bf16")
     panel.run_button.click()
-    assert panel.running and panel.run_button.disabled and not panel.stop_button.disabled
+    during = {
+        "running": panel.running,
+        "run_disabled": panel.run_button.disabled,
+        "stop_enabled": not panel.stop_button.disabled,
+    }
     assert panel.wait(TIMEOUT)
+    after = {
+        "image": bytes(panel.figure_image.value),
+        "image_display": panel.figure_image.layout.display,
+        "note": panel.figure_note.value,
+    }
+    yield panel, {"during": during, "after": after}
+    panel.close()
+
+
+def test_run_button_disables_run_and_enables_stop_while_running(finished) -> None:
+    panel, seen = finished
+    assert seen["during"] == {"running": True, "run_disabled": True, "stop_enabled": True}
+    assert not panel.running and not panel.run_button.disabled and panel.stop_button.disabled
     assert panel.error is None, panel.error
-    result = panel.result
-    assert result.steps == 5 and not result.stopped
-    frame = panel.results
+
+
+def test_run_keeps_every_record_of_the_selected_plan(finished) -> None:
+    panel, _ = finished
+    assert panel.result.steps == 5 and not panel.result.stopped
+    frame = panel.records_frame
     assert list(frame["step"]) == [1, 2, 3, 4, 5]
     assert set(frame["mode"]) == {"bf16"} and set(frame["run"]) == {"bf16"}
+    assert len(panel.summary) == 1
+
+
+def test_progress_and_status_reach_the_end(finished) -> None:
+    panel, _ = finished
     assert panel.progress.value == panel.progress.max == 5
     assert panel.progress_label.value.startswith("5/5 steps")
     assert "steps/s" in panel.progress_label.value
+    assert panel.progress.bar_style == "success"
+    assert "Finished: 1 run(s) (bf16), last logged step 5" in panel.status.value
     assert "<table" in panel.results_html.value and "bf16" in panel.results_html.value
-    assert "Finished" in panel.status.value
-    assert not panel.run_button.disabled and panel.stop_button.disabled
+
+
+def test_live_numbers_and_svg_charts_show_the_run(finished) -> None:
+    panel, _ = finished
     assert "loss" in panel.live_metrics.value and "samples/s" in panel.live_metrics.value
-    assert panel.live_charts.value.count("<svg") == 4  # live SVG charts, cheap enough to follow
+    charts = panel.live_charts.value
+    assert charts.count("<svg") == 4
     # loss, throughput, memory; bf16 has no loss scaler, and its chart says so
-    assert panel.live_charts.value.count("<polyline") == 3
-    assert "no loss scaler" in panel.live_charts.value
+    assert charts.count("<polyline") == 3 and "no loss scaler" in charts
+
+
+def test_figures_are_fresh_matplotlib_figures_of_every_record(finished) -> None:
+    panel, _ = finished
     figures = panel.figures
     assert set(figures) == {"loss", "loss_scale", "throughput", "memory", "dashboard"}
-    for fig in figures.values():
-        assert fig.axes
+    assert all(fig.axes for fig in figures.values())
     loss_lines = figures["loss"].axes[0].get_lines()
     assert len(loss_lines) == 1 and list(loss_lines[0].get_xdata()) == [1, 2, 3, 4, 5]
     assert figure_to_png(figures["loss"], dpi=40).startswith(PNG)
-    assert len(panel.summary) == 1
-    # a short run: the matplotlib figure (about a second) is over the plotting budget, so it
-    # waits for Draw figure, and the note says why
-    assert panel.figure_image.value == b"" and panel.figure_image.layout.display == "none"
-    assert "not drawn" in panel.figure_note.value and "Draw figure" in panel.figure_note.value
+    assert panel.figures["loss"] is not figures["loss"]  # fresh each time
+
+
+def test_first_short_run_leaves_the_figure_to_draw_figure(finished) -> None:
+    # before any frame was drawn, a frame is guessed to cost a second: far over 2.5 % of a
+    # 5-step run, so the figure waits for the button, and the note says so
+    panel, seen = finished
+    assert seen["after"]["image"] == b"" and seen["after"]["image_display"] == "none"
+    assert "not drawn" in seen["after"]["note"] and "Draw figure" in seen["after"]["note"]
     assert not panel.figure_button.disabled
+
+
+def test_draw_figure_button_draws_the_png(finished) -> None:
+    panel, _ = finished
     panel.figure_button.click()
     assert bytes(panel.figure_image.value).startswith(PNG) and len(panel.figure_image.value) > 2000
     assert panel.figure_image.layout.display is None and panel.figure_note.value == ""
     assert panel.error is None
-    # a live frame (drawn during longer runs, within the plotting budget) from the same records
-    panel.figure_image.value = b""
-    panel._draw_live(result.records, [result])
+
+
+def test_a_live_frame_is_drawn_from_the_records_so_far(finished) -> None:
+    panel, _ = finished
+    result = panel.result
+    panel.session._draw_live(result.records[:3], [result])
     assert bytes(panel.figure_image.value).startswith(PNG)
-    assert "Live" in panel.figure_note.value
+    assert "Live figure" in panel.figure_note.value
 
 
 def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
@@ -77,21 +123,21 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
     _wait_until(lambda: panel.progress.value >= 3)
     assert panel.run_button.disabled and panel.compare_button.disabled
     # a second Run: the button is disabled, and the guard refuses a click or a call anyway
-    first_job = panel._job
+    first_job = panel.session.job
     panel.run_button.click()
-    assert panel._job is first_job
+    assert panel.session.job is first_job
     assert "already going" in panel.status.value
     with pytest.raises(RuntimeError, match="already going"):
         panel.run()
     with pytest.raises(RuntimeError, match="already going"):
         panel.compare()
-    assert len(panel.results) >= 3  # live records are readable while running
+    assert len(panel.records_frame) >= 3  # live records are readable while running
 
     panel.stop_button.click()
     assert panel.wait(TIMEOUT)
     result = panel.result
     assert result.stopped and 3 <= result.steps < 100_000
-    assert len(panel.results) == result.steps == len(result.records)
+    assert len(panel.records_frame) == result.steps == len(result.records)
     assert any(e.kind == "stop" and "stopped by request" in e.message for e in result.events)
     assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
     assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
@@ -107,7 +153,7 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     comparison = panel.result
     labels = list(comparison.results)
     assert labels == ["fp32", "bf16", "fp16 (loss-scale lab)"]
-    assert list(dict.fromkeys(panel.results["run"])) == labels
+    assert list(dict.fromkeys(panel.records_frame["run"])) == labels
     table = panel.summary
     assert list(table["run"]) == labels
     lab = table.set_index("run").loc["fp16 (loss-scale lab)"]
@@ -123,36 +169,43 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     assert panel.live_charts.value.count("<polyline") == 3 * len(labels) + 1
 
 
-def test_final_figure_is_drawn_when_it_fits_the_plotting_budget() -> None:
-    from types import SimpleNamespace
+def test_figure_fits_budget_counts_every_plotted_second() -> None:
+    # 2.5 % of 100 s is 2.5 s of plotting in all
+    assert figure_fits_budget(training_s=100.0, plotted_s=0.0, cost_s=2.5, budget=0.025)
+    assert not figure_fits_budget(training_s=100.0, plotted_s=0.0, cost_s=2.6, budget=0.025)
+    assert not figure_fits_budget(training_s=100.0, plotted_s=2.0, cost_s=1.0, budget=0.025)
+    assert not figure_fits_budget(training_s=0.0, plotted_s=0.0, cost_s=0.001, budget=0.5)
 
+
+def test_figure_is_drawn_when_frames_are_cheap_and_the_cost_is_learnt() -> None:
     panel = Panel(steps=3, log_every=1)
     with pytest.raises(RuntimeError, match="no run yet"):
         panel.draw_figure()
     assert panel.figure_button.disabled  # nothing to draw before a run
-    result = panel.run(block=True)
-    frame = panel.results
-    result.seconds = 100.0  # as if the run had trained 100 s: a 2.5 % budget is 2.5 s
-    quiet = SimpleNamespace(callback_seconds=0.0, plot_seconds=0.0, frames=0)
-
-    panel._frame_cost_s = 2.0  # fits: drawn at the end, no note
-    panel._final_figure(quiet, frame)
-    assert bytes(panel.figure_image.value).startswith(PNG) and panel.figure_note.value == ""
-    assert 0 < panel._frame_cost_s < 2.0  # the drawn frame's real cost is learnt
-
-    panel._frame_cost_s = 3.0  # over budget: no figure, and the note says why
-    panel._final_figure(quiet, frame)
+    panel.session.frame_cost_s = 0.0  # as if frames were free here: frames fit the budget
+    panel.run(block=True, timeout=TIMEOUT)
+    # drawn live during the run or at its end, whichever the budget allowed first
+    assert bytes(panel.figure_image.value).startswith(PNG)
+    assert panel.last_live.frames >= 1 or panel.figure_note.value == ""
+    assert panel.session.frame_cost_s > 0.0  # the real cost of a drawn frame is learnt
+    # that cost is far over 2.5 % of a 3-step run: the next run leaves the figure to the button
+    panel.run(block=True, timeout=TIMEOUT)
     assert panel.figure_image.value == b"" and "not drawn" in panel.figure_note.value
-    assert "3.0 s" in panel.figure_note.value and "2.5 %" in panel.figure_note.value
+    panel.close()
 
-    # live frames already spent the budget: the last live frame stays, labelled as such
-    panel.figure_image.value = PNG + b"live"
-    busy = SimpleNamespace(callback_seconds=1.0, plot_seconds=2.0, frames=2)
-    panel._frame_cost_s = 1.0
-    panel._final_figure(busy, frame)
-    assert bytes(panel.figure_image.value) == PNG + b"live"
+
+def test_an_over_budget_final_figure_keeps_the_last_live_frame() -> None:
+    from types import SimpleNamespace
+
+    panel = Panel(steps=3, log_every=1)
+    result = panel.run(block=True, timeout=TIMEOUT)
+    panel.session._draw_live(result.records, [result])
+    live_frame = bytes(panel.figure_image.value)
+    assert live_frame.startswith(PNG)
+    busy = SimpleNamespace(callback_seconds=0.0, plot_seconds=1.0, frames=1)  # budget spent
+    panel.session._final_figure(busy, panel.records_frame)
+    assert bytes(panel.figure_image.value) == live_frame
     assert "last live frame" in panel.figure_note.value
-
     # a new run clears the previous figure; while it goes, drawing is refused
     panel.set(steps=100_000)
     panel.run()
@@ -172,77 +225,6 @@ def test_compare_with_no_plan_ticked_says_so() -> None:
         panel.compare()
 
 
-def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
-    model = nn.Linear(4, 2)
-    bad = [(torch.randn(3, 5), torch.randint(0, 2, (3,)))]  # 5 features for a 4-input model
-    panel = Panel(model, bad, steps=2)
-    panel.run_button.click()  # a click never raises
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and panel.error.startswith("Run failed")
-    assert "mat1 and mat2" in panel.error  # torch's own words about the shapes
-    assert "Traceback" not in panel.error_box.value
-    assert panel.error_box.layout.display != "none"
-    assert panel.progress.bar_style == "danger"
-    assert not panel.run_button.disabled and panel.stop_button.disabled
-    with pytest.raises(RuntimeError, match="mat1 and mat2"):
-        panel.run(block=True)
-    # still usable: the plan keeps resolving
-    panel.set(mode="bf16")
-    assert panel.plan.mode == "bf16"
-
-
-class _NoAutocastModel(nn.Module):
-    """Trains in fp32, fails under autocast (a custom op without a bf16 kernel, say)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled("cpu"):
-            raise RuntimeError("custom_op has no kernel for BFloat16")
-        return self.linear(x)
-
-
-def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
-    panel.compare_button.click()
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and "no kernel for BFloat16" in panel.error
-    frame = panel.results
-    assert set(frame["run"]) == {"fp32"} and len(frame) == 3
-    assert "Failed" in panel.status.value
-    assert panel.draw_figure().startswith(PNG)
-    assert not panel.compare_button.disabled
-
-
-class _OutOfMemoryModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-
-
-def test_out_of_memory_says_what_to_change() -> None:
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(_OutOfMemoryModel(), batches, steps=2)
-    panel.run_button.click()
-    assert panel.wait(TIMEOUT)
-    assert panel.error is not None and panel.error.startswith("Out of memory")
-    assert "smaller preset or batch" in panel.error and "accumulation" in panel.error
-    assert not panel.run_button.disabled
-
-
-def test_describe_failure_gives_advice_for_raw_torch_oom() -> None:
-    message = describe_failure(torch.OutOfMemoryError("CUDA out of memory"), batch_hint="now large")
-    assert message.startswith("Out of memory") and "(now large)" in message
-    assert "accumulation" in message and "mixed-precision" in message
-    assert describe_failure(ValueError("steps bad")) == "Run failed (ValueError): steps bad"
-
-
 def test_user_model_is_trained_on_a_copy() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -250,7 +232,7 @@ def test_user_model_is_trained_on_a_copy() -> None:
     batches = [(torch.randn(6, 8), torch.randint(0, 3, (6,))) for _ in range(4)]
     panel = Panel(model, batches, steps=3, log_every=1)
     result = panel.run(block=True)
-    assert result.steps == 3 and len(panel.results) == 3
+    assert result.steps == 3 and len(panel.records_frame) == 3
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
@@ -272,35 +254,13 @@ def test_user_loss_fn_is_used_by_run_and_compare() -> None:
     assert len(calls) >= after_run + 4
 
 
-def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
-    from precision_nb.views.report import figures
-
-    def broken(*_args, **_kwargs):
-        raise ValueError("figure exploded")
-
-    monkeypatch.setattr(figures, "draw_loss", broken)
-    model = nn.Linear(4, 2)
-    batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(model, batches, steps=3, log_every=1)
-    result = panel.run(block=True)
-    panel.figure_button.click()  # a click never raises
-    assert result.steps == 3 and len(panel.results) == 3
-    assert panel.error == "Draw figure failed: ValueError: figure exploded"
-    assert not panel.run_button.disabled and not panel.figure_button.disabled
-    # the same when frames seem free, so the panel draws them during and after the run
-    panel._frame_cost_s = 1e-9
-    again = panel.run(block=True)
-    assert again.steps == 3 and len(panel.results) == 3
-    assert "figure exploded" in panel.error and not panel.run_button.disabled
-
-
-def test_live_view_survives_a_failing_frame() -> None:
+def test_live_callback_survives_a_failing_frame() -> None:
     clock = _Clock()
 
     def draw(records, results) -> None:
         raise RuntimeError("no display")
 
-    live = LiveView(
+    live = LiveCallback(
         steps=10,
         runs=1,
         progress=lambda *a: None,
@@ -325,7 +285,7 @@ class _Clock:
         return self.now
 
 
-def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
+def test_live_callback_keeps_plotting_within_budget_and_rate() -> None:
     clock = _Clock()
     draws: list[float] = []
     progress: list[tuple[int, int, str]] = []
@@ -334,7 +294,7 @@ def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
         draws.append(clock.now)
         clock.now += 0.4  # an expensive frame
 
-    live = LiveView(
+    live = LiveCallback(
         steps=1000,
         runs=1,
         progress=lambda d, t, s, r: progress.append((d, t, s)),
@@ -362,6 +322,6 @@ def test_live_view_keeps_plotting_within_budget_and_rate() -> None:
     assert "steps/s" in progress[-1][2]
 
 
-def test_live_view_rejects_bad_budget() -> None:
+def test_live_callback_rejects_bad_budget() -> None:
     with pytest.raises(ValueError, match="budget=1.5"):
-        LiveView(steps=1, runs=1, progress=print, draw=print, budget=1.5)
+        LiveCallback(steps=1, runs=1, progress=print, draw=print, budget=1.5)

@@ -1,0 +1,324 @@
+"""Memory by kind and dtype, read from the tensors themselves, with hand arithmetic beside it.
+
+Rows are plain dicts: ``kind``, ``dtype``, ``bytes`` (measured), ``expected_bytes`` (analytic, or
+None where no formula holds), ``counted`` (part of the model-memory sum; allocator and process
+figures are shown beside the sum, not in it) and ``method`` (how the number was obtained).
+
+Measured bytes count each storage once (``untyped_storage().nbytes()``), so views and tied
+weights are not double counted; expected bytes are ``numel x element size`` from shapes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from precision_nb.engine.inspect.op_trace import short
+from precision_nb.engine.metrics import host_rss
+
+PARAMS = "parameters"
+GRADS = "gradients"
+OPTIM = "optimizer state"
+COPIES = "autocast weight copies"
+ACTS = "activations saved for backward"
+INPUTS = "inputs saved for backward"
+SCALER = "grad scaler state"
+ALLOC_PEAK = "allocator peak (this step)"
+ALLOC_RESERVED = "allocator reserved peak (this step)"
+GAP = "allocator and workspace"
+RSS = "process memory (host RSS)"
+KINDS = (PARAMS, GRADS, OPTIM, COPIES, ACTS, INPUTS, SCALER)
+
+#: Modules whose parameters autocast casts to the low dtype (they call ops on its low list).
+LOW_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.PReLU,
+)
+
+
+def row(
+    kind: str,
+    dtype: Any,
+    nbytes: int | None,
+    expected: int | None,
+    method: str,
+    counted: bool = True,
+) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "dtype": dtype if isinstance(dtype, str) or dtype is None else short(dtype),
+        "bytes": nbytes,
+        "expected_bytes": expected,
+        "counted": counted,
+        "method": method,
+    }
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> dict[torch.dtype, int]:
+    """Bytes by dtype of the distinct storages behind ``tensors`` (each storage once)."""
+    seen: set[int] = set()
+    out: dict[torch.dtype, int] = defaultdict(int)
+    for t in tensors:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[t.dtype] += storage.nbytes()
+    return dict(out)
+
+
+def numel_bytes(
+    tensors: Iterable[torch.Tensor], dtype: torch.dtype | None = None
+) -> dict[Any, int]:
+    """Hand arithmetic: ``numel x element size`` by dtype (``dtype`` overrides the tensors')."""
+    out: dict[Any, int] = defaultdict(int)
+    for t in tensors:
+        d = dtype or t.dtype
+        out[d] += t.numel() * torch.empty((), dtype=d).element_size()
+    return dict(out)
+
+
+def _merge(kind: str, measured: dict[Any, int], expected: dict[Any, int], method: str) -> list:
+    return [
+        row(kind, d, measured.get(d), expected.get(d), method)
+        for d in sorted(set(measured) | set(expected), key=str)
+    ]
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def parameter_rows(model: nn.Module) -> list[dict[str, Any]]:
+    params = list(model.parameters())
+    return _merge(
+        PARAMS, storage_bytes(params), numel_bytes(params), "storages of model.parameters()"
+    )
+
+
+def gradient_rows(model: nn.Module) -> list[dict[str, Any]]:
+    params = trainable(model)
+    grads = [p.grad for p in params if p.grad is not None]
+    return _merge(
+        GRADS,
+        storage_bytes(grads),
+        numel_bytes(params),
+        "storages of p.grad after backward; expected: one gradient per trainable parameter",
+    )
+
+
+def step_dtype() -> torch.dtype:
+    """AdamW's ``step`` counter dtype (torch: float64 when that is the default dtype, else fp32)."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def adamw_expected(params: list[nn.Parameter]) -> dict[Any, int]:
+    """AdamW's state by hand: 2 x each parameter's bytes, plus one scalar ``step`` per tensor."""
+    expected: dict[Any, int] = defaultdict(int)
+    for d, n in numel_bytes(params).items():
+        expected[d] += 2 * n
+    expected[step_dtype()] += len(params) * torch.empty((), dtype=step_dtype()).element_size()
+    return dict(expected)
+
+
+def expected_rows(model: nn.Module, plan: Any, method: str) -> list[dict[str, Any]]:
+    """Hand arithmetic only (``bytes`` None): parameters, gradients, AdamW state, weight copies."""
+    params = trainable(model)
+    groups = (
+        (PARAMS, numel_bytes(list(model.parameters()))),
+        (GRADS, numel_bytes(params)),
+        (OPTIM, adamw_expected(params)),
+    )
+    rows = [row(kind, d, None, n, method) for kind, by_dtype in groups for d, n in by_dtype.items()]
+    for r in weight_copy_rows(model, (), plan):
+        rows.append({**r, "method": method})
+    return rows
+
+
+def optimizer_rows(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """AdamW state: ``exp_avg`` + ``exp_avg_sq`` per parameter (its dtype) + a scalar ``step``."""
+    states = list(optimizer.state.values())
+    tensors = [v for state in states for v in state.values() if torch.is_tensor(v)]
+    keys = sorted({k for state in optimizer.state.values() for k in state})
+    expected: dict[Any, int] = {}
+    if isinstance(optimizer, torch.optim.AdamW) and not optimizer.defaults.get("amsgrad"):
+        expected = adamw_expected(trainable(model))
+    return _merge(
+        OPTIM,
+        storage_bytes(tensors),
+        expected,
+        f"storages of optimizer.state ({', '.join(keys)}) after one step; expected: AdamW "
+        "exp_avg + exp_avg_sq per trainable parameter and one scalar step each",
+    )
+
+
+def weight_copy_rows(
+    model: nn.Module, copies: Iterable[tuple[torch.dtype, int]], plan: Any
+) -> list[dict[str, Any]]:
+    """Casts of parameters made inside the forward (autocast's weight cache), by dtype.
+
+    Expected: the parameters of Linear / Conv / PReLU modules in the autocast dtype, once each
+    (autocast caches the cast of a weight for the whole autocast region).
+    """
+    measured: dict[Any, int] = defaultdict(int)
+    for dtype, nbytes in copies:
+        measured[dtype] += nbytes
+    expected: dict[Any, int] = {}
+    if getattr(plan, "autocast_enabled", False) and isinstance(plan.dtype, torch.dtype):
+        seen: set[int] = set()
+        low = []
+        for module in model.modules():
+            if isinstance(module, LOW_MODULES):
+                for p in module.parameters(recurse=False):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        low.append(p)
+        expected = numel_bytes(low, plan.dtype)
+    if not measured and not expected:
+        return []
+    return _merge(
+        COPIES,
+        dict(measured),
+        expected,
+        "outputs of _to_copy of a parameter's storage during the forward (each output once); "
+        "expected: Linear/Conv/PReLU parameters in the autocast dtype",
+    )
+
+
+def scaler_rows(scaler: Any) -> list[dict[str, Any]]:
+    """The grad scaler's device tensors: the scale (fp32 scalar) and the growth tracker (int32)."""
+    if scaler is None:
+        return []
+    tensors = [t for t in (scaler._scale, scaler._growth_tracker) if t is not None]
+    return _merge(
+        SCALER,
+        storage_bytes(tensors),
+        {torch.float32: 4, torch.int32: 4},
+        "GradScaler._scale and ._growth_tracker (torch's private fields, pinned by a test)",
+    )
+
+
+class SavedTensors:
+    """``torch.autograd.graph.saved_tensors_hooks`` that note each saved storage once, by kind.
+
+    A saved storage that is a parameter or a live autocast weight copy is already counted under
+    that kind; one that belongs to the batch, or is a cast of it, is an input; every other one is
+    an activation.
+    """
+
+    def __init__(self, param_storages: set[int], input_storages: set[int], tracer: Any) -> None:
+        self.param_storages = param_storages
+        self.input_storages = input_storages
+        self.tracer = tracer
+        self.seen: dict[int, tuple[str, torch.dtype, int]] = {}
+        self.unattributed: dict[str, int] = defaultdict(int)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta:
+            what = type(t).__name__ if not isinstance(t, torch.Tensor) else str(t.layout)
+            self.unattributed[f"saved {what}: no ordinary storage to measure"] += 1
+            return t
+        try:
+            storage = t.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError) as exc:
+            self.unattributed[f"saved {type(t).__name__}: {type(exc).__name__}"] += 1
+            return t
+        if ptr in self.seen:
+            return t
+        if ptr in self.param_storages:
+            kind = PARAMS
+        elif self.tracer is not None and self.tracer.copy_of(ptr) == "parameter":
+            kind = COPIES
+        elif ptr in self.input_storages or (
+            self.tracer is not None and self.tracer.copy_of(ptr) == "input"
+        ):
+            kind = INPUTS
+        else:
+            kind = ACTS
+        self.seen[ptr] = (kind, t.dtype, nbytes)
+        return t
+
+    @staticmethod
+    def _unpack(t: Any) -> Any:
+        return t
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        for kind, method in (
+            (ACTS, "distinct storages packed by saved_tensors_hooks (views counted once)"),
+            (INPUTS, "batch storages (or their autocast casts) the autograd graph saved"),
+        ):
+            by_dtype: dict[Any, int] = defaultdict(int)
+            for k, dtype, nbytes in self.seen.values():
+                if k == kind:
+                    by_dtype[dtype] += nbytes
+            out += [row(kind, d, n, None, method) for d, n in sorted(by_dtype.items(), key=str)]
+        return out
+
+
+def start_peak_window(device: torch.device) -> int:
+    """CUDA: synchronize, reset the allocator's peak and return what is allocated now; else 0."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    base = int(torch.cuda.memory_allocated(device))
+    torch.cuda.reset_peak_memory_stats(device)
+    return base
+
+
+def device_rows(device: torch.device, rows: list[dict[str, Any]], base: int) -> list:
+    """Rows beside the sum of ``rows``: allocator peak and gap (CUDA), allocation (MPS), RSS."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device)) - base
+        reserved = int(torch.cuda.max_memory_reserved(device))
+        counted = sum(r["bytes"] or 0 for r in rows if r["counted"])
+        return [
+            row(
+                ALLOC_PEAK,
+                None,
+                peak,
+                None,
+                "torch.cuda.max_memory_allocated during the step, less what was allocated "
+                "before it",
+                counted=False,
+            ),
+            row(ALLOC_RESERVED, None, reserved, None, "torch.cuda.max_memory_reserved", False),
+            row(
+                GAP,
+                None,
+                peak - counted,
+                None,
+                "allocator peak less the sum of the kinds (negative: the kinds were not all "
+                "alive at the peak)",
+                counted=False,
+            ),
+        ]
+    if device.type == "mps":
+        allocated = int(torch.mps.current_allocated_memory())
+        method = "torch.mps.current_allocated_memory after the step"
+        return [row(ALLOC_PEAK, None, allocated, None, method, counted=False)]
+    method = (
+        "host RSS after the step: the whole process (Python, torch, libraries), not model memory"
+    )
+    return [row(RSS, None, host_rss(), None, method, counted=False)]

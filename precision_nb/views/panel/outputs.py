@@ -1,0 +1,336 @@
+"""The panel's output widgets and what is drawn into them.
+
+:class:`PanelOutputs` builds every widget the panel shows besides the controls (buttons, error
+box, progress, live metrics and charts, the figure with its note and Draw figure button, the
+summary table, the events, the plan and the "copy as code" area) and lays them out around the
+controls. Its methods only assign widget values, so the run's worker thread may call them: no
+``with output:`` block, no display call, nothing that needs the kernel's main thread.
+
+:func:`panel_png` draws the panel's matplotlib figure; :func:`close_widgets` closes a widget tree
+(layouts and styles included, which ipywidgets keeps registered until closed);
+:func:`weak_callback` wires a widget to a method without keeping its object alive.
+"""
+
+from __future__ import annotations
+
+import html
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from precision_nb.views.panel.live_charts import live_charts_html
+from precision_nb.views.panel.run import metrics_text
+
+__all__ = ["OUTPUT_WIDGETS", "PanelOutputs", "close_widgets", "panel_png", "weak_callback"]
+
+_ERROR_STYLE = (
+    "background:#f8d7da;color:#721c24;border:1px solid #f5c6cb;padding:6px 10px;"
+    "border-radius:4px;white-space:pre-wrap"
+)
+
+#: The widgets the panel exposes as attributes of the same name (``panel.run_button``, ...).
+OUTPUT_WIDGETS = (
+    "badge",
+    "run_button",
+    "compare_button",
+    "stop_button",
+    "run_reason",
+    "error_box",
+    "status",
+    "progress",
+    "progress_label",
+    "live_metrics",
+    "live_charts",
+    "plan_html",
+    "figure_image",
+    "figure_note",
+    "figure_button",
+    "results_html",
+    "events_html",
+    "code_area",
+)
+
+_CSS = {
+    "badge": "pnb-badge",
+    "run_button": "pnb-run",
+    "compare_button": "pnb-compare",
+    "stop_button": "pnb-stop",
+    "run_reason": "pnb-run-reason",
+    "error_box": "pnb-error",
+    "status": "pnb-status",
+    "progress": "pnb-progress",
+    "progress_label": "pnb-progress-label",
+    "live_metrics": "pnb-live-metrics",
+    "live_charts": "pnb-live-charts",
+    "plan_html": "pnb-plan",
+    "figure_image": "pnb-figures",
+    "figure_note": "pnb-figures-note",
+    "figure_button": "pnb-figure-button",
+    "results_html": "pnb-results",
+    "events_html": "pnb-events",
+    "code_area": "pnb-code",
+}
+
+
+class PanelOutputs:
+    """The output widgets and the root ``widget`` (a VBox holding ``controls_box`` too).
+
+    ``error`` is the message shown in the error box and ``error_source`` what set it
+    (``"input"``, ``"selection"``, ``"run"``, ``"figure"``), so a refresh clears only the messages
+    it owns.
+    """
+
+    CHART_INTERVAL_S = 0.5
+
+    def __init__(self, controls_box: widgets.Widget) -> None:
+        self.badge = widgets.HTML()
+        title = widgets.HTML("<b style='font-size:1.15em'>precision_nb</b> &mdash; precision plan")
+        self.run_button = widgets.Button(
+            description="Run", button_style="success", icon="play", tooltip="Train the plan"
+        )
+        self.compare_button = widgets.Button(
+            description="Compare",
+            button_style="info",
+            icon="columns",
+            tooltip="Run the plans ticked under Compare on the same seed, overlaid",
+        )
+        self.stop_button = widgets.Button(
+            description="Stop", button_style="danger", icon="stop", disabled=True
+        )
+        self.run_reason = widgets.HTML()
+        self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
+        self.status = widgets.HTML()
+        self.progress = widgets.IntProgress(
+            value=0, min=0, max=1, description="Progress", layout=widgets.Layout(width="360px")
+        )
+        self.progress_label = widgets.Label(value="idle")
+        self.live_metrics = widgets.HTML()
+        self.live_charts = widgets.HTML()
+        self.plan_html = widgets.HTML()
+        self.figure_image = widgets.Image(
+            format="png", layout=widgets.Layout(max_width="100%", display="none")
+        )
+        self.figure_note = widgets.HTML()
+        self.figure_button = widgets.Button(
+            description="Draw figure",
+            icon="image",
+            disabled=True,
+            tooltip="Draw the matplotlib figure of the last run (loss, loss scale, throughput, "
+            "memory), as in panel.figures",
+        )
+        self.results_html = widgets.HTML()
+        self.events_html = widgets.HTML()
+        self.code_area = widgets.Textarea(
+            layout=widgets.Layout(width="100%", height="320px"), description="", disabled=False
+        )
+        for name, css in _CSS.items():
+            getattr(self, name).add_class(css)
+        self.error: str | None = None
+        self.error_source: str | None = None
+        self._last_charts = -float("inf")
+
+        code_title = widgets.HTML(
+            "<b>Copy as code</b> &mdash; plain PyTorch (no precision_nb) reproducing this plan"
+        )
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox([title, self.badge]),
+                controls_box,
+                widgets.HBox([self.run_button, self.compare_button, self.stop_button]),
+                self.run_reason,
+                self.error_box,
+                widgets.HBox([self.progress, self.progress_label]),
+                self.live_metrics,
+                self.live_charts,
+                self.status,
+                widgets.HBox([self.figure_button, self.figure_note]),
+                self.figure_image,
+                self.results_html,
+                self.events_html,
+                self.plan_html,
+                code_title,
+                self.code_area,
+            ]
+        )
+        self.widget.add_class("pnb-panel")
+
+    def on_click(self, **handlers: Callable[[Any], None]) -> None:
+        """``run=``, ``compare=``, ``stop=``, ``figure=``: what each button calls."""
+        buttons = {
+            "run": self.run_button,
+            "compare": self.compare_button,
+            "stop": self.stop_button,
+            "figure": self.figure_button,
+        }
+        for name, handler in handlers.items():
+            buttons[name].on_click(handler)
+
+    # ------------------------------------------------------------------ messages
+
+    def show_error(self, message: str | None, source: str = "input") -> None:
+        """Show ``message`` in the error box (None hides it)."""
+        self.error = message
+        self.error_source = None if message is None else source
+        if message is None:
+            self.error_box.value = ""
+            self.error_box.layout.display = "none"
+            return
+        self.error_box.value = f"<div style='{_ERROR_STYLE}'>{html.escape(message)}</div>"
+        self.error_box.layout.display = None
+
+    def set_buttons(self, *, running: bool, block_reason: str | None, has_result: bool) -> None:
+        blocked = running or block_reason is not None
+        self.run_button.disabled = blocked
+        self.compare_button.disabled = blocked
+        self.stop_button.disabled = not running
+        self.figure_button.disabled = running or not has_result
+        if running:
+            self.run_reason.value = "<i>A run is going: Stop ends it between steps.</i>"
+        elif block_reason is not None:
+            style = "color:#856404"
+            self.run_reason.value = f"<span style='{style}'>{html.escape(block_reason)}</span>"
+        else:
+            self.run_reason.value = ""
+
+    # ------------------------------------------------------------------ plan
+
+    def show_plan(self, plan_html: str, badge_html: str, simulated: bool, code: str) -> None:
+        self.plan_html.value = plan_html
+        self.badge.value = badge_html
+        if simulated:
+            self.badge.add_class("pnb-simulated")
+        else:
+            self.badge.remove_class("pnb-simulated")
+        self.code_area.value = code
+
+    def clear_plan(self) -> None:
+        self.plan_html.value = ""
+        self.code_area.value = ""
+
+    # ------------------------------------------------------------------ a run
+
+    def reset_for_run(self, total: int) -> None:
+        """Empty every view of the previous run before a new one starts."""
+        self.progress.value = 0
+        self.progress.max = max(1, total)
+        self.progress.bar_style = ""
+        self.progress_label.value = "starting..."
+        self.live_metrics.value = ""
+        self.live_charts.value = ""
+        self._last_charts = -float("inf")
+        self.status.value = ""
+        self.events_html.value = ""
+        self.results_html.value = ""
+        self.show_figure(None, "")
+
+    def show_progress(
+        self,
+        done: int,
+        total: int,
+        text: str,
+        record: dict[str, Any] | None,
+        records: Callable[[], list[dict[str, Any]]],
+        now: float,
+    ) -> None:
+        """Progress bar and label; with a record, the live numbers, and the SVG charts at most
+        every ``CHART_INTERVAL_S`` (and at each run's end) from ``records()``."""
+        self.progress.max = max(1, total)
+        self.progress.value = min(done, self.progress.max)
+        self.progress_label.value = text
+        if record is None:
+            return
+        self.live_metrics.value = metrics_text(record)
+        if now - self._last_charts >= self.CHART_INTERVAL_S or done >= total:
+            self._last_charts = now
+            self.live_charts.value = live_charts_html(records())
+
+    def show_figure(self, png: bytes | None, note: str) -> None:
+        """Show ``png`` (None hides the image) with ``note`` beside the Draw figure button."""
+        self.figure_image.value = png or b""
+        self.figure_image.layout.display = None if png else "none"
+        self.figure_note.value = note
+
+    def show_final(
+        self, frame: Any, summary: Any, events: list[Any], *, word: str, seconds: float
+    ) -> None:
+        """The finished run's charts, status line, summary table and events."""
+        self.live_charts.value = live_charts_html(frame.to_dict("records"))
+        if frame.empty:
+            self.progress_label.value = f"{word.lower()} before the first logged step"
+            self.status.value = html.escape(
+                f"{word} before the first logged step ({seconds:.1f} s); no records to show."
+            )
+            return
+        steps = int(frame["step"].max())
+        runs = list(dict.fromkeys(frame["run"]))
+        self.status.value = html.escape(
+            f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
+            f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
+        )
+        self.results_html.value = summary.to_html(
+            index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
+        )
+        if events:
+            items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)
+            self.events_html.value = (
+                f"<details open><summary>Events</summary><ul>{items}</ul></details>"
+            )
+
+    def close(self) -> None:
+        close_widgets(self.widget)
+
+
+def weak_callback(method: Callable[..., Any]) -> Callable[..., None]:
+    """A widget callback calling the bound ``method`` while its object lives: ipywidgets keeps
+    every open widget, and so its callbacks, alive; a strong one would pin the panel forever."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
+
+
+def close_widgets(root: widgets.Widget) -> int:
+    """Close ``root`` and every widget it holds (children, layouts, styles); returns how many."""
+    seen: set[int] = set()
+    stack = [root]
+    closed = 0
+    while stack:
+        widget = stack.pop()
+        if id(widget) in seen:
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:
+            value = getattr(widget, name, None)
+            items = value if isinstance(value, (list, tuple)) else (value,)
+            stack.extend(item for item in items if isinstance(item, widgets.Widget))
+        if widget.comm is not None:
+            closed += 1
+        widget.close()
+    return closed
+
+
+def panel_png(frame: Any, histories: dict[str, Any], *, dpi: int) -> bytes:
+    """The panel's figure: the dashboard's four panels (loss, loss scale with skipped steps,
+    throughput, peak memory) drawn by views.figures on a figure with a fixed layout, which costs
+    about half of the constrained-layout ``dashboard_figure`` (``panel.figures`` has that one)."""
+    from matplotlib.figure import Figure
+
+    from precision_nb.views.report import figures as f
+
+    labels = [str(label) for label in dict.fromkeys(frame["run"])]
+    colors = f.plan_colors(labels)
+    fig = Figure(figsize=(9.0, 5.5))
+    (loss, scale), (throughput, memory) = fig.subplots(2, 2)
+    f.draw_loss(loss, frame, labels, colors)
+    f.draw_loss_scale(scale, frame, labels, colors, histories)
+    f.draw_throughput(throughput, frame, labels, colors)
+    kinds = f.memory_kinds(frame)
+    f.draw_memory(memory, frame, labels, colors, kinds[0] if kinds else None)
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.95, bottom=0.09, hspace=0.45, wspace=0.25)
+    return f.figure_to_png(fig, dpi=dpi)

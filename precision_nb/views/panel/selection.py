@@ -1,0 +1,220 @@
+"""What the panel's controls select, as plain values, and the checks every value passes.
+
+:class:`Selection` is the frozen state of the controls; :func:`normalise` validates values given
+by name (``Panel(...)``, ``panel.set(...)``) into widget values, raising ``ValueError`` that names
+the control, the value and what is allowed. No widget in here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_nb.core.device import normalize_device_request
+from precision_nb.core.plan import normalize_precision
+from precision_nb.core.validate import integer, positive_int
+
+__all__ = [
+    "COMPARE_CHOICES",
+    "DEFAULT_COMPARE",
+    "DeviceOption",
+    "FUSED_CHOICES",
+    "MODES",
+    "SEED_RANGE",
+    "SIM_PREFIX",
+    "Selection",
+    "check_seed",
+    "device_value",
+    "normalise",
+]
+
+MAX_STEPS = 100_000
+MAX_ACCUMULATION = 1024
+MODES = ("auto", "fp32", "bf16", "fp16")
+DTYPES = ("none", "fp32", "bf16", "fp16")
+FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
+SIM_PREFIX = "sim:"
+USER_MODEL = "your model"
+
+# Comparison entries: label -> (mode, loss_scale_lab).
+COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
+    "fp32": ("fp32", False),
+    "bf16": ("bf16", False),
+    "fp16": ("fp16", False),
+    "fp16 + loss-scale lab": ("fp16", True),
+    "auto": ("auto", False),
+}
+DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
+
+#: The seeds ``torch.manual_seed`` accepts (a signed or unsigned 64-bit integer).
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def check_seed(value: Any) -> int:
+    """``value`` as a seed ``torch.manual_seed`` accepts, else ValueError naming ``seed``."""
+    return integer("seed", value, *SEED_RANGE)
+
+
+@dataclass(frozen=True)
+class DeviceOption:
+    """One entry of the device menu: ``value`` is ``auto``, a torch device string, or
+    ``sim:<preset>`` for a simulated hardware preset."""
+
+    value: str
+    label: str
+
+    @property
+    def simulated(self) -> bool:
+        return self.value.startswith(SIM_PREFIX)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the controls say, as plain values (no widget in here)."""
+
+    device: str
+    mode: str
+    dtype: str | None
+    fused: bool | None
+    workload: str | None
+    preset: str | None
+    steps: int
+    accumulation: int
+    loss_scale_lab: bool
+    seed: int
+    compare_plans: tuple[str, ...] = field(default=DEFAULT_COMPARE)
+
+    @property
+    def simulated_preset(self) -> str | None:
+        """The hardware preset name when the device is simulated, else None."""
+        if self.device.startswith(SIM_PREFIX):
+            return self.device[len(SIM_PREFIX) :]
+        return None
+
+    @property
+    def fused_label(self) -> str:
+        return {None: "probe", True: "on", False: "off"}[self.fused]
+
+
+def _normalise_dtype(value: Any) -> str:
+    """The dtype control's value: "none", or the core's canonical precision name."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return "none"
+    try:
+        return normalize_precision(value, field="dtype", allow_auto=False)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or None (no dtype)") from None
+
+
+def _normalise_mode(value: Any) -> str:
+    return normalize_precision(value, field="mode")
+
+
+def _normalise_fused(value: Any) -> str:
+    if value is None or value in FUSED_CHOICES:
+        return "probe" if value is None else str(value)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    raise ValueError(
+        f"fused={value!r} is not a fused AdamW choice; allowed: None or 'probe', True or 'on', "
+        "False or 'off'"
+    )
+
+
+def normalise(
+    values: Mapping[str, Any],
+    *,
+    device_options: Sequence[DeviceOption],
+    workloads: Mapping[str, Sequence[str]],
+    user_model: bool,
+    current_workload: str | None,
+) -> dict[str, Any]:
+    """Validate ``values`` (control name -> value) into widget values, raising ValueError.
+
+    ``current_workload`` is the workload a ``preset`` alone is checked against.
+    """
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name == "device":
+            out[name] = device_value(value, device_options)
+        elif name == "mode":
+            out[name] = _normalise_mode(value)
+        elif name == "dtype":
+            out[name] = _normalise_dtype(value)
+        elif name == "fused":
+            out[name] = _normalise_fused(value)
+        elif name == "workload":
+            if user_model:
+                raise ValueError(
+                    "workload cannot be chosen: this panel trains the model passed as "
+                    "Panel(model=...)"
+                )
+            if value not in workloads:
+                raise ValueError(f"workload={value!r} is unknown; allowed: {', '.join(workloads)}")
+            out[name] = value
+        elif name == "preset":
+            out[name] = value
+        elif name == "steps":
+            out[name] = positive_int("steps", value, MAX_STEPS)
+        elif name == "accumulation":
+            out[name] = positive_int("accumulation", value, MAX_ACCUMULATION)
+        elif name == "seed":
+            out[name] = check_seed(value)
+        elif name == "loss_scale_lab":
+            if not isinstance(value, bool):
+                raise ValueError(f"loss_scale_lab={value!r} must be True or False")
+            out[name] = value
+        elif name == "compare_plans":
+            chosen = (value,) if isinstance(value, str) else tuple(value)
+            unknown = [c for c in chosen if c not in COMPARE_CHOICES]
+            if unknown or not chosen:
+                raise ValueError(
+                    f"compare_plans={value!r} must name one or more of: "
+                    + ", ".join(COMPARE_CHOICES)
+                )
+            out[name] = chosen
+        else:
+            raise ValueError(
+                f"{name!r} is not a panel control; allowed: device, mode, dtype, fused, "
+                "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans"
+            )
+    preset = out.get("preset")
+    if "preset" in out and not user_model:
+        workload = out.get("workload", current_workload)
+        allowed = workloads.get(workload, ())
+        if preset not in allowed:
+            raise ValueError(
+                f"preset={preset!r} is not a size preset of workload {workload!r}; "
+                f"allowed: {', '.join(map(str, allowed))}"
+            )
+    elif "preset" in out:
+        raise ValueError(
+            "preset cannot be chosen: this panel trains the model passed as Panel(model=...)"
+        )
+    return out
+
+
+def device_value(value: Any, device_options: Sequence[DeviceOption]) -> str:
+    """A menu value (real device or ``sim:<preset>``), or a torch device string to type."""
+    text = str(value).strip() if isinstance(value, str) else value
+    values = [o.value for o in device_options]
+    if isinstance(text, str):
+        lowered = text.lower()
+        if lowered in values:
+            return lowered
+        for name in (lowered, lowered.removeprefix("simulated:")):
+            if SIM_PREFIX + name in values:
+                return SIM_PREFIX + name
+        if lowered.startswith(SIM_PREFIX):
+            presets = [v[len(SIM_PREFIX) :] for v in values if v.startswith(SIM_PREFIX)]
+            raise ValueError(
+                f"device={value!r} is not a simulated preset; allowed: {', '.join(presets)}"
+            )
+    try:
+        return normalize_device_request(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}; the menu offers: {', '.join(values)} (a simulated preset may be named "
+            "without the 'sim:' prefix)"
+        ) from None

@@ -1,0 +1,393 @@
+"""The panel's run session: the background jobs, the plotting budget, and what is drawn after.
+
+:class:`RunSession` starts ``fit`` / ``compare`` in a worker thread (:class:`~.run.Job`) with a
+:class:`~.run.LiveCallback` feeding the progress and live frames, keeps the last result, and after
+a run shows the final charts, the summary table, the events and, when it fits the plotting budget,
+the matplotlib figure. It writes to the panel's widgets only through :class:`~.outputs.PanelOutputs`
+(plain value assignments, safe from the worker thread).
+
+The plotting budget: all plotting of a run (live frames and the final figure) stays within
+``plot_budget`` (a fraction) of its training time. What a frame costs here is learnt from the
+frames drawn so far; before any, a first guess of one second.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.resolution import Explanation
+from precision_nb.views.panel.controls import COMPARE_CHOICES, Selection
+from precision_nb.views.panel.outputs import PanelOutputs, panel_png
+from precision_nb.views.panel.run import Job, LiveCallback, describe_failure
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunSession", "UserModel", "figure_fits_budget"]
+
+
+@dataclass
+class UserModel:
+    """The user's own model (trained on a fresh copy per run), its batches and loss."""
+
+    model: Any
+    batches: Any
+    loss_fn: Any = None
+
+
+def figure_fits_budget(
+    *, training_s: float, plotted_s: float, cost_s: float, budget: float
+) -> bool:
+    """True when one more frame of ``cost_s`` keeps all plotting within ``budget`` of training."""
+    return plotted_s + cost_s <= budget * training_s
+
+
+class RunSession:
+    """Owns the panel's runs: one job at a time, the last result, the plotting budget.
+
+    ``optimizer_for(selection)`` gives the optimizer config of a selection; ``log_every`` (None:
+    ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig;
+    ``on_released()`` is called (in the worker thread) once a job no longer counts as running, so
+    the panel can re-enable its buttons. Nothing here refers to the panel itself, so a panel
+    nobody references is collected even while its session's worker thread runs.
+    """
+
+    def __init__(
+        self,
+        outputs: PanelOutputs,
+        *,
+        user_model: UserModel | None,
+        optimizer_for: Callable[[Selection], OptimizerConfig],
+        log_every: int | None,
+        train_options: dict[str, Any],
+        on_released: Callable[[], None],
+        plot_budget: float,
+        refresh_interval_s: float,
+    ) -> None:
+        if not 0 < plot_budget < 1:
+            raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
+        self.outputs = outputs
+        self.user_model = user_model
+        self._optimizer_for = optimizer_for
+        self.log_every = log_every
+        self.train_options = dict(train_options)
+        self._on_released = on_released
+        self.plot_budget = plot_budget
+        self.refresh_interval_s = refresh_interval_s
+        self.lock = threading.Lock()
+        self.job: Job | None = None
+        self.source: Any = None  # the last RunResult or Comparison
+        self.live: LiveCallback | None = None
+        self.last_live: LiveCallback | None = None
+        self.last_exception: BaseException | None = None
+        self.last_render_seconds = 0.0  # final charts, table (and figure) of the last run
+        # What a figure costs to draw here, learnt from earlier frames; the first live frame of
+        # the first run waits until the plotting budget covers this guess.
+        self.frame_cost_s = 1.0
+        self.closed = False
+
+    @property
+    def running(self) -> bool:
+        return self.job is not None and self.job.running
+
+    # ------------------------------------------------------------------ starting
+
+    def start(self, kind: str, selection: Selection, explanation: Explanation) -> Job:
+        """Start a run (``kind="run"``) or comparison in the background (call under ``lock``)."""
+        self.last_exception = None
+        live = LiveCallback(
+            steps=selection.steps,
+            runs=1 if kind == "run" else max(1, len(selection.compare_plans)),
+            progress=self._progress,
+            draw=self._draw_live,
+            budget=self.plot_budget,
+            min_interval_s=self.refresh_interval_s,
+            first_cost_guess_s=self.frame_cost_s,
+        )
+        self.live = live
+        self.last_live = live
+        self.source = None
+        self.outputs.reset_for_run(live.steps * live.runs)
+        if kind == "run":
+
+            def target(stop: threading.Event) -> Any:
+                return self._fit(selection, explanation, live, stop)
+        else:
+
+            def target(stop: threading.Event) -> Any:
+                return self._compare(selection, live, stop)
+
+        job = Job(
+            target=target,
+            on_done=self._finish,
+            on_released=lambda _job: self._on_released(),
+            kind=kind,
+            context=selection,
+        )
+        self.job = job
+        return job
+
+    def train_config(self, selection: Selection) -> Any:
+        from precision_nb.engine.trainer import TrainConfig
+
+        log_every = self.log_every or max(1, selection.steps // 50)
+        return TrainConfig(
+            **{
+                "log_every": log_every,
+                **self.train_options,
+                "steps": selection.steps,
+                "accumulation": selection.accumulation,
+                "seed": selection.seed,
+                "progress": False,
+                "label": None,
+            }
+        )
+
+    def stop(self) -> bool:
+        """Ask the running job to end between steps; False when none is going."""
+        job = self.job
+        if job is None or not job.running:
+            return False
+        job.stop_event.set()
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        job = self.job
+        return True if job is None else job.wait(timeout)
+
+    def close(self, timeout: float) -> None:
+        """Stop a running job (waiting up to ``timeout`` s), then drop the model and results."""
+        self.closed = True
+        if self.stop():
+            self.wait(timeout)
+        self.user_model = None
+        self.source = None
+        self.live = None
+        self.last_live = None
+        self.last_exception = None
+        if self.job is not None and not self.job.running:
+            self.job = None
+
+    def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
+        from precision_nb.engine.trainer import fit
+
+        common: dict[str, Any] = dict(
+            device=selection.device,
+            precision=explanation.config,
+            optimizer=self._optimizer_for(selection),
+            train=self.train_config(selection),
+            callbacks=[live],
+            stop=stop,
+        )
+        user = self.user_model
+        if user is not None:
+            model = copy.deepcopy(user.model)
+            return fit(model, user.batches, loss_fn=user.loss_fn, **common)
+        return fit(selection.workload, preset=selection.preset, **common)
+
+    def _compare(self, selection: Selection, live: Any, stop: Any) -> Any:
+        from precision_nb.engine.compare import compare
+
+        modes = [
+            PrecisionConfig(mode=COMPARE_CHOICES[name][0], loss_scale_lab=COMPARE_CHOICES[name][1])
+            for name in selection.compare_plans
+        ]
+        common: dict[str, Any] = dict(
+            device=selection.device,
+            optimizer=self._optimizer_for(selection),
+            train=self.train_config(selection),
+            callbacks=[live],
+            stop=stop,
+        )
+        user = self.user_model
+        if user is not None:
+            return compare(
+                modes, model=user.model, batches=user.batches, loss_fn=user.loss_fn, **common
+            )
+        return compare(modes, selection.workload, selection.preset, **common)
+
+    # ------------------------------------------------------------------ during the run
+
+    def _progress(self, done: int, total: int, text: str, record: dict[str, Any] | None) -> None:
+        live = self.live
+
+        def records() -> list[dict[str, Any]]:
+            return live.snapshot()[0] if live is not None else []
+
+        self.outputs.show_progress(done, total, text, record, records, time.perf_counter())
+
+    def _draw_live(self, records: list[dict[str, Any]], results: list[Any]) -> None:
+        """A live frame from the records so far (see :func:`~.outputs.panel_png`)."""
+        if not records:
+            return
+        from precision_nb.views.report.tables import scale_histories, to_frame
+
+        histories = scale_histories({r.label: r for r in results})
+        self.outputs.show_figure(
+            panel_png(to_frame(records), histories, dpi=60),
+            "<i>Live figure (redrawn while the run goes, within the plotting budget)</i>",
+        )
+
+    # ------------------------------------------------------------------ after the run
+
+    def _finish(self, job: Job) -> None:
+        """Worker thread, after the run: keep the records, show the final charts and table (and
+        the matplotlib figure when it fits the plotting budget)."""
+        live = self.live
+        try:
+            if self.closed:  # closed while the run went on: nothing to show, nothing to keep
+                return
+            source = job.result
+            if job.error is not None:
+                self.last_exception = job.error
+                # A failed fit keeps its RunResult on the error; a failed comparison keeps the
+                # live records of every run so far (below).
+                partial = getattr(job.error, "result", None) or getattr(
+                    job.error, "precision_nb_result", None
+                )
+                source = partial if job.kind == "run" else None
+                selection = job.context
+                hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
+                self.outputs.show_error(describe_failure(job.error, batch_hint=hint), "run")
+                self.outputs.progress.bar_style = "danger"
+            self.source = source
+            if source is None and live is not None and live.records:
+                self.source = list(live.records)
+            if live is not None and live.draw_error is not None and job.error is None:
+                self.outputs.show_error(
+                    f"Live figures stopped during the run: {live.draw_error}", "figure"
+                )
+            start = time.perf_counter()
+            try:
+                frame = self._render_final()
+                if frame is not None:
+                    self._final_figure(live, frame)
+            except Exception as exc:  # noqa: BLE001 - UI boundary: the records are kept, say so
+                log.info("drawing the results failed", exc_info=True)
+                self.outputs.show_error(
+                    f"The run's records are kept (panel.records_frame), but drawing them failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    "figure",
+                )
+            self.last_render_seconds = time.perf_counter() - start
+            if live is not None and live.frames:
+                self.frame_cost_s = live.last_frame_seconds
+        finally:
+            self.live = None
+
+    def _render_final(self) -> Any:
+        """Charts, status, summary table and events of the finished run; returns its records as
+        a DataFrame (None when there are none)."""
+        source = self.source
+        if source is None:
+            self.outputs.progress_label.value = "failed before the first step"
+            return None
+        from precision_nb.views.report.tables import results_of, summary, to_frame
+
+        frame = to_frame(source)
+        stopped = bool(getattr(source, "stopped", False))
+        if self.last_exception is None:
+            self.outputs.progress.bar_style = "warning" if stopped else "success"
+        word = "Stopped" if stopped else ("Failed" if self.last_exception else "Finished")
+        seconds = sum(r.seconds for r in results_of(source).values())
+        table = summary(source) if not frame.empty else None
+        events = list(getattr(source, "events", []) or [])
+        self.outputs.show_final(frame, table, events, word=word, seconds=seconds)
+        return None if frame.empty else frame
+
+    def training_seconds(self, live: Any) -> tuple[float, float]:
+        """(training, plotted) seconds of the last run: the engine's time less the callbacks'."""
+        from precision_nb.views.report.tables import results_of
+
+        training = sum(r.seconds for r in results_of(self.source).values())
+        if live is None:
+            return training, 0.0
+        return training - live.callback_seconds, live.plot_seconds
+
+    def _final_figure(self, live: Any, frame: Any) -> None:
+        """Draw the matplotlib figure after a run when it fits the plotting budget.
+
+        The live charts already show the finished run. The matplotlib figure costs a frame
+        (learnt from earlier frames; about a second on a slow CPU), so it is drawn automatically
+        only while all plotting of the run stays within ``plot_budget`` of its training time;
+        otherwise the note says so and Draw figure (or ``Panel.draw_figure``) draws it on demand.
+        """
+        training, plotted = self.training_seconds(live)
+        cost = self.frame_cost_s
+        if figure_fits_budget(
+            training_s=training, plotted_s=plotted, cost_s=cost, budget=self.plot_budget
+        ):
+            self.draw_final(frame)
+            return
+        why = (
+            f"a frame costs about {cost:.1f} s here, over the plotting budget of "
+            f"{100 * self.plot_budget:g} % of this run's {max(training, 0.0):.1f} s of training"
+        )
+        if live is not None and live.frames and self.outputs.figure_image.value:
+            self.outputs.figure_note.value = (
+                f"<i>The figure below is the last live frame; the charts above show the finished "
+                f"run. The final figure was not drawn ({why}): Draw figure draws it now.</i>"
+            )
+            return
+        self.outputs.show_figure(
+            None,
+            f"<i>The charts above show the finished run. The matplotlib figure was not drawn "
+            f"({why}): Draw figure draws it now.</i>",
+        )
+
+    def draw_figure(self) -> bytes:
+        """Draw the matplotlib figure of the last run; see ``Panel.draw_figure``."""
+        if self.running:
+            raise RuntimeError("a run is going: draw the figure when it has ended")
+        if self.source is None:
+            raise RuntimeError("no run yet: Run or Compare first, then draw its figure")
+        from precision_nb.views.report.tables import to_frame
+
+        frame = to_frame(self.source)
+        if frame.empty:
+            raise RuntimeError("the last run made no records: there is nothing to draw")
+        return self.draw_final(frame)
+
+    def draw_final(self, frame: Any) -> bytes:
+        from precision_nb.views.report.tables import scale_histories
+
+        start = time.perf_counter()
+        png = panel_png(frame, scale_histories(self.source), dpi=72)
+        self.frame_cost_s = time.perf_counter() - start
+        self.outputs.show_figure(png, "")
+        return png
+
+    def summary(self) -> Any:
+        from precision_nb.views.report.tables import summary
+
+        return summary(self.source if self.source is not None else [])
+
+    def figures(self) -> dict[str, Any]:
+        """Fresh matplotlib Figures of the last run by name (empty before any run)."""
+        source = self.source
+        if source is None:
+            return {}
+        from precision_nb.views.report import figures as f
+
+        return {
+            "loss": f.loss_figure(source),
+            "loss_scale": f.loss_scale_figure(source),
+            "throughput": f.throughput_figure(source),
+            "memory": f.memory_figure(source),
+            "dashboard": f.dashboard_figure(source),
+        }
+
+    def records_frame(self) -> Any:
+        """Every record of the last run as a DataFrame (the live records while one is going)."""
+        from precision_nb.views.report.tables import to_frame
+
+        if self.source is None and self.live is not None:
+            return to_frame(self.live.snapshot()[0])
+        return to_frame(self.source if self.source is not None else [])

@@ -1,0 +1,142 @@
+"""Figures of an inspection: a stacked memory bar per plan, and where each op's dtype went.
+
+- :func:`memory_breakdown_figure`: one bar per plan, stacked by kind (parameters, gradients,
+  optimizer state, autocast weight copies, saved activations, ...), in MiB, with the allocator
+  peak marked where the device has one. A simulated plan draws its expected bytes, hatched.
+- :func:`op_dtype_figure`: two stacked bars for one plan, the step's counted FLOPs and its op
+  calls, split by verdict ("ran in bf16", "kept in fp32 by autocast", "cast inserted", ...).
+
+Both accept the engine's :class:`~precision_nb.engine.inspect.InspectionData` or an
+:class:`~precision_nb.views.report.inspection.Inspection` (anything with a ``data`` of that type).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from precision_nb.engine.inspect import memory as mem
+from precision_nb.engine.inspect import op_trace as T
+from precision_nb.views.report.figures import PlanFigure
+
+__all__ = ["KIND_COLORS", "memory_breakdown_figure", "op_dtype_figure"]
+
+KIND_COLORS = {
+    mem.PARAMS: "#1f77b4",
+    mem.GRADS: "#aec7e8",
+    mem.OPTIM: "#9467bd",
+    mem.COPIES: "#ff7f0e",
+    mem.ACTS: "#2ca02c",
+    mem.INPUTS: "#98df8a",
+    mem.SCALER: "#d62728",
+}
+_VERDICT_COLORS = {
+    "ran in bf16": "#ff7f0e",
+    "ran in fp16": "#2ca02c",
+    T.KEPT_FP32: "#1f77b4",
+    T.NOT_LISTED: "#aec7e8",
+    T.NO_AUTOCAST: "#1f77b4",
+    T.FP32_LISTED_LOW: "#d62728",
+    T.BACKWARD_FP32: "#9467bd",
+    T.CAST: "#8c564b",
+    T.VIEW: "#c7c7c7",
+    T.OTHER: "#bcbd22",
+}
+MIB = 2**20
+
+
+def _data(item: Any) -> Any:
+    return getattr(item, "data", item)
+
+
+def _as_mapping(inspections: Any) -> dict[str, Any]:
+    if isinstance(inspections, Mapping):
+        return {str(k): _data(v) for k, v in inspections.items()}
+    if isinstance(inspections, Sequence) and not isinstance(inspections, str):
+        return {_data(v).label: _data(v) for v in inspections}
+    data = _data(inspections)
+    return {data.label: data}
+
+
+def memory_breakdown_figure(inspections: Any) -> Figure:
+    """One stacked bar per plan: counted memory kinds in MiB, allocator peak marked (black)."""
+    plans = _as_mapping(inspections)
+    fig = PlanFigure(figsize=(7.0, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    kinds_seen: list[str] = []
+    names = list(plans)
+    peak_drawn = False
+    for x, data in enumerate(plans.values()):
+        bottom = 0.0
+        for kind in mem.KINDS:
+            rows = [r for r in data.memory if r["kind"] == kind and r["counted"]]
+            value = sum(
+                (r["bytes"] if not data.simulated else r["expected_bytes"]) or 0 for r in rows
+            )
+            if not value:
+                continue
+            if kind not in kinds_seen:
+                kinds_seen.append(kind)
+            ax.bar(
+                x,
+                value / MIB,
+                bottom=bottom,
+                color=KIND_COLORS[kind],
+                edgecolor="white",
+                hatch="//" if data.simulated else None,
+            )
+            bottom += value / MIB
+        peak = [r for r in data.memory if r["kind"] == mem.ALLOC_PEAK and r["bytes"] is not None]
+        if peak:
+            ax.hlines(peak[0]["bytes"] / MIB, x - 0.4, x + 0.4, colors="black", linewidth=2)
+            peak_drawn = True
+        ax.annotate(f"{bottom:.2f}", (x, bottom), ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(range(len(names)), [_bar_name(n, plans[n]) for n in names])
+    handles = [Patch(color=KIND_COLORS[k], label=k) for k in reversed(kinds_seen)]
+    if peak_drawn:
+        handles.append(Patch(color="black", label=mem.ALLOC_PEAK))
+    ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_ylabel("MiB (one training step)")
+    ax.set_title("Memory by kind (measured from the tensors)", fontsize="medium")
+    ax.margins(y=0.12)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+def _bar_name(label: str, data: Any) -> str:
+    return f"{label}\n(expected, simulated)" if data.simulated else f"{label}\n{data.device}"
+
+
+def op_dtype_figure(inspection: Any) -> Figure:
+    """The step's counted FLOPs and its op calls, each as a 100% bar split by verdict."""
+    data = _data(inspection)
+    fig = PlanFigure(figsize=(8.0, 2.8), layout="constrained")
+    ax = fig.add_subplot()
+    if data.simulated or not data.summary:
+        ax.text(
+            0.5,
+            0.5,
+            "simulated device: nothing ran (see the documented policy table)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            wrap=True,
+        )
+        ax.set_axis_off()
+        return fig
+    total_calls = sum(g["calls"] for g in data.summary) or 1
+    lefts = [0.0, 0.0]
+    for group in data.summary:
+        color = _VERDICT_COLORS.get(group["verdict"], "#7f7f7f")
+        values = [group["flops_share"] * 100, group["calls"] / total_calls * 100]
+        ax.barh([1, 0], values, left=lefts, color=color, label=group["verdict"])
+        lefts = [a + b for a, b in zip(lefts, values, strict=True)]
+    ax.set_yticks([1, 0], ["FLOPs", "op calls"])
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("% of one forward + backward (FLOPs: torch.utils.flop_counter)")
+    ax.set_title(f"Where the ops ran: {data.label} on {data.device}", fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

@@ -1,0 +1,88 @@
+"""``precision-nb inspect``: a workload or a user model, CSVs + figures + HTML, clear errors."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+
+from precision_nb.cli.main import main
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "usermodel.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch import nn
+
+            def make():
+                return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 3))
+
+            def batches():
+                g = torch.Generator().manual_seed(0)
+                x = torch.randn(4, 8, generator=g)
+                return [(x, torch.randint(0, 3, (4,), generator=g))]
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "usermodel"
+    sys.modules.pop("usermodel", None)
+
+
+def test_inspect_a_user_model_writes_the_report(user_module, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["inspect", "--model", f"{user_module}:make", "--batches", f"{user_module}:batches"]
+    rc = main([*argv, "--precision", "fp32,bf16,fp16", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "fp16: same plan as an earlier request" in printed  # CPU fp16 resolves to fp32
+    memory = pd.read_csv(out / "inspection_memory.csv")
+    assert set(memory["plan"]) == {"fp32", "bf16"}
+    params = memory[(memory["kind"] == "parameters") & (memory["plan"] == "bf16")]
+    assert params["bytes"].tolist() == [4 * (8 * 16 + 16 + 16 * 3 + 3)]
+    ops = pd.read_csv(out / "inspection_ops.csv")
+    assert (ops[(ops["plan"] == "bf16") & (ops["op"] == "addmm")]["output"] == "bf16").all()
+    page = (out / "inspection.html").read_text()
+    assert page.count("<img") == 3 and "Memory by kind and dtype" in page
+
+
+def test_inspect_a_simulated_device_writes_the_documented_policy(tmp_path):
+    out = tmp_path / "sim"
+    rc = main(
+        [
+            "inspect",
+            "--workload",
+            "mlp",
+            "--preset",
+            "tiny",
+            "--simulate",
+            "cuda-bf16",
+            "--precision",
+            "auto",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    policy = pd.read_csv(out / "inspection_policy.csv")
+    assert "layer_norm" in set(policy["op"]) and policy["source"].str.contains("not a trace").all()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "nomodule_xyz:make", "--batches", "x:y"], "--model: cannot import"),
+        (["--model", "json:loads"], "--batches: required with --model"),
+        (["--workload", "mlp", "--batches", "json:loads"], "--batches: only with --model"),
+        (["--workload", "nope"], "workload='nope' is not a built-in workload"),
+        (["--precision", "fp8"], "fp8"),
+    ],
+)
+def test_bad_input_exits_2_with_the_field(argv, message, tmp_path, capsys):
+    assert main(["inspect", *argv, "--out", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err

@@ -34,6 +34,8 @@ _EXPORTS: dict[str, str] = {
     "build_optimizer": "precision_nb.core.optim",
     "RunConfig": "precision_nb.core.config",
     "load_config": "precision_nb.core.config",
+    "Distributed": "precision_nb.core.distributed",
+    "explain_distributed": "precision_nb.core.distributed",
     # engine
     "Trainer": "precision_nb.engine.trainer",
     "TrainConfig": "precision_nb.engine.trainer",
@@ -44,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
     "MeasureConfig": "precision_nb.engine.measure",
+    "fit_distributed": "precision_nb.engine.distributed.launcher",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",
@@ -54,6 +57,8 @@ _EXPORTS: dict[str, str] = {
     "Profile": "precision_nb.views.report.profile_result",
     "inspect": "precision_nb.views.report.inspection",
     "Inspection": "precision_nb.views.report.inspection",
+    "numerics": "precision_nb.views.report.numerics",
+    "Numerics": "precision_nb.views.report.numerics",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

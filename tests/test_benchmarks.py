@@ -49,3 +49,10 @@ def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
     bench = _load("bench_profile")
     ratios = bench.hand_loop(("fp32", "bf16"), rounds=2, block=1, warmup=1)
     assert set(ratios) == {"bf16"} and ratios["bf16"] > 0
+
+
+def test_bench_numerics_times_both_variants_and_a_full_call():
+    bench = _load("bench_numerics")
+    pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)
+    assert len(pairs) == 2 and all(p > 0 and s > 0 and 0 < a < s for p, s, a in pairs)
+    assert len(bench.numerics_seconds("mlp", "tiny", calls=1)) == 1

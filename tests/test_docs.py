@@ -157,7 +157,7 @@ def shell_commands(page: Path) -> list[list[str]]:
             if line.strip():
                 commands.append(shlex.split(line, comments=True))
     for span in re.findall(r"`((?:\.venv/bin/)?precision-nb [^`]*)`", prose(page)):
-        commands.append(shlex.split(span))
+        commands.append(shlex.split(span.replace("\\|", "|").split("|")[0]))  # before a pipe
     return [without_settings(c) for c in commands]
 
 
@@ -203,6 +203,9 @@ def check_command(args: list[str]) -> None:
         text = script.read_text()
         for flag in (a for a in rest[1:] if a.startswith("--")):
             assert f'"{flag}"' in text, f"{rest[0]} has no option {flag}"
+    elif tool == "torchrun":
+        module = rest[rest.index("-m") + 1]
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), args
     elif tool == "jupyter":
         assert rest[0] in ("lab", "nbconvert"), args
         paths = [a for a in rest[1:] if not a.startswith("-") and "/" in a]

@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,11 @@ def fused_arg(value: str) -> str:
             f"invalid value {value!r}; allowed: auto (probe), true (attempt), false (disable)"
         )
     return key
+
+
+def paragraphs(*texts: str) -> str:
+    """A ``--help`` description: each text wrapped to 80 columns, a blank line between them."""
+    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -19,6 +19,7 @@ from precision_nb.cli.main import (
     cli_text,
     error,
     fused_arg,
+    paragraphs,
 )
 
 #: ``--simulate`` presets (core.capabilities.PRESETS, listed here so checking needs no torch).
@@ -26,6 +27,7 @@ SIMULATE_PRESETS = (
     "this-machine",
     "cpu-only",
     "cuda-bf16",
+    "cuda-fp8",
     "cuda-bf16-emulated",
     "cuda-no-bf16",
     "cuda-bf16-error",
@@ -38,10 +40,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "plan",
         help="resolve device and precision and explain every decision",
         formatter_class=HelpFormatter,
-        description=(
+        description=paragraphs(
             "Resolve a device and precision request to the plan the trainer would use, with the "
             "ordered decisions, the resolution rule that applied and warnings. Flags override "
-            "--config."
+            "--config.",
+            "The resolution rules: docs/plans.md#resolution-rules.",
         ),
     )
     parser.add_argument(

@@ -11,7 +11,6 @@ import contextlib
 import shlex
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from precision_nb.cli.main import (
     cli_text,
     error,
     fused_arg,
+    paragraphs,
 )
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
@@ -39,16 +39,12 @@ DEFAULT_STEPS = 48
 DEFAULT_ROUNDS = 8
 
 
-def _paragraphs(*texts: str) -> str:
-    return "\n\n".join(textwrap.fill(text, 80) for text in texts)
-
-
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
         help="measure a model under several precision plans and write a report",
         formatter_class=HelpFormatter,
-        description=_paragraphs(
+        description=paragraphs(
             "Train a built-in workload (or your own model, --model) under each requested "
             "precision plan from the same initial weights: a warm-up per plan, then the plans "
             "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 %% "

@@ -20,6 +20,9 @@ logger = logging.getLogger(__name__)
 #: Values of ``Capabilities.cuda_bf16``: the answer of ``torch.cuda.is_bf16_supported()``.
 BF16_QUERY_RESULTS = ("supported", "unsupported", "error")
 
+#: FP8 tensor-core matmuls (``torch._scaled_mm``) need compute capability 8.9 (Ada) or newer.
+FP8_MIN_COMPUTE_CAPABILITY: tuple[int, int] = (8, 9)
+
 #: Errors a capability query may raise (a CPU-only build raises AssertionError for CUDA calls).
 _QUERY_ERRORS = (RuntimeError, AssertionError, TypeError, ValueError, AttributeError)
 
@@ -61,6 +64,17 @@ class Capabilities:
     def bf16_emulated(self) -> bool:
         """True when the BF16 query says yes but the hardware has no native BF16."""
         return self.cuda_bf16 == "supported" and self.cuda_bf16_native is False
+
+    @property
+    def fp8_matmul(self) -> bool | None:
+        """True when the CUDA device runs FP8 matmuls (compute capability >= 8.9), False when
+        it does not (or there is no CUDA), ``None`` when CUDA is there but its capability unknown.
+        """
+        if not self.cuda_available:
+            return False
+        if self.compute_capability is None:
+            return None
+        return tuple(self.compute_capability) >= FP8_MIN_COMPUTE_CAPABILITY
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -152,6 +166,17 @@ _SIMULATED: dict[str, Capabilities] = {
         device_name="NVIDIA A100-SXM4-80GB",
         compute_capability=(8, 0),
         description="CUDA with native BF16 (Ampere/Hopper class, e.g. A100, H100)",
+    ),
+    "cuda-fp8": Capabilities(
+        name="cuda-fp8",
+        simulated=True,
+        cuda_available=True,
+        cuda_bf16="supported",
+        cuda_bf16_native=True,
+        cuda_device_count=1,
+        device_name="NVIDIA H100 80GB HBM3",
+        compute_capability=(9, 0),
+        description="H100 class: CUDA with native BF16 and FP8 matmuls (compute capability 9.0)",
     ),
     "cuda-bf16-emulated": Capabilities(
         name="cuda-bf16-emulated",

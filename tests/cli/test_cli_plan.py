@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,52 @@ def test_module_entry_point_prints_json():
     data = json.loads(proc.stdout)
     assert data["simulated"] is False
     assert [d["field"] for d in data["decisions"]][:2] == ["device", "mode"]
+
+
+def test_alias_bomb_config_is_refused_quickly(capsys, tmp_path):
+    import time
+
+    names = "abcdefghi"
+    levels = "".join(f"    - &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in pairwise(names))
+    path = tmp_path / "bomb.yaml"
+    path.write_text("precision:\n  mode:\n    - &a [" + ", ".join(["lol"] * 9) + "]\n" + levels)
+    start = time.perf_counter()
+    code, out, err = _run(capsys, "--config", str(path))
+    assert time.perf_counter() - start < 5
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "expands to more than" in err and len(err) < 400
+
+
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        ("precision:\n  mode: [bf16\n", "line 3, column 1"),
+        ("device: cpu\n  precision: x\n", "line 2, column 12"),
+    ],
+)
+def test_malformed_config_exits_2_with_file_line_and_column(capsys, tmp_path, text, where):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    code, out, err = _run(capsys, "--config", str(path))
+    assert code == 2 and "Traceback" not in err
+    assert "broken.yaml" in err and "not valid YAML" in err and where in err
+
+
+def test_config_that_is_a_directory_says_so(capsys, tmp_path):
+    code, _, err = _run(capsys, "--config", str(tmp_path))
+    assert code == 2 and "is a directory" in err and "got str" not in err
+
+
+def test_docs_list_every_flag_with_its_parser_default():
+    from precision_nb.cli.main import build_parser
+
+    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    text = text.split("## `precision-nb profile`", 1)[1]
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["profile"]
+    for action in sub._actions:
+        if not action.option_strings or action.help == "==SUPPRESS==" or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{flag}`"))
+        shown = "off" if action.default is False else f"`{action.default}`"
+        assert row.split("|")[2].strip() == shown, flag

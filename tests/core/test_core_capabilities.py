@@ -89,3 +89,14 @@ def test_native_bf16_from_including_emulation_when_capability_unknown(fake_torch
 def test_bad_bf16_value_is_rejected():
     with pytest.raises(ValueError, match="cuda_bf16"):
         Capabilities(name="x", simulated=True, cuda_available=True, cuda_bf16="maybe")
+
+
+def test_h100_class_preset_flags_fp8_from_its_compute_capability():
+    h100 = get_capabilities("cuda-fp8")
+    assert h100.simulated and h100.compute_capability == (9, 0) and h100.fp8_matmul is True
+    assert h100.cuda_bf16 == "supported" and h100.cuda_bf16_native is True
+    assert get_capabilities("cuda-bf16").fp8_matmul is False  # A100: 8.0 < 8.9
+    assert get_capabilities("cpu-only").fp8_matmul is False
+    assert get_capabilities("cuda-bf16-error").fp8_matmul is None  # capability unknown
+    ada = Capabilities("ada", True, True, compute_capability=(8, 9))
+    assert ada.fp8_matmul is True

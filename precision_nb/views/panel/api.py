@@ -156,6 +156,7 @@ class Panel:
         self._finalizer = weakref.finalize(
             self, _release, self.widget, self.session, self.CLOSE_TIMEOUT_S
         )
+        self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
         self.outputs.on_click(
             run=weak_callback(self._on_run_click),
             compare=weak_callback(self._on_compare_click),

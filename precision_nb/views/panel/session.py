@@ -165,7 +165,10 @@ class RunSession:
     def close(self, timeout: float) -> None:
         """Stop a running job (waiting up to ``timeout`` s), then drop the model and results."""
         self.closed = True
-        if self.stop():
+        job = self.job
+        # A panel may be collected by the garbage collector inside its own worker thread: that
+        # thread cannot wait for itself (it sees the stop flag at its next step).
+        if self.stop() and job is not None and job.thread is not threading.current_thread():
             self.wait(timeout)
         self.user_model = None
         self.source = None

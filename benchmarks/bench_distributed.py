@@ -1,0 +1,177 @@
+"""Cost of the distributed path: the counting layer's per-step overhead and the start-up time.
+
+**Overhead.** Inside one torchrun job of 2 CPU ranks (gloo), two identical DDP replicas of the
+same workload train side by side: one over the counting group, one over the plain default group.
+They alternate in blocks of ``--block`` steps, the order flipping every round, so both see the
+same machine state; the ratio of each round's step times (counted / plain) is paired, and the
+median over rounds is printed with its interquartile range (how much the machine moved).
+
+The layer's own cost is also measured where model noise cannot hide it: 1-element all-reduces
+through each group, interleaved in blocks; the difference per call, divided by the plain DDP
+step time (one all-reduce per step for these models), is the implied per-step ratio.
+
+**Start-up.** ``fit_distributed`` of the tiny MLP for one step: the seconds from launching
+torchrun until every rank enters its fit loop, and the whole call.
+
+    python benchmarks/bench_distributed.py             # mlp small, 2 ranks
+    python benchmarks/bench_distributed.py --quick     # fewer rounds (a smoke run)
+
+Target: counted / plain <= 1.02 per DDP step; start-up of 2 CPU ranks < 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from precision_nb.engine.distributed.counting import CommCounter, counting_group
+from precision_nb.engine.workloads import get_workload
+
+
+def ddp_step(model: nn.Module, opt: torch.optim.Optimizer, batch: Any) -> None:
+    x, y = batch
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def paired_rounds(
+    preset: str, rounds: int, block: int, rank: int, world: int
+) -> tuple[list[float], int]:
+    """Per-round ratios (counted / plain step time) and the bytes counted per step."""
+    wl = get_workload("mlp", preset)
+    torch.manual_seed(0)
+    base = wl.make_model()
+    counter = CommCounter()
+    groups = {"plain": dist.group.WORLD, "counted": counting_group(counter)}
+    models = {k: nn.parallel.DistributedDataParallel(copy.deepcopy(base), process_group=g)
+              for k, g in groups.items()}  # fmt: skip
+    opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
+    batches = wl.make_batches("cpu")
+    n = wl.info["batch_size"] // world
+
+    def block_time(name: str, start: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(block):
+            x, y = batches(start + i)
+            ddp_step(
+                models[name],
+                opts[name],
+                (x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]),
+            )
+        return (time.perf_counter() - t0) / block
+
+    for name in models:  # warm-up (DDP rebuilds its buckets after the first iterations)
+        block_time(name, 0)
+    counter.take()
+    ratios: list[float] = []
+    plain: list[float] = []
+    for r in range(rounds):
+        order = ["plain", "counted"] if r % 2 == 0 else ["counted", "plain"]
+        t = {name: block_time(name, r * block) for name in order}
+        ratios.append(t["counted"] / t["plain"])
+        plain.append(t["plain"])
+    paired_rounds.last_plain_step_s = statistics.median(plain)  # type: ignore[attr-defined]
+    per_step = sum(row["bytes"] for row in counter.take()) // (rounds * block)
+    return ratios, per_step
+
+
+def per_call_overhead(calls: int, block: int = 100) -> tuple[float, float]:
+    """Seconds per 1-element all-reduce through the counting group and through the plain group,
+    interleaved in blocks (the medians of the blocks): the layer's own cost, free of model noise."""
+    counted = counting_group(CommCounter())
+    t = torch.zeros(1)
+    times: dict[str, list[float]] = {"plain": [], "counted": []}
+    for i in range(max(2, calls // block)):
+        order = ["plain", "counted"] if i % 2 == 0 else ["counted", "plain"]
+        for name in order:
+            group = dist.group.WORLD if name == "plain" else counted
+            t0 = time.perf_counter()
+            for _ in range(block):
+                dist.all_reduce(t, group=group)
+            times[name].append((time.perf_counter() - t0) / block)
+    return statistics.median(times["counted"]), statistics.median(times["plain"])
+
+
+def worker(args: argparse.Namespace) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ratios, per_step = paired_rounds(args.preset, args.rounds, args.block, rank, world)
+    counted_s, plain_s = per_call_overhead(args.calls)
+    step_s = paired_rounds.last_plain_step_s  # type: ignore[attr-defined]
+    if rank == 0:
+        extra = counted_s - plain_s
+        print(
+            f"counting layer, per collective call: {extra * 1e6:+.1f} us ({counted_s * 1e6:.1f} vs "
+            f"{plain_s * 1e6:.1f} us for a 1-element all-reduce, medians of interleaved blocks); "
+            f"with 1 all-reduce per DDP step of {step_s * 1e3:.1f} ms the implied ratio is "
+            f"{1 + max(extra, 0.0) / step_s:.4f}",
+            flush=True,
+        )
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(
+            f"counting layer, mlp {args.preset}, {world} ranks, gloo: counted / plain DDP step = "
+            f"{statistics.median(ratios):.3f} (IQR {q[0]:.3f}-{q[2]:.3f}, {len(ratios)} paired "
+            f"rounds of {args.block} steps); {per_step} bytes counted per step",
+            flush=True,
+        )
+    dist.destroy_process_group()
+
+
+def startup() -> tuple[float, float]:
+    from precision_nb.core.distributed import Distributed
+    from precision_nb.engine.distributed.launcher import fit_distributed
+
+    t0 = time.perf_counter()
+    result = fit_distributed(
+        "mlp", distributed=Distributed("ddp", 2), device="cpu", steps=1, measure_peak=False
+    )
+    return float(result.startup_s or 0.0), time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--block", type=int, default=10)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--calls", type=int, default=4000, help="all-reduce calls per group")
+    p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.block, args.calls = 6, 5, 400
+    if args.worker:
+        worker(args)
+        return 0
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={args.nproc}", __file__, "--worker", f"--preset={args.preset}",
+        f"--rounds={args.rounds}", f"--block={args.block}", f"--calls={args.calls}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("counting layer")]
+    print("\n".join(lines) if lines else f"overhead run failed:\n{done.stderr[-3000:]}")
+    up, total = startup()
+    print(
+        f"start-up, 2 CPU ranks, mlp tiny: {up:.1f} s from launch to every rank's fit loop, "
+        f"{total:.1f} s for the whole 1-step fit_distributed call (one measurement)"
+    )
+    return 0 if lines and done.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""The distributed request (:class:`Distributed`) and its resolution with a reason for every field.
+
+``explain_distributed(distributed, precision, device, hardware)`` resolves the precision plan as on
+one device, then the distributed fields on top of it: strategy (DDP or FSDP2), processes, the
+torch.distributed backend (gloo on CPU, nccl on CUDA), FSDP2's ``MixedPrecisionPolicy`` dtypes
+derived from the plan, DDP's gradient-compression hook and where the rendezvous listens. A request
+this machine cannot run (nccl without CUDA, more processes than GPUs, MPS) raises ``RuntimeError``
+here, before anything starts. What-if presets (``CLUSTER_PRESETS``, e.g. "8xH100 NVLink") resolve
+for hardware that is not here and are labelled simulated.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from precision_nb.core import validate
+from precision_nb.core.capabilities import Capabilities, get_capabilities
+from precision_nb.core.cluster import (
+    CLUSTER_PRESETS,
+    ClusterPreset,
+    cluster_capabilities,
+    expected_comm_bytes,
+    ring_seconds,
+)
+from precision_nb.core.plan import normalize_precision
+from precision_nb.core.resolution import Decision, Explanation, explain_precision
+
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp2")
+COMM_HOOKS: tuple[str, ...] = ("none", "fp16", "bf16")
+BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """A request to train on several processes, one device each, launched by ``torchrun``.
+
+    ``strategy``: "ddp" (full replicas, gradients all-reduced) or "fsdp2" (``fully_shard``:
+    parameters, gradients and optimizer state sharded). ``param_dtype`` / ``reduce_dtype`` /
+    ``output_dtype`` (FSDP2 only; ``None`` derives them from the precision plan) and
+    ``comm_hook`` (DDP only: "none", "fp16", "bf16" gradient compression). ``backend``: "auto"
+    (gloo on CPU, nccl on CUDA), "gloo" or "nccl". ``rdzv_host``: where the rendezvous listens
+    (loopback unless another address is asked for). ``count_collectives`` routes collectives
+    through a counting layer that records bytes by op and dtype. ``timeout_s`` bounds the run.
+    """
+
+    strategy: str = "ddp"
+    nproc: int = 2
+    param_dtype: Any = None
+    reduce_dtype: Any = None
+    output_dtype: Any = None
+    comm_hook: str = "none"
+    backend: str = "auto"
+    rdzv_host: str = LOOPBACK
+    count_collectives: bool = True
+    timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        strategy = self.strategy.strip().lower() if isinstance(self.strategy, str) else None
+        validate.choice("distributed.strategy", strategy or self.strategy, STRATEGIES)
+        object.__setattr__(self, "strategy", strategy)
+        validate.positive_int("distributed.nproc", self.nproc, maximum=4096)
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(self, name)
+            if value is not None:
+                value = normalize_precision(value, f"distributed.{name}", allow_auto=False)
+                object.__setattr__(self, name, value)
+                if strategy != "fsdp2":
+                    raise ValueError(
+                        f"distributed.{name}: invalid value {value!r} with strategy "
+                        f"{strategy!r}; allowed: None (FSDP2's MixedPrecisionPolicy applies to "
+                        "strategy='fsdp2' only)"
+                    )
+        validate.choice("distributed.comm_hook", self.comm_hook, COMM_HOOKS)
+        if self.comm_hook != "none" and strategy != "ddp":
+            raise ValueError(
+                f"distributed.comm_hook: invalid value {self.comm_hook!r} with strategy "
+                f"{strategy!r}; allowed: 'none' (comm hooks are DDP's; FSDP2 sets reduce_dtype)"
+            )
+        validate.choice("distributed.backend", self.backend, BACKENDS)
+        if not isinstance(self.rdzv_host, str) or not self.rdzv_host.strip():
+            raise ValueError(
+                f"distributed.rdzv_host: invalid value {validate.short_repr(self.rdzv_host)}; "
+                "allowed: a host name or address (default 127.0.0.1)"
+            )
+        if not isinstance(self.count_collectives, bool):
+            raise ValueError(
+                f"distributed.count_collectives: invalid value {self.count_collectives!r}; "
+                "allowed: true, false"
+            )
+        validate.number("distributed.timeout_s", self.timeout_s, minimum=0.0, strict=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    """What a distributed run will do, with the decisions that produced it."""
+
+    request: Distributed
+    strategy: str
+    nproc: int
+    backend: str
+    rank_device: str
+    param_dtype: str | None
+    reduce_dtype: str | None
+    output_dtype: str | None
+    comm_hook: str | None
+    precision: Explanation
+    decisions: tuple[Decision, ...]
+    warnings: tuple[str, ...] = ()
+    preset: ClusterPreset | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.precision.simulated
+
+    @property
+    def device_type(self) -> str:
+        return self.precision.plan.device_type
+
+    def summary(self) -> str:
+        what = (
+            f"param {self.param_dtype}, reduce {self.reduce_dtype}"
+            if self.strategy == "fsdp2"
+            else f"comm hook {self.comm_hook}"
+        )
+        sim = " (simulated)" if self.simulated else ""
+        return (
+            f"{self.strategy} x{self.nproc} on {self.rank_device} over {self.backend}{sim}; "
+            f"plan {self.precision.plan.mode}; {what}"
+        )
+
+    def __str__(self) -> str:
+        lines = [f"Distributed plan: {self.summary()}"]
+        if self.preset is not None:
+            link = self.preset.link_gb_per_s
+            bw = f"{link:g} GB/s per GPU per direction" if link else "no bandwidth figure"
+            lines.append(
+                f"What-if preset (simulated): {self.preset.name}: {self.preset.interconnect}, "
+                f"{bw} ({self.preset.source})"
+            )
+        lines.append("Decisions:")
+        width = max(len(d.field) for d in self.decisions)
+        for i, d in enumerate(self.decisions, 1):
+            mark = " (fallback)" if d.fallback else ""
+            lines.append(f"  {i}. {d.field:<{width}}  {d.outcome}{mark}: {d.reason}")
+        if self.warnings:
+            lines.append("Warnings:")
+            lines.extend(f"  ! {w}" for w in self.warnings)
+        lines.append(str(self.precision))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request": self.request.to_dict(),
+            "strategy": self.strategy,
+            "nproc": self.nproc,
+            "backend": self.backend,
+            "rank_device": self.rank_device,
+            "param_dtype": self.param_dtype,
+            "reduce_dtype": self.reduce_dtype,
+            "output_dtype": self.output_dtype,
+            "comm_hook": self.comm_hook,
+            "simulated": self.simulated,
+            "preset": asdict(self.preset) if self.preset is not None else None,
+            "decisions": [asdict(d) for d in self.decisions],
+            "warnings": list(self.warnings),
+            "precision": self.precision.to_dict(),
+        }
+
+
+def _caps(hardware: Any) -> tuple[Capabilities, ClusterPreset | None]:
+    if isinstance(hardware, str) and hardware in CLUSTER_PRESETS:
+        cluster = CLUSTER_PRESETS[hardware]
+        return cluster_capabilities(cluster), cluster
+    try:
+        return get_capabilities(hardware), None
+    except ValueError:
+        names = ", ".join(repr(n) for n in CLUSTER_PRESETS)
+        raise ValueError(
+            f"hardware: invalid value {validate.short_repr(hardware)}; allowed: None (this "
+            f"machine), a cluster preset ({names}) or a capabilities preset"
+        ) from None
+
+
+def _fsdp_dtypes(
+    req: Distributed, plan_mode: str, scaler: bool
+) -> tuple[list[Decision], tuple[str, str, str | None, list[str]]]:
+    decisions: list[Decision] = []
+    warnings: list[str] = []
+    if req.param_dtype is None:
+        param = plan_mode
+        why = (
+            f"derived from the {plan_mode} plan: parameters are all-gathered and computed in "
+            f"{plan_mode} (half the all-gather bytes and unsharded-parameter memory of fp32), "
+            "while the sharded fp32 master parameters stay with the optimizer"
+            if plan_mode != "fp32"
+            else "derived from the fp32 plan: parameters gathered and computed in fp32"
+        )
+    else:
+        param, why = req.param_dtype, f"param_dtype={req.param_dtype} as requested"
+        if req.param_dtype != plan_mode:
+            warnings.append(
+                f"param_dtype {req.param_dtype} differs from the {plan_mode} plan: FSDP2 casts "
+                f"the gathered parameters to {req.param_dtype} whatever autocast does"
+            )
+    decisions.append(Decision("param_dtype", param, why))
+    if req.reduce_dtype is None:
+        reduce = "fp32"
+        why = (
+            "gradient reductions in low precision lose accuracy as more ranks are summed; "
+            "set reduce_dtype='bf16' to halve the reduce-scatter bytes"
+        )
+    else:
+        reduce = req.reduce_dtype
+        why = f"reduce_dtype={reduce} as requested"
+        if reduce != "fp32":
+            why += f": half the reduce-scatter bytes of fp32, summed in {reduce} across ranks"
+    decisions.append(Decision("reduce_dtype", reduce, why))
+    if param == "fp16" and not scaler:
+        warnings.append("fp16 parameters without a grad scaler: small gradients may underflow")
+    output = req.output_dtype
+    why = (
+        f"output_dtype={output} as requested: the module outputs are cast to it"
+        if output
+        else "not cast: outputs keep the compute dtype (the engine computes the loss in fp32)"
+    )
+    decisions.append(Decision("output_dtype", output or "unchanged", why))
+    return decisions, (param, reduce, output, warnings)
+
+
+_HOOK_REASONS = {
+    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32), an exact "
+    "average; comm_hook='bf16' halves the bytes sent",
+    "bf16": "torch's bf16_compress_hook: gradients cast to bf16 for the all-reduce, then back: "
+    "half the bytes; the average keeps 8 significant bits",
+    "fp16": "torch's fp16_compress_hook: half the bytes; values beyond fp16's range (65504) "
+    "become inf (a grad scaler then skips the step)",
+}
+
+
+def explain_distributed(
+    distributed: Distributed | None = None,
+    precision: Any = None,
+    device: Any = "auto",
+    hardware: Any = None,
+    optimizer: Any = None,
+) -> DistributedPlan:
+    """Resolve a distributed request on this machine (``hardware=None``) or a simulated one.
+
+    ``hardware``: None (this machine), a :data:`CLUSTER_PRESETS` name ("8xH100 NVLink") or a
+    capabilities preset / :class:`Capabilities`.
+
+    Raises ``RuntimeError`` when the machine (real or simulated) cannot run it: nccl without
+    CUDA, more processes than CUDA devices, MPS (no torch.distributed backend).
+    """
+    req = distributed if distributed is not None else Distributed()
+    if not isinstance(req, Distributed):
+        raise ValueError(
+            f"distributed: invalid value of type {type(req).__name__}; allowed: Distributed"
+        )
+    caps, cluster = _caps(hardware)
+    expl = explain_precision(precision, device, caps, optimizer)
+    plan = expl.plan
+    kind = plan.device_type
+    where = f" ({caps.name}, simulated)" if caps.simulated else ""
+    if kind not in ("cpu", "cuda"):
+        raise RuntimeError(
+            f"device: {expl.device} has no torch.distributed backend (gloo runs on CPU, nccl on "
+            "CUDA); use device='cpu' for a distributed run here"
+        )
+    decisions = [Decision("strategy", req.strategy, _strategy_reason(req.strategy))]
+    warnings: list[str] = []
+    # backend
+    if req.backend == "auto":
+        backend = "nccl" if kind == "cuda" else "gloo"
+        why = (
+            "auto on CUDA: nccl, the GPU collective library"
+            if kind == "cuda"
+            else "auto on CPU: gloo, torch's CPU collective backend (nccl needs CUDA)"
+        )
+    else:
+        backend, why = req.backend, f"backend={req.backend} as requested"
+        if backend == "nccl" and kind != "cuda":
+            raise RuntimeError(
+                f"distributed.backend: 'nccl' requested but the device is {expl.device}{where}: "
+                "nccl needs CUDA devices; use backend='auto' or 'gloo' on CPU"
+            )
+        if backend == "gloo" and kind == "cuda":
+            warnings.append("gloo on CUDA stages tensors through the host: slower than nccl")
+    decisions.append(Decision("backend", backend, why))
+    # processes and their devices
+    if kind == "cuda":
+        count = caps.cuda_device_count
+        if count is not None and req.nproc > count:
+            raise RuntimeError(
+                f"distributed.nproc: {req.nproc} processes requested but this machine{where} has "
+                f"{count} CUDA device(s); one process per GPU allows nproc <= {count}"
+            )
+        rank_device = "cuda:LOCAL_RANK"
+        why = f"one process per GPU ({count if count is not None else '?'} available)"
+    else:
+        rank_device = "cpu"
+        cores = os.cpu_count() or 1
+        why = f"{req.nproc} CPU processes on this machine's {cores} cores"
+        if req.nproc > cores and not caps.simulated:
+            warnings.append(
+                f"{req.nproc} processes share {cores} cores: step times measure contention"
+            )
+    decisions.append(Decision("nproc", str(req.nproc), why))
+    decisions.append(
+        Decision(
+            "rank device",
+            rank_device,
+            "each rank on its own GPU, cuda:LOCAL_RANK" if kind == "cuda" else "CPU ranks",
+        )
+    )
+    decisions.append(
+        Decision(
+            "batch",
+            "global",
+            f"each global batch is split into {req.nproc} equal slices, one per rank: the run "
+            "trains what one process would; a batch not divisible by nproc is refused",
+        )
+    )
+    param = reduce = output = hook = None
+    if req.strategy == "fsdp2":
+        fsdp, (param, reduce, output, extra) = _fsdp_dtypes(req, plan.mode, plan.use_scaler)
+        decisions += fsdp
+        warnings += extra
+    else:
+        hook = req.comm_hook
+        decisions.append(Decision("comm_hook", hook, _HOOK_REASONS[hook]))
+    loopback = req.rdzv_host in (LOOPBACK, "localhost", "::1")
+    decisions.append(
+        Decision(
+            "rendezvous",
+            f"{req.rdzv_host}:<free port>",
+            "loopback: nothing outside this machine can join; a free port is chosen at launch"
+            if loopback
+            else f"{req.rdzv_host} as requested (reachable by other machines on that network)",
+        )
+    )
+    return DistributedPlan(
+        request=req,
+        strategy=req.strategy,
+        nproc=req.nproc,
+        backend=backend,
+        rank_device=rank_device,
+        param_dtype=param,
+        reduce_dtype=reduce,
+        output_dtype=output,
+        comm_hook=hook,
+        precision=expl,
+        decisions=tuple(decisions),
+        warnings=tuple(warnings) + expl.warnings,
+        preset=cluster,
+    )
+
+
+def _strategy_reason(strategy: str) -> str:
+    if strategy == "ddp":
+        return (
+            "DDP: every rank holds the full model, gradients are all-reduced after backward "
+            "(memory per rank as on one device)"
+        )
+    return (
+        "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded across ranks; "
+        "parameters all-gathered for forward and backward, gradients reduce-scattered"
+    )
+
+
+__all__ = [
+    "BACKENDS",
+    "CLUSTER_PRESETS",
+    "COMM_HOOKS",
+    "STRATEGIES",
+    "ClusterPreset",
+    "Distributed",
+    "DistributedPlan",
+    "expected_comm_bytes",
+    "explain_distributed",
+    "ring_seconds",
+]

@@ -1,0 +1,192 @@
+"""What each rank does differently: its slice of the global batch, the model wrapped in DDP or
+sharded by FSDP2 (``fully_shard`` with a ``MixedPrecisionPolicy``), and its tensors' bytes by dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from precision_nb.core.plan import TORCH_DTYPES
+from precision_nb.engine.distributed.counting import dtype_name
+
+
+def batch_samples(batch: Any) -> int | None:
+    """Samples in a batch: the first dimension of its first tensor (None without one)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(items, (tuple, list)) or isinstance(batch, Mapping):
+        for item in items:
+            n = batch_samples(item)
+            if n is not None:
+                return n
+    return None
+
+
+def check_divisible(samples: int | None, nproc: int, where: str = "the global batch") -> None:
+    """``ValueError`` unless ``samples`` splits into ``nproc`` equal slices."""
+    if samples is not None and samples % nproc:
+        raise ValueError(
+            f"{where} has {samples} samples, not divisible by distributed.nproc={nproc}; "
+            f"allowed: a global batch size that is a multiple of {nproc} (each rank trains "
+            f"batch/nproc samples), e.g. {max(nproc, samples - samples % nproc)}"
+        )
+
+
+def rank_slice(batch: Any, rank: int, world: int) -> Any:
+    """This rank's 1/world slice of every tensor of a global batch (along dimension 0)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0:
+            return batch
+        n = batch.shape[0]
+        check_divisible(n, world)
+        size = n // world
+        return batch[rank * size : (rank + 1) * size]
+    if isinstance(batch, tuple):
+        items = [rank_slice(b, rank, world) for b in batch]
+        return tuple(items) if type(batch) is tuple else type(batch)(*items)
+    if isinstance(batch, list):
+        return [rank_slice(b, rank, world) for b in batch]
+    if isinstance(batch, Mapping):
+        return {k: rank_slice(v, rank, world) for k, v in batch.items()}
+    return batch
+
+
+class RankBatches:
+    """Callable batch source: microbatch ``i`` is this rank's slice of global batch ``i``."""
+
+    def __init__(self, source: Any, rank: int, world: int) -> None:
+        from precision_nb.engine.batches import BatchSource
+
+        self.source = source if isinstance(source, BatchSource) else BatchSource(source)
+        self.rank, self.world = rank, world
+
+    def __call__(self, index: int) -> Any:
+        return rank_slice(self.source.get(index), self.rank, self.world)
+
+
+def _gloo_bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
+    """torch's ``bf16_compress_hook`` under another name.
+
+    DDP refuses that hook by name unless CUDA with NCCL >= 2.10 is present, a guard for NCCL
+    versions without bf16; gloo all-reduces bf16 tensors on CPU, so on gloo it runs as is.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return default_hooks.bf16_compress_hook(state, bucket)
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return TORCH_DTYPES[name] if name else None
+
+
+def wrap_model(model: nn.Module, spec: dict[str, Any], group: Any, device: torch.device) -> Any:
+    """DDP (with the requested comm hook) or FSDP2 over ``group``; the model is on ``device``."""
+    model.to(device)
+    if spec["strategy"] == "ddp":
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
+        hook = spec.get("comm_hook") or "none"
+        if hook != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+
+            fn = hooks.bf16_compress_hook if hook == "bf16" else hooks.fp16_compress_hook
+            if hook == "bf16" and spec.get("backend") == "gloo":
+                fn = _gloo_bf16_hook
+            ddp.register_comm_hook(group, fn)
+        return ddp
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = DeviceMesh.from_group(group, device.type)
+    policy = MixedPrecisionPolicy(
+        param_dtype=_dtype(spec.get("param_dtype")),
+        reduce_dtype=_dtype(spec.get("reduce_dtype")),
+        output_dtype=_dtype(spec.get("output_dtype")),
+    )
+    _shard_blocks(model, lambda m: fully_shard(m, mesh=mesh, mp_policy=policy))
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def _shard_blocks(module: nn.Module, shard: Any) -> None:
+    """Shard each child with parameters of the outermost ``Sequential`` / ``ModuleList``
+    containers (the usual "blocks"), without descending into what was sharded."""
+    container = isinstance(module, (nn.Sequential, nn.ModuleList))
+    for child in module.children():
+        if container and any(p.requires_grad for p in child.parameters()):
+            shard(child)
+        else:
+            _shard_blocks(child, shard)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds (a DTensor's local shard)."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def bytes_by_dtype(tensors: Any) -> dict[str, int]:
+    """Bytes of this rank's share of ``tensors`` by dtype (sharded sizes for DTensors)."""
+    out: dict[str, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            local = local_tensor(t)
+            key = dtype_name(local.dtype)
+            out[key] = out.get(key, 0) + local.numel() * local.element_size()
+    return out
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
+def sharding_summary(params: list[torch.Tensor]) -> dict[str, Any]:
+    """How this rank holds its parameters: DTensor shards or full tensors, and their dtypes."""
+    dtensors = [p for p in params if callable(getattr(p, "to_local", None))]
+    return {
+        "parameters": len(params),
+        "dtensor_parameters": len(dtensors),
+        "local_numel": sum(local_tensor(p).numel() for p in params),
+        "global_numel": sum(p.numel() for p in params),
+        "master_dtypes": sorted({dtype_name(local_tensor(p).dtype) for p in params}),
+    }
+
+
+def observe_compute(model: nn.Module, into: dict[str, Any]) -> None:
+    """On the first forward of the first module owning a ``weight``: the weight's class and dtype
+    as the module computes with it (FSDP2's unsharded, cast parameter) and the output dtype."""
+    target = next(
+        (
+            (n, m)
+            for n, m in model.named_modules()
+            if isinstance(getattr(m, "weight", None), torch.Tensor)
+        ),
+        None,
+    )
+    if target is None:
+        return
+    name, module = target
+
+    def pre(mod: nn.Module, _args: Any) -> None:
+        into.update(
+            module=name,
+            weight_class=type(mod.weight).__name__,
+            weight_dtype=dtype_name(mod.weight.dtype),
+        )
+
+    def post(_mod: nn.Module, _args: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            into["output_dtype"] = dtype_name(out.dtype)
+        handles[0].remove()
+        handles[1].remove()
+
+    # prepend: run next to FSDP2's own hooks, while the parameters are unsharded
+    handles = [
+        module.register_forward_pre_hook(pre),
+        module.register_forward_hook(post, prepend=True),
+    ]

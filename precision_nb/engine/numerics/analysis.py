@@ -1,0 +1,221 @@
+"""One instrumented fp32 step on a deep copy: gradients, activations, scale window, fp8, stagnation.
+
+:func:`analyze` never touches the caller's training state: it works on a deep copy of the model
+(and of the optimizer with its state, when one is given), under ``torch.random.fork_rng`` so the
+caller's random stream continues as if nothing ran. Results are plain rows (lists of dicts); the
+views turn them into DataFrames and figures.
+
+Memory: besides the deep copy (parameters, their gradients, optimizer state), the analysis holds
+at most one extra copy of the gradients at a time: the weights before the optimizer step (the
+same size), kept to measure the update, and freed right after. Every other statistic is computed
+one tensor at a time (a few temporaries the size of that tensor) and kept only as counts.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from precision_nb.core.device import resolve_device
+from precision_nb.core.events import Event
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.validate import number
+from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
+from precision_nb.engine.numerics import rows as R
+from precision_nb.engine.numerics.collect import (
+    COVERAGE,
+    ActivationCollector,
+    gradient_stats,
+    to_host,
+    value_stats,
+)
+from precision_nb.engine.numerics.formats import format_name, overflow_behaviour
+from precision_nb.engine.numerics.fp8 import hardware_note
+from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
+from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
+from precision_nb.engine.trainer import prepare
+
+DEFAULT_FORMATS: tuple[str, ...] = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
+#: The loss scale fp16 counts use when none is given: GradScaler's default init_scale.
+DEFAULT_SCALE = 2.0**16
+
+MEMORY_NOTE = (
+    "Works on a deep copy of the model (and optimizer state); holds at most one extra copy of the "
+    "gradients at a time (the weights before the step, to measure the update)."
+)
+
+
+@dataclass
+class NumericsResult:
+    """Plain rows of one analysis; ``info`` says how they were made."""
+
+    gradients: list[dict[str, Any]] = field(default_factory=list)
+    activations: list[dict[str, Any]] = field(default_factory=list)
+    scale_window: list[dict[str, Any]] = field(default_factory=list)
+    window: dict[str, Any] = field(default_factory=dict)
+    fp8: list[dict[str, Any]] = field(default_factory=list)
+    stagnation: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Event] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def analyze(
+    model: nn.Module | Any,
+    batches: Any = None,
+    *,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    formats: Sequence[Any] = DEFAULT_FORMATS,
+    device: Any = "auto",
+    scale: float | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    optimizer: torch.optim.Optimizer | OptimizerConfig | None = None,
+    preset: str = "tiny",
+    seed: int = 0,
+) -> NumericsResult:
+    """Analyse one batch of ``model`` (a module, a built-in workload or its name) in fp32.
+
+    ``formats``: names from :data:`~precision_nb.engine.numerics.formats.FORMATS`. ``scale``: the
+    loss scale of the fp16 "at scale" column (default 2^16). ``threshold``: the largest underflowed
+    fraction the safe window accepts. ``optimizer``: the caller's optimizer (its state is copied,
+    the analysis runs where the model's parameters are), an ``OptimizerConfig`` or ``None`` (a
+    fresh AdamW with default settings: its first step moves every weight by about ``lr``).
+    """
+    if isinstance(formats, (str, torch.dtype)):
+        formats = (formats,)
+    names = list(dict.fromkeys(format_name(f) for f in formats))
+    if not names:
+        raise ValueError("formats: invalid value () (tuple); allowed: at least one format")
+    scale_v = DEFAULT_SCALE if scale is None else number("scale", scale, minimum=0.0, strict=True)
+    threshold = number("threshold", threshold, minimum=0.0, maximum=1.0)
+    if optimizer is not None and not isinstance(
+        optimizer, (torch.optim.Optimizer, OptimizerConfig)
+    ):
+        raise ValueError(
+            f"optimizer has type {type(optimizer).__name__}; allowed: a torch.optim.Optimizer, "
+            "an OptimizerConfig or None"
+        )
+    with torch.random.fork_rng(devices=_rng_devices()):
+        model, batches, workload = prepare(model, batches, preset, device, seed)
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
+        return _run(model, batches, loss_fn, names, device, scale_v, threshold, optimizer, workload)
+
+
+def _rng_devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def _copy(model: nn.Module, optimizer: Any, device: Any) -> tuple[nn.Module, Any, torch.device]:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        twin, opt = copy.deepcopy((model, optimizer))  # one memo: the state follows the params
+        first = next(twin.parameters(), None)
+        return twin, opt, first.device if first is not None else torch.device("cpu")
+    where = resolve_device(device)
+    twin = copy.deepcopy(model).to(where)
+    cfg = optimizer if isinstance(optimizer, OptimizerConfig) else OptimizerConfig()
+    params = [p for p in twin.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+    return twin, opt, where
+
+
+def _run(
+    model: nn.Module,
+    batches: Any,
+    loss_fn: Any,
+    formats: list[str],
+    device: Any,
+    scale: float,
+    threshold: float,
+    optimizer: Any,
+    workload: dict[str, Any],
+) -> NumericsResult:
+    twin, opt, where = _copy(model, optimizer, device)
+    twin.zero_grad(set_to_none=True)
+    batch = to_device(BatchSource(batches).get(0), where)
+    collector = ActivationCollector(formats, scale)
+    collector.attach(twin)
+    try:
+        args, kwargs, labels = split_batch(batch)
+        with torch.autocast(where.type, enabled=False):
+            loss, _task = output_to_loss(twin(*args, **kwargs), labels, loss_fn)
+        loss = loss.float()
+        loss.backward()
+    finally:
+        collector.detach()
+    params = list(twin.named_parameters())
+    with torch.no_grad():
+        device_stats = {
+            "loss": loss.detach(),
+            "params": {
+                n: {
+                    "value": value_stats(p, formats),
+                    "grad": gradient_stats(p.grad, formats, scale),
+                }
+                for n, p in params
+                if p.grad is not None
+            },
+            "stagnation": _stagnation(params, opt),
+        }
+    host = to_host(
+        {
+            **device_stats,
+            "outputs": {
+                k: {"value": o.value, "grad": o.grad} for k, o in collector.outputs.items()
+            },
+        }
+    )
+    result = NumericsResult()
+    result.gradients = R.gradient_rows(params, host["params"], formats, scale)
+    result.activations = R.activation_rows(collector.outputs, host["outputs"], formats, scale)
+    result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
+    result.stagnation = R.stagnation_rows(params, host["stagnation"])
+    p_sweep, p_live = R.sweep_total(v["grad"] for v in host["params"].values())
+    a_sweep, a_live = R.sweep_total(v["grad"] for v in host["outputs"].values())
+    result.scale_window = sweep_rows(p_sweep, a_sweep, p_live, a_live, threshold)
+    result.window = window(result.scale_window, threshold)
+    loss_value = float(host["loss"])
+    result.findings = R.findings(result, loss_value, scale)
+    result.info = {
+        "model": type(model).__name__,
+        "workload": workload,
+        "device": str(where),
+        "loss": loss_value if math.isfinite(loss_value) else None,
+        "formats": formats,
+        "scale": scale,
+        "threshold": threshold,
+        "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},
+        "optimizer": _optimizer_text(optimizer, opt),
+        "coverage": COVERAGE,
+        "fp8": hardware_note(),
+        "memory": MEMORY_NOTE,
+    }
+    return result
+
+
+def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any) -> dict[str, Any]:
+    """Step the copy's optimizer once; per parameter ``[updated, lost]`` in bf16 and fp16."""
+    stepped = [(n, p) for n, p in params if p.grad is not None]
+    before = [p.detach().clone() for _, p in stepped]  # the one extra gradient-sized copy
+    opt.step()
+    out = {
+        n: {f: lost_updates(old, p, f) for f in WEIGHT_FORMATS}
+        for (n, p), old in zip(stepped, before, strict=True)
+    }
+    del before
+    return out
+
+
+def _optimizer_text(requested: Any, opt: Any) -> str:
+    group = opt.param_groups[0] if opt.param_groups else {}
+    lr = float(group.get("lr", float("nan")))
+    if isinstance(requested, torch.optim.Optimizer):
+        return f"the given {type(opt).__name__} with its state, one step (lr {lr:g})"
+    return f"a fresh AdamW, its first step (lr {lr:g}: each update is about lr in size)"

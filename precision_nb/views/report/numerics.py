@@ -1,0 +1,218 @@
+"""``precision_nb.numerics()``: what fp16, bf16 and fp8 would do to the user's own model.
+
+The engine (:func:`precision_nb.engine.numerics.analysis.analyze`) runs one instrumented fp32
+step on a deep copy and returns plain rows; :class:`Numerics` shows them as DataFrames, figures
+and HTML. See docs/numerics.md for how to read them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
+from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, history_vs_window
+from precision_nb.views.report.figures import PlanFigure, figure_to_png
+from precision_nb.views.report.html import _fmt, _img_html
+from precision_nb.views.report.numerics_figures import scale_window_figure, underflow_heatmap
+
+METHOD = (
+    "Exact counts for one batch and one optimizer step, from an fp32 forward and backward on a "
+    "copy of the model: each tensor is cast to the format on the device. Other batches give "
+    "other fractions; rerun on a few to see how much they move."
+)
+
+
+def numerics(
+    model: Any,
+    batches: Any = None,
+    loss_fn: Callable[..., Any] | None = None,
+    formats: Sequence[Any] = DEFAULT_FORMATS,
+    device: Any = "auto",
+    scale: float | None = None,
+    run: Any = None,
+    *,
+    preset: str = "tiny",
+    threshold: float = DEFAULT_THRESHOLD,
+    optimizer: Any = None,
+) -> Numerics:
+    """Analyse one batch of ``model`` (a module, or a built-in workload name such as ``"mlp"``
+    with ``preset``) and return a :class:`Numerics`.
+
+    ``scale``: the loss scale of the "fp16 x scale" column; by default the last scale of ``run``
+    (a ``RunResult``) when given, else 2^16. ``run``: its ``scale_history`` is drawn over the
+    safe window. ``optimizer``: your optimizer (its state is copied, never changed) for the
+    stagnation check; by default a fresh AdamW. The caller's model, optimizer and RNG stream are
+    left as they were.
+    """
+    history = None
+    if run is not None:
+        history = getattr(run, "scale_history", None)
+        if not isinstance(history, list):
+            raise ValueError(
+                f"run has type {type(run).__name__}; allowed: a RunResult (with scale_history) "
+                "or None"
+            )
+        if scale is None:
+            scales = [h.get("loss_scale") for h in history if h.get("loss_scale")]
+            scale = scales[-1] if scales else None
+    result = analyze(
+        model,
+        batches,
+        loss_fn=loss_fn,
+        formats=formats,
+        device=device,
+        scale=scale,
+        threshold=threshold,
+        optimizer=optimizer,
+        preset=preset,
+    )
+    return Numerics(result, run)
+
+
+class Numerics:
+    """The analysis as DataFrames (``gradients``, ``activations``, ``scale_window``,
+    ``stagnation``, ``fp8``), figures (``heatmap()``, ``window_figure()``) and HTML."""
+
+    def __init__(self, result: NumericsResult, run: Any = None) -> None:
+        self.result = result
+        self.run = run
+
+    # ------------------------------------------------------------------------------ data
+    @property
+    def gradients(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result.gradients)
+
+    @property
+    def activations(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result.activations)
+
+    @property
+    def scale_window(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result.scale_window)
+
+    @property
+    def stagnation(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result.stagnation)
+
+    @property
+    def fp8(self) -> pd.DataFrame:
+        return pd.DataFrame(self.result.fp8)
+
+    @property
+    def window(self) -> dict[str, Any]:
+        """``lo``/``hi`` exponents of the safe fp16 window (``None`` when empty), ``reason``,
+        ``threshold``; with a run, ``run`` counts its attempts below / inside / above it."""
+        out = dict(self.result.window)
+        if self.run is not None:
+            out["run"] = history_vs_window(self.run.scale_history, self.result.window)
+        return out
+
+    @property
+    def findings(self) -> list[Any]:
+        return list(self.result.findings)
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return dict(self.result.info)
+
+    # --------------------------------------------------------------------------- figures
+    def heatmap(self, which: str = "gradients") -> PlanFigure:
+        """Underflow by layer and format, for ``"gradients"`` or ``"activations"``."""
+        if which not in ("gradients", "activations"):
+            raise ValueError(f"which: invalid value {which!r}; allowed: 'gradients', 'activations'")
+        rows = self.result.gradients if which == "gradients" else self.result.activations
+        title = "Parameter gradients" if which == "gradients" else "Activation gradients"
+        return underflow_heatmap(rows, title=title)
+
+    def window_figure(self) -> PlanFigure:
+        history = self.run.scale_history if self.run is not None else None
+        label = getattr(self.run, "label", None)
+        return scale_window_figure(
+            self.result.scale_window, self.result.window, history, run_label=label
+        )
+
+    def figures(self) -> dict[str, PlanFigure]:
+        figs = {"gradient_underflow": self.heatmap("gradients")}
+        if self.result.activations:
+            figs["activation_underflow"] = self.heatmap("activations")
+        figs["scale_window"] = self.window_figure()
+        return figs
+
+    # ------------------------------------------------------------------------------ text
+    def window_text(self) -> str:
+        w = self.window
+        if w["lo"] is None:
+            text = f"No safe fp16 loss-scale window: {w['reason']}."
+        else:
+            text = (
+                f"Safe fp16 loss scales: 2^{w['lo']} to 2^{w['hi']} (at most "
+                f"{w['threshold']:.2g} of the non-zero gradients flush to 0, nothing overflows)."
+            )
+        run = w.get("run")
+        if run and run["attempts"]:
+            text += (
+                f" The run's scaler used a scale inside it on {run['inside']} of "
+                f"{run['attempts']} attempts ({run['below']} below, {run['above']} above)."
+            )
+        return text
+
+    def __repr__(self) -> str:
+        info = self.result.info
+        lines = [
+            f"Numerics of {info.get('model')} on {info.get('device')} "
+            f"(loss {_fmt(info.get('loss'))}, formats {', '.join(info.get('formats', []))})",
+            self.window_text(),
+            *(f"- {e.message}" for e in self.result.findings),
+        ]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        info = self.result.info
+        behaviour = ", ".join(f"{k}: {v}" for k, v in info.get("overflow_behaviour", {}).items())
+        parts = [
+            "<div class='precision-nb-numerics'>",
+            f"<h3>Numerics of {html.escape(str(info.get('model')))}</h3>",
+            f"<p>{html.escape(METHOD)} Device {html.escape(str(info.get('device')))}, fp32 loss "
+            f"{_fmt(info.get('loss'))}; fp16 also at loss scale {_fmt(info.get('scale'))}. "
+            f"A cast beyond the range gives: {html.escape(behaviour)}.</p>",
+            f"<p><b>{html.escape(self.window_text())}</b></p>",
+        ]
+        if self.result.findings:
+            items = "".join(f"<li>{html.escape(e.message)}</li>" for e in self.result.findings)
+            parts.append(f"<ul>{items}</ul>")
+        for stem, fig in self.figures().items():
+            parts.append(_img_html(stem, figure_to_png(fig)))
+        parts.append("<h4>Update stagnation (one optimizer step)</h4>")
+        parts.append(f"<p>{html.escape(str(info.get('optimizer')))}.</p>")
+        parts.append(_stagnation_table(self.result.stagnation))
+        parts.append("<h4>FP8 what-if (per-tensor amax scaling)</h4>")
+        parts.append(f"<p>{html.escape(str(info.get('fp8', {}).get('text', '')))}</p>")
+        parts.append(_fp8_table(self.result.fp8))
+        parts.append(
+            f"<p><small>Activation gradients covered: {html.escape(str(info.get('coverage')))}. "
+            f"Memory: {html.escape(str(info.get('memory')))}</small></p></div>"
+        )
+        return "\n".join(parts)
+
+
+def _stagnation_table(rows: Sequence[dict[str, Any]]) -> str:
+    frame = pd.DataFrame([r for r in rows if r["status"] == "ok"])
+    if frame.empty:
+        return "<p>No parameter got an update.</p>"
+    total = frame.groupby("format", sort=False)[["updated", "lost"]].sum()
+    total["lost_fraction"] = total["lost"] / total["updated"].where(total["updated"] > 0)
+    return total.to_html(float_format=_fmt)
+
+
+def _fp8_table(rows: Sequence[dict[str, Any]]) -> str:
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return "<p>No fp8 format was asked for.</p>"
+    cols = ["rel_error", "underflow_scaled_fraction", "underflow_unscaled_fraction"]
+    table = frame.groupby(["tensor", "format"], sort=False)[cols].median()
+    table.columns = [f"median {c}" for c in cols]
+    return table.to_html(float_format=_fmt)

@@ -1,0 +1,165 @@
+"""Figures of a numerics analysis: underflow heat map by layer and format, and the scale window.
+
+Both return a standalone :class:`~precision_nb.views.report.figures.PlanFigure` (never pyplot
+state). Inputs are the plain rows of
+:class:`~precision_nb.engine.numerics.analysis.NumericsResult`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.colors import PowerNorm
+
+from precision_nb.views.report.figures import PlanFigure
+
+#: At most this many layers in a heat map (those with the most underflow); the title says so.
+MAX_ROWS = 60
+
+_NO_DATA = {"no gradient": "no grad", "frozen": "frozen"}
+
+
+def _grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict, dict, dict]:
+    layers: list[str] = []
+    variants: list[str] = []
+    values: dict[tuple[str, str], float | None] = {}
+    status: dict[str, str] = {}
+    zeros: dict[str, float | None] = {}
+    for r in rows:
+        if r["layer"] not in status:
+            layers.append(r["layer"])
+            status[r["layer"]] = r["status"]
+            zeros[r["layer"]] = r.get("zero_fraction")
+        if r["variant"] not in variants:
+            variants.append(r["variant"])
+        values[(r["layer"], r["variant"])] = r.get("underflow_fraction")
+    return layers, variants, values, status, zeros
+
+
+def underflow_heatmap(
+    rows: Sequence[Mapping[str, Any]], *, title: str = "Parameter gradients"
+) -> PlanFigure:
+    """Heat map: one row per layer (tensor), one column per format; the colour is the fraction
+    of non-zero fp32 elements that a cast turns into 0. Grey cells name tensors with no gradient
+    or frozen ones; a row label shows the structural zeros (already 0 in fp32) beside the name."""
+    layers, variants, values, status, zeros = _grid(rows)
+    total = len(layers)
+    if total > MAX_ROWS:
+        worst = sorted(layers, key=lambda n: -max((values.get((n, v)) or 0) for v in variants))
+        keep = set(worst[:MAX_ROWS])
+        layers = [n for n in layers if n in keep]
+    grid = np.full((len(layers), len(variants)), np.nan)
+    for i, name in enumerate(layers):
+        for j, var in enumerate(variants):
+            v = values.get((name, var))
+            grid[i, j] = np.nan if v is None else v
+    fig = PlanFigure(figsize=(2.2 + 1.3 * len(variants), 1.6 + 0.28 * max(len(layers), 1)))
+    ax = fig.add_subplot()
+    cmap = _cmap()
+    image = ax.imshow(grid, aspect="auto", cmap=cmap, norm=PowerNorm(0.3, vmin=0.0, vmax=1.0))
+    ax.set_xticks(range(len(variants)), variants, rotation=30, ha="right")
+    labels = []
+    for name in layers:
+        z = zeros.get(name)
+        labels.append(f"{name}  [{z:.0%} zeros]" if z else name)
+    ax.set_yticks(range(len(layers)), labels, fontsize=8)
+    small = len(layers) * len(variants) <= 400
+    for i, name in enumerate(layers):
+        for j in range(len(variants)):
+            if np.isnan(grid[i, j]):
+                text = _NO_DATA.get(status[name], "n/a")
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="0.35")
+            elif small:
+                v = grid[i, j]
+                ax.text(
+                    j,
+                    i,
+                    _pct(v),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if v > 0.05 else "black",
+                )
+    shown = f" ({len(layers)} of {total} with the most underflow)" if total > len(layers) else ""
+    ax.set_title(f"{title}: underflow to zero by format{shown}", fontsize=10)
+    bar = fig.colorbar(image, ax=ax, fraction=0.04)
+    bar.set_label("fraction of non-zero elements cast to 0")
+    fig.tight_layout()
+    return fig
+
+
+def _cmap() -> Any:
+    from matplotlib import colormaps
+
+    return colormaps["magma_r"].with_extremes(bad="0.9")
+
+
+def _pct(v: float) -> str:
+    if v == 0:
+        return "0"
+    if v < 0.001:
+        return f"{v:.0e}"
+    return f"{v:.1%}"
+
+
+def scale_window_figure(
+    sweep: Sequence[Mapping[str, Any]],
+    win: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    run_label: str | None = None,
+) -> PlanFigure:
+    """Left: underflowed fraction per fp16 loss scale (log2 on the shared y axis), scales where
+    something overflows marked; right: a run's loss-scale history over its optimizer attempts.
+    The band is the safe window (underflow at most the threshold, no overflow)."""
+    fig = PlanFigure(figsize=(10.0, 4.2))
+    left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
+    ks = [r["log2_scale"] for r in sweep]
+    floor = 1e-7
+    under = [max(r["underflow_fraction"] or 0.0, floor) for r in sweep]
+    left.plot(under, ks, marker="o", ms=3, color="#1f77b4", label="underflowed fraction")
+    over = [r["log2_scale"] for r in sweep if r["overflow_elements"]]
+    if over:
+        left.scatter([floor] * len(over), over, marker="x", color="#d62728", label="overflow")
+    left.set_xscale("log")
+    left.axvline(win["threshold"], color="0.5", ls="--", lw=1, label="threshold")
+    left.set_xlabel(f"fraction of non-zero gradients cast to 0 (floor {floor:g})")
+    left.set_ylabel("log2(loss scale)")
+    right.set_xlabel("optimizer attempt")
+    for ax in (left, right):
+        if win.get("lo") is not None:
+            ax.axhspan(win["lo"] - 0.5, win["hi"] + 0.5, color="#2ca02c", alpha=0.15)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7, loc="lower left")
+    points = [
+        (i, math.log2(h["loss_scale"]), bool(h.get("skipped")))
+        for i, h in enumerate(history or [], start=1)
+        if h.get("loss_scale") and h["loss_scale"] > 0 and math.isfinite(h["loss_scale"])
+    ]
+    if points:
+        xs, ys, skipped = zip(*points, strict=True)
+        right.step(xs, ys, where="post", color="#2ca02c", label=run_label or "loss scale")
+        bad = [(x, y) for x, y, s in points if s]
+        if bad:
+            right.scatter(*zip(*bad, strict=True), marker="v", color="#d62728", label="skipped")
+        right.legend(fontsize=7, loc="lower right")
+    else:
+        right.text(
+            0.5,
+            0.5,
+            "no loss-scale history\n(pass run= a RunResult of an fp16 run)",
+            ha="center",
+            va="center",
+            transform=right.transAxes,
+            color="0.4",
+        )
+    if win.get("lo") is None:
+        title = f"No safe fp16 window: {win.get('reason')}"
+    else:
+        title = f"Safe fp16 loss-scale window: 2^{win['lo']} .. 2^{win['hi']} (band)"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,162 @@
+"""The distributed request and its resolution, in one process (no ranks are started here)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from precision_nb.core.distributed import (
+    CLUSTER_PRESETS,
+    Distributed,
+    expected_comm_bytes,
+    explain_distributed,
+    ring_seconds,
+)
+from precision_nb.engine.distributed.counting import CommCounter
+from precision_nb.engine.distributed.parallel import check_divisible, rank_slice
+from precision_nb.engine.distributed.results import RankResult, merge_records
+
+
+def _decision(plan, name):
+    return next(d for d in plan.decisions if d.field == name)
+
+
+def test_fsdp2_dtypes_derive_from_the_plan_with_reasons() -> None:
+    plan = explain_distributed(Distributed("fsdp2", 2), "bf16", "cpu")
+    assert (plan.param_dtype, plan.reduce_dtype, plan.output_dtype) == ("bf16", "fp32", None)
+    assert "reduce_dtype='bf16'" in _decision(plan, "reduce_dtype").reason
+    fp32 = explain_distributed(Distributed("fsdp2", 2), "fp32", "cpu")
+    assert fp32.param_dtype == "fp32"
+    explicit = explain_distributed(Distributed("fsdp2", 2, reduce_dtype="bfloat16"), "bf16", "cpu")
+    assert explicit.reduce_dtype == "bf16"
+    assert "as requested" in _decision(explicit, "reduce_dtype").reason
+
+
+def test_backend_is_gloo_on_cpu_and_nccl_on_simulated_cuda() -> None:
+    cpu = explain_distributed(Distributed("ddp", 2), None, "cpu")
+    assert cpu.backend == "gloo" and cpu.rank_device == "cpu" and not cpu.simulated
+    h100 = explain_distributed(Distributed("ddp", 8), None, "auto", hardware="8xH100 NVLink")
+    assert h100.backend == "nccl" and h100.rank_device == "cuda:LOCAL_RANK"
+    assert h100.simulated and "simulated" in str(h100)
+    assert h100.precision.plan.mode == "bf16"
+
+
+def test_requests_the_machine_cannot_run_fail_before_start() -> None:
+    with pytest.raises(RuntimeError, match="nccl needs CUDA"):
+        explain_distributed(Distributed("ddp", 2, backend="nccl"), None, "cpu")
+    with pytest.raises(RuntimeError, match="has 1 CUDA device"):
+        explain_distributed(Distributed("ddp", 2), None, "cuda", hardware="cuda-bf16")
+    with pytest.raises(RuntimeError, match="has 8 CUDA"):
+        explain_distributed(Distributed("ddp", 9), None, "cuda", hardware="8xH100 NVLink")
+    with pytest.raises(RuntimeError, match="no torch.distributed backend"):
+        explain_distributed(Distributed("ddp", 2), None, "mps", hardware="mps")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"strategy": "zero3"}, "distributed.strategy"),
+        ({"nproc": 0}, "distributed.nproc"),
+        ({"strategy": "ddp", "param_dtype": "bf16"}, "distributed.param_dtype"),
+        ({"strategy": "fsdp2", "comm_hook": "bf16"}, "distributed.comm_hook"),
+        ({"comm_hook": "int8"}, "distributed.comm_hook"),
+        ({"backend": "mpi"}, "distributed.backend"),
+        ({"rdzv_host": " "}, "distributed.rdzv_host"),
+    ],
+)
+def test_bad_requests_name_the_field(kwargs, field) -> None:
+    with pytest.raises(ValueError, match=field):
+        Distributed(**kwargs)
+
+
+def test_expected_bytes_halve_with_compression_and_low_precision_params() -> None:
+    n = 1000
+    fp32 = explain_distributed(Distributed("ddp", 2), None, "cpu")
+    bf16 = explain_distributed(Distributed("ddp", 2, comm_hook="bf16"), None, "cpu")
+    assert expected_comm_bytes(fp32, n) == {"all_reduce": {"fp32": 4 * n}}
+    assert expected_comm_bytes(bf16, n) == {"all_reduce": {"bf16": 2 * n}}
+    fsdp = explain_distributed(Distributed("fsdp2", 4), "bf16", "cpu")
+    assert expected_comm_bytes(fsdp, n) == {
+        "all_gather": {"bf16": 2 * 2 * n},
+        "reduce_scatter": {"fp32": 4 * n},
+    }
+    link = CLUSTER_PRESETS["8xH100 NVLink"].link_gb_per_s
+    assert ring_seconds("all_reduce", 1e9, 8, link) == pytest.approx(2 * 7 / 8 / link)
+    assert ring_seconds("all_gather", 1e9, 8, link) == pytest.approx(7 / 8 / link)
+
+
+def test_rank_slices_cover_the_global_batch_and_refuse_remainders() -> None:
+    x = torch.arange(12).view(6, 2)
+    y = torch.arange(6)
+    parts = [rank_slice((x, y), r, 3) for r in range(3)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x)
+    assert torch.equal(torch.cat([p[1] for p in parts]), y)
+    assert rank_slice({"ids": y}, 1, 2)["ids"].tolist() == [3, 4, 5]
+    with pytest.raises(ValueError, match="not divisible by distributed.nproc=4"):
+        rank_slice(x, 0, 4)
+    check_divisible(None, 3)  # unknown size: nothing to check
+
+
+def test_comm_counter_adds_bytes_by_op_and_dtype_then_restarts() -> None:
+    c = CommCounter()
+    c.add("all_reduce", [torch.zeros(10), torch.zeros(6, dtype=torch.bfloat16)])
+    c.add("all_reduce", [torch.zeros(10)])
+    rows = {(r["op"], r["dtype"]): (r["bytes"], r["calls"]) for r in c.take()}
+    assert rows == {("all_reduce", "fp32"): (80, 2), ("all_reduce", "bf16"): (12, 1)}
+    assert c.take() == []
+
+
+def test_merged_records_average_the_loss_and_take_the_slowest_rank() -> None:
+    a = RankResult(0, records=[{"step": 1, "loss": 1.0, "step_time_s": 0.1, "samples_per_s": 40}])
+    b = RankResult(1, records=[{"step": 1, "loss": 3.0, "step_time_s": 0.2, "samples_per_s": 20}])
+    (rec,) = merge_records([a, b])
+    assert rec["loss"] == 2.0 and rec["step_time_s"] == 0.2
+    assert rec["samples_per_s"] == pytest.approx((4 + 4) / 0.2)
+    assert merge_records([a, RankResult(1)]) == []  # a step not every rank logged
+
+
+TORCHRUN_REPORT = """
+Failures:
+[1]:
+  time      : 2026-11-30_11:10:45
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11433)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_11:10:45
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 11434)
+"""
+
+
+def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
+    from precision_nb.engine.distributed.launcher import exit_codes, root_cause
+
+    codes = exit_codes(TORCHRUN_REPORT)
+    assert codes == {0: -15, 1: -9}
+    done = RankResult(0, finished=True)
+    killed = RankResult(1)  # no result, no error: it died without writing one
+    assert root_cause([done, killed], codes) == 1
+    late = RankResult(0, error={"t": 20.0}, finished=False)
+    early = RankResult(1, error={"t": 10.0}, finished=False)
+    assert root_cause([late, early], {}) == 1
+    assert root_cause([RankResult(0, finished=True), RankResult(1, finished=True)], codes) == 0
+
+
+def test_fsdp2_shards_the_outermost_blocks_once() -> None:
+    from torch import nn
+
+    from precision_nb.engine.distributed.parallel import _shard_blocks
+    from precision_nb.engine.workloads import get_workload
+
+    model = get_workload("transformer", "tiny").make_model()
+    sharded: list[nn.Module] = []
+    _shard_blocks(model, sharded.append)
+    assert sharded == list(model.blocks)  # not the MLPs inside each block again
+    mlp = get_workload("mlp", "tiny").make_model()
+    sharded = []
+    _shard_blocks(mlp, sharded.append)
+    assert sharded == [m for m in mlp.net if isinstance(m, nn.Linear)]

@@ -37,6 +37,9 @@ class TrainConfig:
 
     ``min_loss_scale``: the floor of the loss scale; a scale below it (or not finite) stops the
     run with an error, as DeepSpeed's ``min_loss_scale`` (default 1) does.
+    ``grad_stats_every``: every N counted steps, the fp16 underflow and overflow of the gradients
+    at the current loss scale, computed on the device and read with the logging transfer (records'
+    ``grad_underflow*`` / ``grad_overflow`` keys); None: never.
     """
 
     steps: int = 20
@@ -58,6 +61,7 @@ class TrainConfig:
     cuda_sync_debug: str | None = None
     measure_peak: bool = True
     min_loss_scale: float = 1.0
+    grad_stats_every: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("steps", self.steps, 1, MAX_STEPS)
@@ -94,6 +98,8 @@ class TrainConfig:
             )
         object.__setattr__(self, "overflow_at_steps", tuple(steps))
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
+        if self.grad_stats_every is not None:
+            _positive_int("grad_stats_every", self.grad_stats_every)
 
     def scaler_settings(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""

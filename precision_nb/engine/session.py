@@ -118,10 +118,13 @@ class FitSession:
         result.events.extend(restore_scaler(t, self.amp, cfg))
         result.events.extend(fallback_events(t.explanation, t.optimizer_outcome))
         result.events.append(verify_event(t.plan, t.device))
+        self._peeked: tuple[int, Any] | None = None
+        first = self._first_batch()
+        if cfg.inspect:  # before the peak window opens: its memory is not the run's
+            result.inspection = self._inspect(first)
         self.probe = MemoryProbe(t.device)
         self.probe.reset()
-        self._peeked: tuple[int, Any] | None = None
-        shape, flops_step, peak = describe_run(self, self._first_batch())
+        shape, flops_step, peak = describe_run(self, first)
         for cb in self.callbacks:
             if hasattr(cb, "on_fit_start"):
                 cb.on_fit_start(result)
@@ -151,6 +154,24 @@ class FitSession:
         batch = to_device(self.trainer.source.get(index), self.trainer.device)
         self._peeked = (index, batch)
         return batch
+
+    def _inspect(self, first: Any) -> Any:
+        """One instrumented step on a copy of the model, on the first microbatch of this fit
+        (the model, optimizer and RNG stream are untouched, so training is the same)."""
+        from precision_nb.engine.inspect.step import run_inspection  # it imports the trainer
+
+        t = self.trainer
+        try:
+            return run_inspection(
+                t.model, [first], t.plan, loss_fn=t.loss_fn, device=t.device,
+                optimizer=t.optimizer_config,
+            )  # fmt: skip
+        except DeviceOutOfMemoryError as exc:
+            probe = MemoryProbe(t.device)
+            data = {"peak_bytes": probe.read().peak, "memory_kind": probe.kind}
+            self.result.events.append(Event("oom", str(exc), dict(data, phase="inspection")))
+            exc.result = self.result
+            raise
 
     def loss(self, batch: Any) -> torch.Tensor:
         """The model's loss on one microbatch under the plan's forward context."""

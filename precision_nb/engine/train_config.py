@@ -40,6 +40,8 @@ class TrainConfig:
     ``grad_stats_every``: every N counted steps, the fp16 underflow and overflow of the gradients
     at the current loss scale, computed on the device and read with the logging transfer (records'
     ``grad_underflow*`` / ``grad_overflow`` keys); None: never.
+    ``inspect``: run one instrumented step on a copy of the model before the first step
+    (memory by kind and dtype, op dtype trace) into ``RunResult.inspection``.
     """
 
     steps: int = 20
@@ -62,6 +64,7 @@ class TrainConfig:
     measure_peak: bool = True
     min_loss_scale: float = 1.0
     grad_stats_every: int | None = None
+    inspect: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("steps", self.steps, 1, MAX_STEPS)
@@ -100,6 +103,11 @@ class TrainConfig:
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
         if self.grad_stats_every is not None:
             _positive_int("grad_stats_every", self.grad_stats_every)
+        if not isinstance(self.inspect, bool):
+            raise ValueError(
+                f"train.inspect: invalid value {validate.short_repr(self.inspect)}; "
+                "allowed: True or False"
+            )
 
     def scaler_settings(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""

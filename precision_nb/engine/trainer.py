@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -40,6 +40,10 @@ __all__ = [
     "prepare",
     "seed_everything",
 ]
+
+if TYPE_CHECKING:
+    from precision_nb.core.distributed import Distributed
+    from precision_nb.engine.distributed.results import DistributedResult
 
 log = logging.getLogger(__name__)
 
@@ -244,17 +248,31 @@ def fit(
     precision: PrecisionConfig | str | None = None,
     optimizer: OptimizerConfig | None = None,
     train: TrainConfig | None = None,
-    loss_fn: Callable[..., torch.Tensor] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | str | None = None,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
+    distributed: Distributed | None = None,
     **train_options: Any,
-) -> RunResult:
+) -> RunResult | DistributedResult:
     """Train once and return the :class:`RunResult`.
 
     ``model``: an ``nn.Module`` (with ``batches``), a :class:`Workload`, or a built-in workload
     name (with ``preset``). Extra keyword arguments are :class:`TrainConfig` fields
     (``fit("mlp", steps=50, accumulation=2)``).
+
+    ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request trains on
+    several processes started by torchrun and returns a ``DistributedResult``: the arguments go to
+    :func:`~precision_nb.engine.distributed.launcher.fit_distributed` as they are (``factory=``
+    too; the model and ``loss_fn`` then reach the workers by import path).
     """
+    if distributed is not None:
+        from precision_nb.engine.distributed.launcher import fit_distributed  # imports this module
+
+        return fit_distributed(
+            model, batches, distributed=distributed, preset=preset, device=device,
+            precision=precision, optimizer=optimizer, train=train, loss_fn=loss_fn,
+            callbacks=callbacks, stop=stop, **train_options,
+        )  # fmt: skip
     cfg = make_train_config(train, train_options)
     model, batches, info = prepare(model, batches, preset, device, cfg.seed)
     trainer = Trainer(

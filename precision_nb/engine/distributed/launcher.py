@@ -249,6 +249,12 @@ def write_spec(
     if loss_fn is not None:
         import_path(loss_fn)
     cfg = make_train_config(train, train_options)
+    if cfg.inspect:
+        raise ValueError(
+            "train.inspect: invalid value True with a distributed run; allowed: False (a model "
+            "wrapped for several processes is not inspected: inspect the single-process model "
+            "with precision_nb.inspect, or fit without distributed)"
+        )
     prec = (
         precision
         if isinstance(precision, PrecisionConfig)

@@ -17,7 +17,7 @@ from precision_nb.core import validate
 SCHEDULES = ("constant", "cosine")
 
 #: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
-MAX_STEPS = 10_000_000
+MAX_STEPS = validate.MAX_STEPS
 
 #: Seeds ``torch.manual_seed`` accepts.
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -94,6 +94,13 @@ class TrainConfig:
             )
         object.__setattr__(self, "overflow_at_steps", tuple(steps))
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
+        for name in ("skip_nonfinite", "progress", "measure_peak"):
+            validate.boolean(f"train.{name}", getattr(self, name))
+        if self.label is not None and not isinstance(self.label, str):
+            raise ValueError(
+                f"train.label: invalid value {validate.short_repr(self.label)}; "
+                "allowed: a string or None"
+            )
 
     def scaler_settings(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""

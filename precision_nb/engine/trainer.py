@@ -21,6 +21,7 @@ from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
+from precision_nb.core.validate import short_repr
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.amp_step import AmpStep
 from precision_nb.engine.batches import BatchSource
@@ -273,13 +274,19 @@ def fit(
 def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
     """``train`` (or the defaults) with ``options`` applied; unknown names list the fields."""
     cfg = train if train is not None else TrainConfig()
-    if not options:
-        return cfg
-    try:
-        return dataclasses.replace(cfg, **options)
-    except TypeError as exc:
-        fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-        raise ValueError(f"{exc}; TrainConfig fields: {fields}") from None
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(
+            f"train: invalid value {short_repr(train)} ({type(train).__name__}); "
+            "allowed: a TrainConfig or None"
+        )
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    unknown = [short_repr(k) for k in options if k not in names]
+    if unknown:
+        raise ValueError(
+            f"unknown train option(s) {', '.join(unknown[:5])}; TrainConfig fields: "
+            + ", ".join(names)
+        )
+    return dataclasses.replace(cfg, **options) if options else cfg
 
 
 def prepare(

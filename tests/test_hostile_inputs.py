@@ -74,10 +74,13 @@ Validation gaps
 - --out . with a read-only parent
     F::test_out_dot_with_a_read_only_parent_works
     F::test_out_dot_that_is_read_only_is_refused_naming_the_folder
-- switches that are not booleans, train= that is not a TrainConfig, panel values of a wrong type
+- switches that are not booleans, train=/callbacks=/stop=/loss_fn= of the wrong kind, panel
+  values of a wrong type
     here::test_switches_must_be_booleans
     here::test_profile_switches_must_be_booleans
     here::test_train_must_be_a_train_config
+    here::test_fit_hooks_of_the_wrong_kind_are_named
+    here::test_compare_lab_switch_must_be_a_boolean
     here::test_panel_values_of_the_wrong_type_are_value_errors
 - messages bound what they print (core.validate.short_repr)
     here::test_messages_bound_what_they_print
@@ -212,6 +215,26 @@ def test_profile_switches_must_be_booleans(kwargs, tmp_path):
     with pytest.raises(ValueError, match=rf"{next(iter(kwargs))}: invalid value .*True or False"):
         pnb.profile(out=tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(callbacks=5), "callbacks: invalid value 5 (int); allowed: a list"),
+        (dict(stop="yes"), "stop: invalid value 'yes' (str); allowed: None or a threading.Event"),
+        (dict(loss_fn="mse"), "loss_fn: invalid value 'mse' (str); allowed: None or a callable"),
+    ],
+)
+def test_fit_hooks_of_the_wrong_kind_are_named(kwargs, words):
+    with pytest.raises(ValueError) as info:
+        pnb.fit("mlp", steps=1, progress=False, **kwargs)
+    assert words in str(info.value)
+
+
+def test_compare_lab_switch_must_be_a_boolean():
+    # "no" is truthy: it used to turn the lab on
+    with pytest.raises(ValueError, match=r"loss_scale_lab: invalid value 'no'.*True or False"):
+        pnb.compare(["fp16"], loss_scale_lab="no", steps=1, progress=False)
 
 
 def test_train_must_be_a_train_config():

@@ -96,6 +96,11 @@ class Trainer:
         self.device = torch.device(self.explanation.device)
         self.model = model
         self.source = batches if isinstance(batches, BatchSource) else BatchSource(batches)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(
+                f"loss_fn: invalid value {short_repr(loss_fn)} ({type(loss_fn).__name__}); "
+                "allowed: None or a callable (output, target) -> scalar loss tensor"
+            )
         self.loss_fn = loss_fn
         self.workload_info = dict(workload_info or {})
         _move_model(model, self.device)
@@ -184,7 +189,7 @@ class Trainer:
         Sets up the scaler, probes and the live ``session.result``, and calls ``on_fit_start``.
         """
         cfg = self.train if steps is None else dataclasses.replace(self.train, steps=steps)
-        return FitSession(self, cfg, list(callbacks), stop)
+        return FitSession(self, cfg, _callback_list(callbacks), _stop_flag(stop))
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -268,7 +273,25 @@ def fit(
         loss_fn=loss_fn,
         workload_info=info,
     )
-    return trainer.fit(callbacks=list(callbacks), stop=stop)
+    return trainer.fit(callbacks=_callback_list(callbacks), stop=stop)
+
+
+def _callback_list(callbacks: Any) -> list[Any]:
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise ValueError(
+            f"callbacks: invalid value {short_repr(callbacks)} ({type(callbacks).__name__}); "
+            "allowed: a list of objects with on_fit_start / on_log / on_fit_end methods"
+        )
+    return list(callbacks)
+
+
+def _stop_flag(stop: Any) -> Any:
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise ValueError(
+            f"stop: invalid value {short_repr(stop)} ({type(stop).__name__}); "
+            "allowed: None or a threading.Event (anything with is_set())"
+        )
+    return stop
 
 
 def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:

@@ -69,10 +69,14 @@ def load_object(spec: str, field: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{field}: cannot import module {module_name!r} ({exc})") from exc
+        raise ValueError(
+            f"{field}: cannot import module {short_repr(module_name)} ({exc})"
+        ) from exc
     obj = getattr(module, name, None)
     if obj is None:
-        raise ValueError(f"{field}: module {module_name!r} has no attribute {name!r}")
+        raise ValueError(
+            f"{field}: module {short_repr(module_name)} has no attribute {short_repr(name)}"
+        )
     return obj
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from precision_nb.core.events import Event
+from precision_nb.core.svg_chart import chart_svg
 
 if TYPE_CHECKING:
     from precision_nb.core.optim import FusedOutcome
@@ -128,10 +129,21 @@ class RunResult:
         events = f"<ul>{items}</ul>" if items else "<p>No events.</p>"
         loss = self.final_loss
         loss_txt = "n/a" if loss is None or not math.isfinite(loss) else f"{loss:.6g}"
+        points = [
+            (float(r["step"]), float(r["loss"]))
+            for r in self.records
+            if isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), (int, float))
+        ]
+        chart = chart_svg(
+            {self.label: points},
+            {self.label: "#1f77b4"},
+            title="loss (mean per logging interval)",
+            empty="no logged step",
+        )
         return (
             f"<div><p><b>RunResult</b> {esc(self.summary())}</p>"
             f"<p>final loss: {esc(loss_txt)} (mean over the last logging interval)</p>"
-            f"<p>events:</p>{events}</div>"
+            f"{chart}<p>events:</p>{events}</div>"
         )
 
 

@@ -17,7 +17,7 @@ from precision_nb.core import validate
 SCHEDULES = ("constant", "cosine")
 
 #: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
-MAX_STEPS = 10_000_000
+MAX_STEPS = validate.MAX_STEPS
 
 #: Seeds ``torch.manual_seed`` accepts.
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -103,10 +103,13 @@ class TrainConfig:
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
         if self.grad_stats_every is not None:
             _positive_int("grad_stats_every", self.grad_stats_every)
-        if not isinstance(self.inspect, bool):
+        validate.boolean("train.inspect", self.inspect)
+        for name in ("skip_nonfinite", "progress", "measure_peak"):
+            validate.boolean(f"train.{name}", getattr(self, name))
+        if self.label is not None and not isinstance(self.label, str):
             raise ValueError(
-                f"train.inspect: invalid value {validate.short_repr(self.inspect)}; "
-                "allowed: True or False"
+                f"train.label: invalid value {validate.short_repr(self.label)}; "
+                "allowed: a string or None"
             )
 
     def scaler_settings(self) -> dict[str, Any]:

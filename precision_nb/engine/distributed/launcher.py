@@ -235,7 +235,7 @@ def write_spec(
     **train_options: Any,
 ) -> tuple[DistributedPlan, Path]:
     """Resolve and check a run, write the workers' ``spec.json`` to ``run_dir`` (a new temporary
-    folder by default) and return the plan and the spec's path; nothing is started.
+    folder by default) and return the plan and that file's path; nothing is started.
 
     ``fit_distributed`` starts torchrun on it; for several nodes, run
     ``torchrun ... -m precision_nb.engine.distributed.worker SPEC`` on each (docs/distributed.md).

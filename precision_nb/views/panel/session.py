@@ -114,7 +114,9 @@ class RunSession:
         self.live = live
         self.last_live = live
         self.source = None
-        self.outputs.reset_for_run(live.steps * live.runs)
+        self.outputs.reset_for_run(
+            live.steps * live.runs, measured=kind == "compare", warmups=live.warmups
+        )
         if kind == "run":
 
             def target(stop: threading.Event) -> Any:
@@ -255,7 +257,8 @@ class RunSession:
                 partial = getattr(job.error, "result", None) or getattr(
                     job.error, "precision_nb_result", None
                 )
-                source = partial if job.kind == "run" else None
+                compared = getattr(job.error, "precision_nb_comparison", None)
+                source = partial if job.kind == "run" else compared
                 selection = job.context
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
                 self.outputs.show_error(describe_failure(job.error, batch_hint=hint), "run")
@@ -301,6 +304,8 @@ class RunSession:
         word = "Stopped" if stopped else ("Failed" if self.last_exception else "Finished")
         seconds = sum(r.seconds for r in results_of(source).values())
         table = summary(source) if not frame.empty else None
+        # measured figures only when the interleaved measurement made them (not bare records)
+        self.outputs.measured = getattr(source, "measurement", None) is not None
         events = list(getattr(source, "events", []) or [])
         self.outputs.show_final(frame, table, events, word=word, seconds=seconds)
         return None if frame.empty else frame

@@ -26,6 +26,7 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
 from precision_nb.core.validate import positive_int
+from precision_nb.views.panel.analysis import AnalysisViews, Target
 from precision_nb.views.panel.controls import (
     DEFAULT_COMPARE,
     SIM_PREFIX,
@@ -52,10 +53,11 @@ def _workload_presets() -> dict[str, tuple[str, ...]]:
     return {name: tuple(SIZE_PRESETS) for name in WORKLOADS}
 
 
-def _release(root: Any, session: RunSession, timeout: float) -> None:
+def _release(root: Any, session: RunSession, analysis: AnalysisViews, timeout: float) -> None:
     """Stop the session's run, drop what it holds, close every widget (``close`` and the
     finaliser of a collected panel)."""
     session.close(timeout)
+    analysis.close()
     close_widgets(root)
 
 
@@ -151,10 +153,21 @@ class Panel:
             on_released=weak_callback(self._update_buttons),
             plot_budget=plot_budget,
             refresh_interval_s=refresh_interval_s,
+            after_run=weak_callback(self._after_run),
         )
+        self.analysis = AnalysisViews(
+            model_source=weak_callback(self._model_source),
+            selected=weak_callback(self._selected_target),
+            running=weak_callback(self._is_running),
+            on_window=weak_callback(self._on_scale_window),
+        )
+        self.outputs.insert_before(self.outputs.plan_html, self.analysis.box)
+        self.inspect_button = self.analysis.button
+        self.analysis.button.on_click(weak_callback(self._on_inspect_click))
+        self.analysis.accordion.observe(weak_callback(self._on_view_opened), "selected_index")
         # A panel nobody references any more is collected: its run stops, its widgets close.
         self._finalizer = weakref.finalize(
-            self, _release, self.widget, self.session, self.CLOSE_TIMEOUT_S
+            self, _release, self.widget, self.session, self.analysis, self.CLOSE_TIMEOUT_S
         )
         self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
         self.outputs.on_click(
@@ -186,10 +199,83 @@ class Panel:
         if not self._applying and not self._closed:
             self.refresh()
 
+    # ================================================================== memory, ops, numerics
+
+    def _model_source(self) -> tuple[Any, Any, Any, str]:
+        user = self.session.user_model
+        if user is not None:
+            return user.model, user.batches, user.loss_fn, "tiny"
+        selection = self.controls.selection()
+        return selection.workload, None, None, selection.preset or "tiny"
+
+    def _selected_target(self) -> Target | None:
+        explanation = self._plan.explanation
+        if explanation is None:
+            return None
+        plan = explanation.plan
+        lab = bool(explanation.config.loss_scale_lab and plan.use_scaler)
+        device = str(self.controls.selection().device)
+        sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
+        label = plan.mode + (" (loss-scale lab)" if lab else "")
+        return Target(label, plan, str(explanation.device), explanation.simulated, sim)
+
+    def _is_running(self) -> bool:
+        return self.running
+
+    def _on_scale_window(self, window: tuple[int, int]) -> None:
+        self.outputs.scale_window = window
+        if not self.running and self.session.source is not None:
+            records = self.records_frame.to_dict("records")
+            self.outputs.live_charts.value = self.outputs.charts(records)
+
+    def _after_run(self, source: Any, training_s: float, plotted_s: float) -> None:
+        try:
+            self.analysis.after_run(
+                source, training_s=training_s, spent_s=plotted_s, budget=self.session.plot_budget
+            )
+        except Exception as exc:  # noqa: BLE001 - UI boundary: the run's results are kept
+            self.outputs.show_error(f"Inspect failed: {type(exc).__name__}: {exc}", "figure")
+
+    def _on_inspect_click(self, _button: Any) -> None:
+        self._inspect_now()
+
+    def _on_view_opened(self, change: dict[str, Any]) -> None:
+        if change.get("new") is not None and self.analysis.stale and not self._closed:
+            self._inspect_now()
+
+    def _inspect_now(self) -> None:
+        message = self.analysis.open_or_inspect()
+        if message is not None:
+            self.outputs.show_error(message, "figure")
+
+    def inspect(self) -> dict[str, Any]:
+        """Inspect the selected plan and the last run's plans now (memory by kind and dtype,
+        op dtypes; one instrumented step on a copy each) and analyse the model's gradient
+        numerics; the Memory, Ops and Numerics views show them. Returns label -> Inspection.
+        Raises ``RuntimeError`` while a run goes or once closed."""
+        self._check_open()
+        if self.running:
+            raise RuntimeError("a run is going: inspect when it has ended")
+        self.analysis.compute()
+        return self.inspections
+
+    @property
+    def inspections(self) -> dict[str, Any]:
+        """Label -> ``Inspection`` of the plans the Memory and Ops views show."""
+        from precision_nb.views.report.inspection import Inspection
+
+        return {label: Inspection(data) for label, data in self.analysis.shown.items()}
+
+    @property
+    def numerics(self) -> Any:
+        """The ``Numerics`` the Numerics view shows (None before one was made)."""
+        return self.analysis.numerics
+
     def refresh(self) -> None:
         """Re-resolve the plan from the controls and update every view of it (also the code)."""
         self._plan.refresh()
         self._update_buttons()
+        self.analysis.plan_changed()
 
     def _update_buttons(self) -> None:
         if self._closed:

@@ -298,19 +298,25 @@ class PanelOutputs:
                 f"<details open><summary>Events</summary><ul>{items}</ul></details>"
             )
 
+    def insert_before(self, anchor: widgets.Widget, widget: widgets.Widget) -> None:
+        """Put ``widget`` into the panel's column just before ``anchor``."""
+        children = list(self.widget.children)
+        children.insert(children.index(anchor), widget)
+        self.widget.children = tuple(children)
+
     def close(self) -> None:
         close_widgets(self.widget)
 
 
-def weak_callback(method: Callable[..., Any]) -> Callable[..., None]:
-    """A widget callback calling the bound ``method`` while its object lives: ipywidgets keeps
-    every open widget, and so its callbacks, alive; a strong one would pin the panel forever."""
+def weak_callback(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A widget callback calling the bound ``method`` while its object lives (returning what it
+    returns; None once the object is gone): ipywidgets keeps every open widget, and so its
+    callbacks, alive; a strong one would pin the panel forever."""
     ref = weakref.WeakMethod(method)
 
-    def call(*args: Any) -> None:
+    def call(*args: Any) -> Any:
         bound = ref()
-        if bound is not None:
-            bound(*args)
+        return None if bound is None else bound(*args)
 
     return call
 

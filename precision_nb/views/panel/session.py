@@ -70,6 +70,7 @@ class RunSession:
         on_released: Callable[[], None],
         plot_budget: float,
         refresh_interval_s: float,
+        after_run: Callable[[Any, float, float], None] | None = None,
     ) -> None:
         if not 0 < plot_budget < 1:
             raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
@@ -81,6 +82,8 @@ class RunSession:
         self._on_released = on_released
         self.plot_budget = plot_budget
         self.refresh_interval_s = refresh_interval_s
+        # after_run(source, training_s, plotted_s): the panel's inspections (within the budget)
+        self.after_run = after_run
         self.lock = threading.Lock()
         self.job: Job | None = None
         self.source: Any = None  # the last RunResult or Comparison
@@ -283,6 +286,9 @@ class RunSession:
                     "figure",
                 )
             self.last_render_seconds = time.perf_counter() - start
+            if self.after_run is not None and self.source is not None:
+                training, plotted = self.training_seconds(live)
+                self.after_run(self.source, training, plotted + self.last_render_seconds)
             if live is not None and live.frames:
                 self.frame_cost_s = live.last_frame_seconds
         finally:

@@ -226,6 +226,7 @@ class AnalysisViews:
         already spent plotting, fits ``budget`` of the training time; else say so."""
         from precision_nb.views.report.tables import results_of
 
+        self.seconds = 0.0
         self.last_run = source
         self.run_targets = [
             Target(label, r.plan, str(r.device))

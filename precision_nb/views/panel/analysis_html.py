@@ -124,34 +124,41 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
     )
 
 
-def ops_html(label: str, data: Any) -> str:
-    """The op trace summary of one plan and its flags."""
-    head = f"<b>Ops of {html.escape(label)}</b> (one forward + backward, every ATen op"
-    head += ": documented autocast policy, not a trace)" if data.simulated else ")"
-    rows = data.summary
-    cells = []
-    for r in rows:
-        share = r.get("flops_share")
-        cells.append(
-            "<tr>"
-            + "".join(
-                f"<td>{html.escape(v)}</td>"
-                for v in (
-                    str(r.get("verdict", "")),
-                    str(r.get("calls", "")),
-                    "" if share is None else f"{share:.1%}",
-                    f"{r['bytes']:,}" if r.get("bytes") else "",
-                    str(r.get("ops", "")),
-                )
-            )
-            + "</tr>"
-        )
-    table = (
-        "<table class='pnb-ops-table'><thead><tr><th>verdict</th><th>calls</th>"
-        "<th>FLOP share</th><th>cast bytes</th><th>ops</th></tr></thead><tbody>"
-        + "".join(cells)
-        + "</tbody></table>"
+def _rows_table(css: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
     )
+    return f"<table class='{css}'><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def ops_html(label: str, data: Any) -> str:
+    """The op trace summary of one plan and its flags; for a simulated device, the documented
+    autocast policy grouped by what it does (labelled so: nothing ran)."""
+    if data.simulated:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for r in data.policy:
+            groups.setdefault((str(r.get("policy")), str(r.get("dtype"))), []).append(
+                str(r.get("op"))
+            )
+        head = f"<b>Ops of {html.escape(label)}</b>: documented autocast policy, not a trace"
+        rows = [(policy, dtype, ", ".join(ops)) for (policy, dtype), ops in groups.items()]
+        table = _rows_table("pnb-ops-table", ("policy", "dtype", "ops"), rows)
+    else:
+        head = f"<b>Ops of {html.escape(label)}</b> (one forward + backward, every ATen op)"
+        rows = [
+            (
+                str(r.get("verdict", "")),
+                str(r.get("calls", "")),
+                "" if r.get("flops_share") is None else f"{r['flops_share']:.1%}",
+                f"{r['bytes']:,}" if r.get("bytes") else "",
+                str(r.get("ops", "")),
+            )
+            for r in data.summary
+        ]
+        table = _rows_table(
+            "pnb-ops-table", ("verdict", "calls", "FLOP share", "cast bytes", "ops"), rows
+        )
     flags = "".join(f"<li>{html.escape(f.message)}</li>" for f in data.flags)
     return head + table + (f"<b>Worth a look</b><ul>{flags}</ul>" if flags else "")
 

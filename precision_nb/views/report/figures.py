@@ -11,17 +11,35 @@ come from :func:`plan_colors`, keyed by run label.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter
 
-from precision_nb.views.colors import colors_for_labels
-from precision_nb.views.report.tables import RecordSource, scale_histories, to_frame
+from precision_nb.views.report.figure_base import (
+    DASHBOARD_SIZE,
+    SINGLE_SIZE,
+    PlanFigure,
+    _attempt_x,
+    _float,
+    _histories,
+    _legend,
+    _linestyle,
+    _new_figure,
+    _no_data,
+    _numeric,
+    _pow2_label,
+    _prepare,
+    _style,
+    figure_to_png,
+    memory_kinds,
+    plan_colors,
+    throughput_column,
+)
+from precision_nb.views.report.tables import RecordSource
 
 __all__ = [
     "MEMORY_KIND_LABELS",
@@ -41,97 +59,7 @@ MEMORY_KIND_LABELS = {
     "host_rss": "host RSS",
 }
 
-SINGLE_SIZE = (7.0, 4.0)
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-DASHBOARD_SIZE = (11.0, 7.5)
-
-
-class PlanFigure(Figure):
-    """A standalone Figure that also shows itself as PNG in Jupyter under any backend.
-
-    The inline backend registers its own PNG formatter for figures; with the widget backend (or
-    none) IPython falls back to :meth:`_repr_png_`, so a returned figure still displays.
-    """
-
-    def _repr_png_(self) -> bytes:
-        return figure_to_png(self)
-
-
-def plan_colors(labels: Sequence[str] | Any) -> dict[str, str]:
-    """One colour per run label, stable across figures.
-
-    Labels that are a plain mode (``fp32``, ``bf16``, ``fp16``) or start with one (``fp16 lab``)
-    take that mode's colour; the first label of each mode keeps the exact mode colour, later ones
-    and other labels take the next free colour in order of appearance. ``labels`` may also be any
-    record source (records, DataFrame, RunResult, Comparison).
-    """
-    if not isinstance(labels, Sequence) or (labels and not isinstance(labels[0], str)):
-        labels = _run_labels(to_frame(labels))
-    return colors_for_labels(labels)
-
-
-def figure_to_png(fig: Figure, *, dpi: int = 100) -> bytes:
-    """Render ``fig`` to PNG bytes (for ``ipywidgets.Image`` or a report)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _run_labels(frame: Any) -> list[str]:
-    if frame.empty or "run" not in frame:
-        return []
-    return [str(label) for label in dict.fromkeys(frame["run"].tolist())]
-
-
-def _prepare(
-    source: RecordSource, colors: Mapping[str, str] | None
-) -> tuple[Any, list[str], Mapping[str, str]]:
-    frame = to_frame(source)
-    labels = _run_labels(frame)
-    return frame, labels, colors if colors is not None else plan_colors(labels)
-
-
-def _new_figure(size: tuple[float, float] = SINGLE_SIZE) -> Figure:
-    return PlanFigure(figsize=size, layout="constrained")
-
-
-def _no_data(ax: Axes, message: str) -> None:
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True)
-
-
-def _numeric(series: Any) -> Any:
-    import pandas as pd
-
-    return pd.to_numeric(series, errors="coerce")
-
-
-def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
-    if xlabel != "plan":
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(title)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(True, alpha=0.3)
-
-
-def _legend(ax: Axes) -> None:
-    handles, _ = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(fontsize="small", loc="best")
-
-
 # ----------------------------------------------------------------------------- drawing on axes
-
-
-LINESTYLES = ("-", "--", "-.", ":")
-
-
-def _linestyle(index: int) -> str:
-    """Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each."""
-    return LINESTYLES[index % len(LINESTYLES)]
 
 
 def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]) -> None:
@@ -380,53 +308,3 @@ def dashboard_figure(
         ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
     fig.suptitle(title or "Precision plans compared: " + ", ".join(labels))
     return fig
-
-
-# ----------------------------------------------------------------------------- small utilities
-
-
-def throughput_column(frame: Any) -> str | None:
-    """``tokens_per_s`` when every run recorded it, else ``samples_per_s`` when present."""
-    if frame.empty:
-        return None
-    if "tokens_per_s" in frame and _numeric(frame["tokens_per_s"]).notna().all():
-        return "tokens_per_s"
-    if "samples_per_s" in frame and _numeric(frame["samples_per_s"]).notna().any():
-        return "samples_per_s"
-    return None
-
-
-def memory_kinds(frame: Any) -> list[str]:
-    """Memory kinds present in the records, in order of appearance."""
-    if frame.empty or "memory_kind" not in frame:
-        return []
-    return [str(k) for k in dict.fromkeys(frame["memory_kind"].dropna().tolist())]
-
-
-def _histories(
-    source: RecordSource, histories: Mapping[str, Sequence[Mapping[str, Any]]] | None
-) -> Mapping[str, Sequence[Mapping[str, Any]]]:
-    return histories if histories is not None else scale_histories(source)
-
-
-def _attempt_x(entry: Mapping[str, Any], index: int) -> float:
-    # Skipped attempts do not advance the step counter, so the x axis counts attempts.
-    attempt = entry.get("attempt")
-    return float(attempt) if attempt is not None else float(index)
-
-
-def _float(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(out) else out
-
-
-def _pow2_label(value: float, _pos: int) -> str:
-    if value <= 0:
-        return ""
-    exponent = math.log2(value)
-    if abs(exponent - round(exponent)) < 1e-9:
-        return "2" + str(int(round(exponent))).translate(_SUPERSCRIPT)
-    return f"{value:g}"

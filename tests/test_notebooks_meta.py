@@ -25,6 +25,7 @@ NAMES = (
     "02_mixed_precision_tradeoffs.ipynb",
     "03_profile_your_model.ipynb",
     "04_memory_and_ops.ipynb",
+    "05_numerics_and_fp8.ipynb",
 )
 CHECK = "# NBVAL_CHECK_OUTPUT"
 RAISES_TAG = "raises-exception"

@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "WORKLOADS": "precision_nb.engine.workloads",
     "compare": "precision_nb.engine.compare",
     "Comparison": "precision_nb.engine.compare",
+    "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "hints": "precision_nb.views.report.hints",
     "dashboard_figure": "precision_nb.views.report.figures",
     "profile": "precision_nb.views.report.profile",
+    "Profile": "precision_nb.views.report.profile_result",
     "inspect": "precision_nb.views.report.inspection",
     "Inspection": "precision_nb.views.report.inspection",
     "numerics": "precision_nb.views.report.numerics",

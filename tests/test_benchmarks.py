@@ -45,6 +45,12 @@ def test_bench_panel_latency_cycles_through_the_changes() -> None:
     assert panel.controls.loss_scale_lab.value is False  # the cycle ends where it started
 
 
+def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
+    bench = _load("bench_profile")
+    ratios = bench.hand_loop(("fp32", "bf16"), rounds=2, block=1, warmup=1)
+    assert set(ratios) == {"bf16"} and ratios["bf16"] > 0
+
+
 def test_bench_numerics_times_both_variants_and_a_full_call():
     bench = _load("bench_numerics")
     pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)

@@ -306,7 +306,7 @@ def test_missing_names_finds_a_wrong_name() -> None:
     assert missing_names(code + "pnb.fit\nfigures.loss_figure\n") == []
     assert missing_names(code + "pnb.fitt\nfigures.loss_fig\n") == ["pnb.fitt", "figures.loss_fig"]
     assert missing_names(code + "pnb.fit('mlp', preset='tiny', steps=3)\n") == []
-    wrong = missing_names(code + "pnb.profile('mlp', preset='tiny')\n")
+    wrong = missing_names(code + "pnb.profile('mlp', None, None, 'fp32', 'tiny')\n")
     assert len(wrong) == 1 and "positional" in wrong[0]
 
 

@@ -35,21 +35,45 @@ WORKLOAD_NAMES = ("mlp", "transformer", "lm", "cnn")
 PRESET_NAMES = ("tiny", "small", "medium", "large")
 DEFAULT_WORKLOAD = "mlp"
 DEFAULT_PRESET = "small"
-DEFAULT_STEPS = 10
+DEFAULT_STEPS = 48
+DEFAULT_ROUNDS = 8
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "profile",
-        help="train a built-in workload under several precision plans and write a report",
+        help="measure a model under several precision plans and write a report",
         formatter_class=HelpFormatter,
         description=paragraphs(
-            "Train a built-in workload for a few steps under each requested precision plan (same "
-            "seed) and write metrics.csv, summary.csv, PNG figures and a self-contained "
-            "report.html into --out. Requests that resolve to the same plan run once.",
+            "Train a built-in workload (or your own model, --model) under each requested "
+            "precision plan from the same initial weights: a warm-up per plan, then the plans "
+            "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 %% "
+            "intervals), PNG figures and a self-contained report.html into --out. Requests that "
+            "resolve to the same plan run once.",
             "The report is staged inside --out and moved into place only when complete: Ctrl-C "
             "(exit 130), a failed run (exit 1) or a full disk (exit 1) leaves --out as it was.",
         ),
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="profile your own model: package.module:factory, a callable returning an "
+        "nn.Module (the current folder is importable); replaces --workload; default: none",
+    )
+    parser.add_argument(
+        "--batches",
+        default=None,
+        metavar="MODULE:NAME",
+        help="batches for --model: a list, a DataLoader, a callable of the microbatch index, or "
+        "a callable without arguments returning one of those; default: the name `batches` in "
+        "the factory's module",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help="interleaved rounds the measured steps are split over",
     )
     parser.add_argument(
         "--workload",
@@ -68,7 +92,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
     )
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="optimizer steps per plan")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help="measured optimizer steps per plan (warm-up not included)",
+    )
     parser.add_argument(
         "--accumulation", type=int, default=1, help="microbatches per optimizer step"
     )
@@ -163,8 +192,11 @@ def _run(args: argparse.Namespace) -> int:
     from precision_nb.views.report.profile import ReportWriteError, run_profile, validate_request
 
     try:
+        model, batches = _user_model(args)
         request = validate_request(
-            workload=args.workload,
+            workload=args.workload if model is None else model,
+            batches=batches,
+            rounds=args.rounds,
             preset=args.preset,
             modes=args.compare,
             device=args.device,
@@ -195,7 +227,82 @@ def _run(args: argparse.Namespace) -> int:
         print(f"precision-nb profile: run failed: {cli_text(str(err))}", file=sys.stderr)
         return EXIT_FAILED
     _print_outcome(output)
-    return EXIT_OK
+    failures = getattr(output.comparison, "failures", None) or {}
+    for label, why in failures.items():
+        print(
+            f"precision-nb profile: plan {label} {cli_text(why)}; the report covers what it "
+            "completed",
+            file=sys.stderr,
+        )
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _load(flag: str, spec: str) -> tuple[Any, Any]:
+    """``package.module:name`` -> (module, object); ``ValueError`` naming the flag otherwise."""
+    import importlib
+    import os
+
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise ValueError(f"{flag}: invalid value {spec!r}; allowed: package.module:name")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder is importable
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{flag}: cannot import module {module_name!r}: {err}") from err
+    obj = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{flag}: module {module_name!r} has no attribute {name!r}")
+        obj = getattr(obj, part)
+    return module, obj
+
+
+def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(model, batches) for ``--model`` / ``--batches``; (None, None) for a built-in workload."""
+    import inspect
+
+    from torch import nn
+
+    if args.model is None:
+        if args.batches is not None:
+            raise ValueError("--batches: given without --model; built-in workloads bring theirs")
+        return None, None
+    if args.workload != DEFAULT_WORKLOAD:
+        raise ValueError("--model and --workload: give one of them")
+    module, factory = _load("--model", args.model)
+    if not callable(factory):
+        raise ValueError(
+            f"--model: {args.model} is a {type(factory).__name__}; allowed: a callable returning "
+            "an nn.Module"
+        )
+    try:
+        model = factory()
+    except Exception as err:
+        raise ValueError(f"--model: {args.model}() raised {type(err).__name__}: {err}") from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(
+            f"--model: {args.model}() returned {type(model).__name__}; allowed: a torch.nn.Module"
+        )
+    if args.batches is not None:
+        _, batches = _load("--batches", args.batches)
+    elif hasattr(module, "batches"):
+        batches = module.batches
+    else:
+        raise ValueError(
+            f"--batches: not given, and module {module.__name__!r} has no name `batches`; "
+            "pass --batches package.module:name"
+        )
+    if callable(batches) and not hasattr(batches, "__iter__"):
+        required = [
+            p
+            for p in inspect.signature(batches).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if not required:  # a factory of the batch source
+            batches = batches()
+    return model, batches
 
 
 def _print_outcome(output: Any) -> None:
@@ -206,7 +313,11 @@ def _print_outcome(output: Any) -> None:
             "run",
             "final_loss",
             "median_step_time_s",
+            "step_time_iqr_s",
             "speedup_vs_fp32",
+            "speedup_ci_low",
+            "speedup_ci_high",
+            "warmup_steps",
             "peak_memory_mib",
             "skipped_steps",
             "fused_adamw",
@@ -215,6 +326,8 @@ def _print_outcome(output: Any) -> None:
         if c in table
     ]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    for verdict in getattr(output, "verdicts", {}).values():
+        print(f"verdict: {cli_text(verdict)}")
     for hint in output.hints:
         print(f"hint: {cli_text(str(hint))}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")

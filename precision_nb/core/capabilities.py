@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.cpu_features import CpuFeatures, read_cpu_features
+
 logger = logging.getLogger(__name__)
 
 #: Values of ``Capabilities.cuda_bf16``: the answer of ``torch.cuda.is_bf16_supported()``.
@@ -33,6 +35,7 @@ class Capabilities:
     "unsupported" or "error" (the query raised). That query counts emulation (it is true on a T4),
     so ``cuda_bf16_native`` records separately whether BF16 is native (compute capability >= 8.0);
     ``None`` means it could not be told. ``cuda_device_count`` is ``None`` when unknown.
+    ``cpu`` holds what the CPU has for low precision (:mod:`precision_nb.core.cpu_features`).
     """
 
     name: str
@@ -46,6 +49,9 @@ class Capabilities:
     compute_capability: tuple[int, int] | None = None
     cuda_bf16_error: str | None = None
     description: str = ""
+    #: Low-precision CPU features (AVX512-BF16, AMX, ...) with their source; None when simulated
+    #: without CPU facts.
+    cpu: CpuFeatures | None = None
 
     def __post_init__(self) -> None:
         if self.cuda_bf16 not in BF16_QUERY_RESULTS:
@@ -139,6 +145,7 @@ def read_capabilities() -> Capabilities:
         compute_capability=cc,
         cuda_bf16_error=bf16_error,
         description="This machine, read from torch: " + ", ".join(parts),
+        cpu=read_cpu_features(),
     )
 
 

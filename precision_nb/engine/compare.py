@@ -1,7 +1,9 @@
 """compare(): several precision plans on one workload, same initial weights and data order.
 
 Each request is resolved first; requests that resolve to the same plan (fp16 on CPU -> fp32) are
-run once, and ``.merged`` / ``.events`` say why. Drift is measured against the fp32 run: the
+run once, and ``.merged`` / ``.events`` say why. The plans are measured as
+:mod:`precision_nb.engine.measure` describes (warm-up apart, interleaved rounds); each plan trains
+exactly as a single ``fit`` of ``steps`` steps would. Drift is measured against the fp32 run: the
 final-loss difference and the relative L2 difference of all trainable parameters.
 """
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +24,10 @@ from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
+from precision_nb.engine import stats
 from precision_nb.engine.batches import BatchSource
+from precision_nb.engine.measure import MeasureConfig, Measurement, measure_plans
+from precision_nb.engine.metrics import compute_dtype, peak_ratios, tf32_state
 from precision_nb.engine.results import RunResult
 from precision_nb.engine.trainer import TrainConfig, Trainer, make_train_config, prepare
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
@@ -38,11 +44,121 @@ class Comparison:
     merged: dict[str, str] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     stopped: bool = False
+    #: The interleaved measurement (per-round step times, warm-ups, round orders).
+    measurement: Measurement | None = None
+    #: Label -> the figures of :func:`plan_figures` (median, IQR, rates, speedup, verdict).
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Label -> why a plan stopped part-way (it is reported with the rounds it completed).
+    failures: dict[str, str] = field(default_factory=dict)
+    #: How the figures were measured (warm-up rule, rounds, steps per block).
+    method: dict[str, Any] = field(default_factory=dict)
+    #: The model measured: ``class`` (qualified name) and ``params`` (parameter count).
+    model_info: dict[str, Any] = field(default_factory=dict)
+    #: dtype name -> its peak FLOP/s over the fp32 peak here: what it can gain at best.
+    peak_ratios: dict[str, float] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
         """Every record of every run, in run order (the ``run`` key tells them apart)."""
         return [r for res in self.results.values() for r in res.records]
+
+
+def _tokens_per_sample(result: RunResult) -> float | None:
+    """Tokens per sample from the records (both rates share one interval, so this is exact)."""
+    for record in result.records:
+        tokens, samples = record.get("tokens_per_s"), record.get("samples_per_s")
+        if tokens and samples:
+            return float(tokens) / float(samples)
+    return None
+
+
+def _per_s(amount: float | None, median: float) -> float | None:
+    return float(amount) / median if amount and median > 0 else None
+
+
+def plan_figures(
+    measurement: Measurement, results: Mapping[str, RunResult], baseline: str | None
+) -> tuple[dict[str, dict[str, Any]], list[Event]]:
+    """Per plan: step-time median and IQR, rates, MFU, speedup with interval, verdict, warm-up.
+
+    Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time,
+    so they cannot disagree with the speedup. An MFU above 1 means the peak was measured too
+    low: it is recorded as a ``calibration`` event and left out (None), not shown as utilisation.
+    """
+    events: list[Event] = []
+    out: dict[str, dict[str, Any]] = {}
+    for label, timing in measurement.plans.items():
+        result = results.get(label)
+        info = result.workload if result is not None else {}
+        sp = timing.spread
+        median = sp.median if sp.n else math.nan
+        per_step = (info.get("batch_size") or 0) * (info.get("accumulation") or 1)
+        tps = _tokens_per_sample(result) if result is not None else None
+        flops_per_s = _per_s(info.get("flops_per_step"), median)
+        peak = info.get("peak_flops_per_s")
+        mfu = flops_per_s / peak if flops_per_s and peak else None
+        if mfu is not None and mfu > 1:
+            events.append(
+                Event(
+                    "calibration",
+                    f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "
+                    f"({info.get('peak_source')}): a calibration error (the peak was measured "
+                    "while the machine was busy, or the FLOP count is off); MFU is not shown",
+                    {"run": label, "mfu": mfu, "source": info.get("peak_source")},
+                )
+            )
+            mfu = None
+        warm = timing.warmup
+        row: dict[str, Any] = {
+            "median_step_time_s": median,
+            "step_time_q1_s": sp.q1,
+            "step_time_q3_s": sp.q3,
+            "step_time_iqr_s": sp.iqr,
+            "timed_steps": sp.n,
+            "samples_per_s": _per_s(per_step, median),
+            "tokens_per_s": _per_s(per_step * tps, median) if tps else None,
+            "flops_per_s": flops_per_s,
+            "mfu": mfu,
+            "rounds": timing.rounds_completed,
+            "warmup_steps": warm.steps if warm else 0,
+            "warmup_s": warm.seconds if warm else 0.0,
+            "warmup_rule": warm.rule if warm else "",
+            "failed": timing.failed,
+        }
+        plan = getattr(result, "plan", None)
+        if (
+            str(getattr(result, "device", "")).startswith("cuda")
+            and getattr(plan, "mode", "") == "fp32"
+        ):
+            row["tf32"] = tf32 = tf32_state()
+            if tf32["cuda_matmul_allow_tf32"] or tf32["cudnn_allow_tf32"]:
+                events.append(
+                    Event(
+                        "measurement",
+                        f"{label}: the fp32 baseline may run as TF32 on tensor cores "
+                        f"(matmul allow_tf32={tf32['cuda_matmul_allow_tf32']}, float32 matmul "
+                        f"precision {tf32['float32_matmul_precision']!r}, cudnn allow_tf32="
+                        f"{tf32['cudnn_allow_tf32']}: convolutions default to TF32 on Ampere and "
+                        "newer); speedups are against that baseline",
+                        {"run": label, **tf32},
+                    )
+                )
+        if baseline is not None and baseline in measurement.plans:
+            speed = measurement.speedup(label, baseline)
+            base_mode = getattr(results.get(baseline), "plan", None)
+            name = getattr(base_mode, "mode", baseline)
+            v = stats.verdict(label, speed, baseline=str(name), spread_of_plan=sp)
+            if label == baseline:
+                v = stats.Verdict("baseline", f"{label} is the baseline.")
+            row.update(
+                speedup_vs_fp32=speed.estimate,
+                speedup_ci_low=speed.low,
+                speedup_ci_high=speed.high,
+                verdict_kind=v.kind,
+                verdict=str(v),
+            )
+        out[label] = row
+    return out, events
 
 
 def _as_request(mode: Any, lab: bool) -> tuple[str, PrecisionConfig]:
@@ -61,51 +177,16 @@ def _param_vector(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
 
 
-def compare(
-    modes: Sequence[Any] = ("fp32", "bf16", "fp16"),
-    workload: str | Workload = DEFAULT_WORKLOAD,
-    preset: str = "tiny",
-    *,
-    model: nn.Module | None = None,
-    batches: Any = None,
-    device: Any = "auto",
-    optimizer: OptimizerConfig | None = None,
-    train: TrainConfig | None = None,
-    loss_scale_lab: bool = False,
-    callbacks: Iterable[Any] = (),
-    stop: Any = None,
-    loss_fn: Callable[..., torch.Tensor] | None = None,
-    **train_options: Any,
-) -> Comparison:
-    """Train each requested precision on identical weights and data; see module docstring.
-
-    ``modes``: mode strings or :class:`PrecisionConfig` values. ``loss_scale_lab=True`` turns a
-    plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
-    model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
-    ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``.
-    """
-    if isinstance(modes, (str, PrecisionConfig)):
-        modes = [modes]
-    modes = list(modes)
-    if not modes:
-        raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
-    cfg = make_train_config(train, train_options)
-    if model is not None and batches is None:
-        raise ValueError("batches is None; pass batches together with your own model")
-    model, batches, info = prepare(
-        model if model is not None else workload, batches, preset, device, cfg.seed
-    )
-    if isinstance(batches, Iterable) and iter(batches) is batches:
-        raise ValueError(
-            f"batches has type {type(batches).__name__}, a one-shot iterator; compare needs "
-            "batches it can replay for every plan: a callable, a DataLoader or a list"
-        )
-    initial = copy.deepcopy(model).cpu()
-    out = Comparison()
+def _plan_requests(
+    modes: Sequence[Any],
+    loss_scale_lab: bool,
+    device: Any,
+    optimizer: OptimizerConfig | None,
+    out: Comparison,
+) -> dict[str, PrecisionConfig]:
+    """Label -> request for every distinct plan; merged and relabelled requests become events."""
+    planned: dict[str, PrecisionConfig] = {}
     seen: dict[Any, str] = {}
-    reference: torch.Tensor | None = None
-    ref_label: str | None = None
-    callbacks = list(callbacks)
     for mode in modes:
         label, request = _as_request(mode, loss_scale_lab)
         explanation = explain_precision(request, device, optimizer=optimizer)
@@ -122,7 +203,7 @@ def compare(
                 )
             )
             label = request.requested
-        if label in out.results or label in out.merged:
+        if label in planned or label in out.merged:
             out.events.append(
                 Event(
                     "merged", f"{label}: requested twice; run once", {"label": label, "into": label}
@@ -143,36 +224,113 @@ def compare(
                 )
             )
             continue
-        if out.stopped:
-            out.events.append(
-                Event(
-                    "stop",
-                    f"{label}: not run (comparison stopped)",
-                    {"run": label, "reason": "stopped"},
-                )
-            )
-            continue
         seen[plan] = label
-        run_model = copy.deepcopy(initial)
+        planned[label] = request
+    return planned
+
+
+def compare(
+    modes: Sequence[Any] = ("fp32", "bf16", "fp16"),
+    workload: str | Workload = DEFAULT_WORKLOAD,
+    preset: str = "tiny",
+    *,
+    model: nn.Module | None = None,
+    batches: Any = None,
+    device: Any = "auto",
+    optimizer: OptimizerConfig | None = None,
+    train: TrainConfig | None = None,
+    loss_scale_lab: bool = False,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    measure: MeasureConfig | None = None,
+    **train_options: Any,
+) -> Comparison:
+    """Train each requested precision on identical weights and data; see module docstring.
+
+    ``modes``: mode strings or :class:`PrecisionConfig` values. ``loss_scale_lab=True`` turns a
+    plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
+    model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
+    ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``. ``measure`` sets
+    the warm-up rule and the rounds (:class:`MeasureConfig`); ``steps`` (a TrainConfig field) is
+    the number of measured steps per plan, split over the rounds. When a plan fails, the others
+    still finish; then the first failure is raised with the whole comparison attached as
+    ``exc.precision_nb_comparison`` (``failures`` says which plans stopped where).
+    """
+    if isinstance(modes, (str, PrecisionConfig)):
+        modes = [modes]
+    modes = list(modes)
+    if not modes:
+        raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
+    cfg = make_train_config(train, train_options)
+    if model is not None and batches is None:
+        raise ValueError("batches is None; pass batches together with your own model")
+    model, batches, info = prepare(
+        model if model is not None else workload, batches, preset, device, cfg.seed
+    )
+    if isinstance(batches, Iterable) and iter(batches) is batches:
+        raise ValueError(
+            f"batches has type {type(batches).__name__}, a one-shot iterator; compare needs "
+            "batches it can replay for every plan: a callable, a DataLoader or a list"
+        )
+    initial = copy.deepcopy(model).cpu()
+    out = Comparison()
+    out.model_info = {
+        "class": type(model).__qualname__,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    planned = _plan_requests(modes, loss_scale_lab, device, optimizer, out)
+    mcfg = measure if measure is not None else MeasureConfig()
+    trainers: dict[str, Trainer] = {}
+    callbacks = list(callbacks)
+
+    def make_session(label: str, steps: int, warmup: bool) -> Any:
+        train = dataclasses.replace(cfg, label=label, progress=cfg.progress and not warmup)
         trainer = Trainer(
-            run_model,
+            copy.deepcopy(initial),
             BatchSource(batches),
             device=device,
-            precision=request,
+            precision=planned[label],
             optimizer=optimizer,
-            train=dataclasses.replace(cfg, label=label),
+            train=train,
             loss_fn=loss_fn,
             workload_info=info,
         )
-        result = trainer.fit(callbacks=callbacks, stop=stop)
+        if not warmup:
+            trainers[label] = trainer
+        return trainer.start(
+            steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
+        )
+
+    measurement, sessions, failures = measure_plans(
+        list(planned), make_session, cfg.steps, mcfg, stop
+    )
+    out.measurement = measurement
+    out.events.extend(measurement.events)
+    reference: torch.Tensor | None = None
+    ref_label: str | None = None
+    for label, session in sessions.items():
+        failure = failures.get(label)
+        result = getattr(failure, "result", None) or session.result
+        if failure is None:
+            result = session.finish()
         out.results[label] = result
         out.events.extend(e.prefixed(label) for e in result.events)
-        params = _param_vector(run_model)
-        if plan.mode == "fp32" and reference is None:
+        params = _param_vector(trainers[label].model)
+        if result.plan.mode == "fp32" and reference is None and failure is None:
             reference, ref_label = params, label
         out.drift[label] = {"params": params}  # type: ignore[dict-item]
-        if result.stopped:
+        if result.stopped or measurement.stopped:
             out.stopped = True
+    out.failures = {label: str(measurement.plans[label].failed) for label in failures}
+    out.figures, more = plan_figures(measurement, out.results, ref_label)
+    out.events.extend(more)
+    out.method = measurement.method()
+    if cfg.measure_peak:
+        dtypes = tuple({compute_dtype(r.plan) for r in out.results.values()} - {torch.float32})
+        first = next(iter(out.results.values()), None)
+        if first is not None and dtypes:
+            out.peak_ratios = peak_ratios(torch.device(first.device), dtypes)
     for label, d in out.drift.items():
         params = d.pop("params")  # type: ignore[arg-type]
         ref = out.results[ref_label] if ref_label else None
@@ -185,4 +343,8 @@ def compare(
         d["param_rel_diff"] = float((params - reference).norm()) / denom
     if reference is None:
         out.events.append(Event("warning", "no fp32 run among the requests: drift is None"))
+    if failures:  # loud, after the other plans finished; the comparison travels with the error
+        first = next(iter(failures.values()))
+        first.precision_nb_comparison = out  # type: ignore[attr-defined]
+        raise first
     return out

@@ -3,7 +3,10 @@
 - :func:`count_step_flops` runs one microbatch forward + backward under ``FlopCounterMode`` and
   restores everything it touched (grads, buffers, RNG), cached per model type, size and batch shape.
 - :func:`peak_flops` looks a GPU up in :data:`GPU_PEAK_TFLOPS` (datasheet, dense) or, on CPU,
-  measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`).
+  measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`);
+  :func:`peak_ratios` says what a low-precision dtype can gain over fp32 at best.
+- Attention is counted on every device (:data:`ATTENTION_FLOPS`); :func:`tf32_state` records
+  whether CUDA fp32 may really run as TF32.
 - :class:`MemoryProbe` reads CUDA allocator / MPS / host RSS memory, only when asked (log time).
 """
 
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import psutil
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 log = logging.getLogger(__name__)
 
@@ -67,33 +69,69 @@ def gpu_table_key(device_name: str) -> str | None:
 
 _CPU_PEAKS: dict[str, Peak] = {}
 
+#: Square matmul sizes timed per dtype; the best rate of them is the peak.
+CALIBRATION_SIZES = (256, 512, 1024)
 
-def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.25) -> Peak:
-    """Measure this process's CPU matmul FLOP/s for ``dtype`` (best of short repeats; cached)."""
+
+def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05) -> Peak:
+    """This process's best CPU matmul FLOP/s for ``dtype`` (cached per dtype).
+
+    Each size of :data:`CALIBRATION_SIZES` is timed with ``torch.utils.benchmark.Timer``
+    (``blocked_autorange``, at least ``seconds`` per size; its median); the best rate is kept.
+    A larger size is skipped when one call of it would take longer than ``seconds`` at the best
+    rate so far (a dtype without fast kernels, fp16 on most CPUs, stays cheap to calibrate).
+    """
+    from torch.utils.benchmark import Timer
+
     key = str(dtype).replace("torch.", "")
     if key in _CPU_PEAKS:
         return _CPU_PEAKS[key]
-    n = 512
     gen = torch.Generator().manual_seed(0)  # own generator: the global RNG stays untouched
-    a = torch.randn(n, n, generator=gen).to(dtype)
-    b = torch.randn(n, n, generator=gen).to(dtype)
-    torch.mm(a, b)  # warm up
-    best = float("inf")
-    deadline = time.perf_counter() + seconds
-    reps = 4
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            torch.mm(a, b)
-        best = min(best, (time.perf_counter() - t0) / reps)
-        if time.perf_counter() > deadline:
+    best, best_n = 0.0, 0
+    for n in CALIBRATION_SIZES:
+        if best and 2.0 * n**3 / best > seconds:
             break
+        a = torch.randn(n, n, generator=gen).to(dtype)
+        b = torch.randn(n, n, generator=gen).to(dtype)
+        timer = Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b})
+        rate = 2.0 * n**3 / timer.blocked_autorange(min_run_time=seconds).median
+        if rate > best:
+            best, best_n = rate, n
     peak = Peak(
-        2.0 * n**3 / best, f"measured: CPU {key} matmul {n}x{n}, {torch.get_num_threads()} threads"
+        best,
+        f"measured: CPU {key} matmul, best of sizes {'/'.join(map(str, CALIBRATION_SIZES))} "
+        f"(best {best_n}), torch.utils.benchmark blocked_autorange median, "
+        f"{torch.get_num_threads()} threads",
     )
     _CPU_PEAKS[key] = peak
     log.info("CPU %s matmul peak %.2f GFLOP/s", key, peak.flops_per_s / 1e9)
     return peak
+
+
+def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
+    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: what it can gain at best.
+
+    On CPU these are measured (:func:`calibrate_cpu_peak`); on CUDA they come from the datasheet
+    table. Dtypes without a known peak are left out.
+    """
+    base = peak_flops(device, torch.float32)
+    if base is None or base.flops_per_s <= 0:
+        return {}
+    out: dict[str, float] = {}
+    for dtype in dtypes:
+        peak = peak_flops(device, dtype)
+        if peak is not None:
+            out[str(dtype).replace("torch.", "")] = peak.flops_per_s / base.flops_per_s
+    return out
+
+
+def tf32_state() -> dict[str, Any]:
+    """Whether fp32 matmuls and convolutions on CUDA may run as TF32 (recorded with fp32 plans)."""
+    return {
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+    }
 
 
 def compute_dtype(plan: Any) -> torch.dtype:
@@ -121,6 +159,48 @@ def peak_flops(device: torch.device, dtype: torch.dtype, calibrate: bool = True)
 _FLOP_CACHE: dict[tuple[Any, ...], int] = {}
 
 
+def _attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any) -> int:
+    """Q K^T and (softmax) V: 4 * B * H * Lq * Lk * D (GQA: key/value heads broadcast)."""
+    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+
+
+def _sdpa_forward(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
+    return _attention_forward_flops(query_shape, key_shape, value_shape)
+
+
+def _sdpa_backward(
+    grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any
+) -> int:
+    """Gradients of Q, K, V and the scores: twice the forward (no recomputation counted)."""
+    return 2 * _attention_forward_flops(query_shape, key_shape, value_shape)
+
+
+_aten = torch.ops.aten
+#: Attention counted the same on every device: the CPU kernels have no formula in
+#: ``torch.utils.flop_counter`` (it counts 0 there) and the CUDA ones count the backward's
+#: recomputation; model FLOPs (forward 4·B·H·L²·D, backward 2x, the causal half included as in
+#: the usual MFU convention) are what MFU divides by the peak.
+ATTENTION_FLOPS: dict[Any, Any] = {
+    op: formula
+    for name, formula in (
+        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_forward),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward),
+        ("_scaled_dot_product_flash_attention", _sdpa_forward),
+        ("_scaled_dot_product_flash_attention_backward", _sdpa_backward),
+        ("_scaled_dot_product_efficient_attention", _sdpa_forward),
+        ("_scaled_dot_product_efficient_attention_backward", _sdpa_backward),
+        ("_scaled_dot_product_cudnn_attention", _sdpa_forward),
+        ("_scaled_dot_product_cudnn_attention_backward", _sdpa_backward),
+    )
+    if (op := getattr(_aten, name, None)) is not None
+}
+
+
+def flop_counter() -> FlopCounterMode:
+    """A ``FlopCounterMode`` that also counts scaled-dot-product attention on every device."""
+    return FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
+
+
 def count_step_flops(
     model: nn.Module, batch_signature: tuple[Any, ...], step: Callable[[], torch.Tensor]
 ) -> int:
@@ -137,7 +217,7 @@ def count_step_flops(
     grads = [p.grad for p in params]
     devices = [d for d in {p.device for p in params} if d.type == "cuda"]
     with torch.random.fork_rng(devices=devices):
-        counter = FlopCounterMode(display=False)
+        counter = flop_counter()
         with counter:
             step().backward()
         flops = int(counter.get_total_flops())

@@ -84,6 +84,8 @@ class FitSession:
             return self.result
         result, cfg = self.result, self.cfg
         self._close()
+        if self.stop_reason is None and self.counted < cfg.steps:
+            self.stop_reason = "finished before all steps ran"
         if self.stop_reason is not None:
             result.stopped = True
             result.events.append(
@@ -193,8 +195,9 @@ class FitSession:
 
     def _attempt(self, chunk: Chunk, last: bool) -> None:
         """One optimizer attempt: K microbatches, one precision step, zero_grad."""
-        t, amp, K = self.trainer, self.amp, self.cfg.accumulation
-        self.lr.before_attempt()
+        t, amp, K, lr = self.trainer, self.amp, self.cfg.accumulation, self.lr
+        if lr.active:  # a constant LR without warmup needs no per-step work
+            lr.before_attempt()
         self.timer.start()
         total = None
         for _ in range(K):
@@ -207,7 +210,8 @@ class FitSession:
             poison_gradient(self.params)
         out = amp.step(t.optimizer, self.cfg.grad_clip, self.params, total)
         t.optimizer.zero_grad(set_to_none=True)
-        self.lr.after_attempt(out.stepped)
+        if lr.active:
+            lr.after_attempt(out.stepped)
         self.timer.stop(last)
         chunk.add(total, out)  # type: ignore[arg-type]
 

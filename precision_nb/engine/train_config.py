@@ -139,6 +139,7 @@ class CountedLR:
                 group["lr"] = lr
 
     def before_attempt(self) -> None:
+        """Set the LR for the next attempt (callers may skip this when not ``active``)."""
         if self.active:
             factor = lr_factor(self.counted, self.cfg, self.total)
             for group, lr in zip(self.optimizer.param_groups, self.base, strict=True):

@@ -137,7 +137,10 @@ def test_profile_help_names_the_defaults_it_runs_with():
     text = " ".join(_help("profile").split())
     assert "(default: mlp)" in text
     assert "(default: small)" in text
-    assert "(default: 10)" in text
+    from precision_nb.views.report import profile as report
+
+    assert f"(default: {report.DEFAULT_STEPS})" in text
+    assert f"(default: {report.DEFAULT_ROUNDS})" in text
 
 
 def test_profile_defaults_are_the_engines():
@@ -149,6 +152,7 @@ def test_profile_defaults_are_the_engines():
     assert cli_profile.DEFAULT_WORKLOAD == workloads.DEFAULT_WORKLOAD
     assert cli_profile.DEFAULT_PRESET == workloads.DEFAULT_PRESET
     assert cli_profile.DEFAULT_STEPS == report.DEFAULT_STEPS
+    assert cli_profile.DEFAULT_ROUNDS == report.DEFAULT_ROUNDS
     assert set(cli_profile.WORKLOAD_NAMES) == set(workloads.WORKLOADS) | set(workloads._ALIASES)
     assert cli_profile.PRESET_NAMES == workloads.PRESETS
 

@@ -82,6 +82,9 @@ def test_session_is_live_and_finish_is_final(make_model, batches):
     assert session.finish() is result and seen.count("end") == 1
     with pytest.raises(ValueError, match="advance.n"):
         t.start().advance(-1)
+    early = t.start()
+    early.advance(1)
+    assert early.finish().stopped and early.result.events[-1].data["reason"].startswith("finished")
 
 
 def test_stop_ends_the_session_early(make_model, batches):

@@ -226,11 +226,17 @@ def draw_loss_scale(
 
 
 def draw_throughput(
-    ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]
+    ax: Axes,
+    frame: Any,
+    labels: Sequence[str],
+    colors: Mapping[str, str],
+    measured: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str | None:
     """Throughput per logged step, tokens/s when every run has it, else samples/s.
 
-    Returns the column that was plotted (``tokens_per_s`` or ``samples_per_s``), or None.
+    With ``measured`` (a Comparison's ``figures``) the dotted line is the steady-state rate of
+    the interleaved measurement and the legend carries each speedup with its interval; otherwise
+    it is the median of the logged points. Returns the column plotted, or None.
     """
     column = throughput_column(frame)
     unit = "tokens/s" if column == "tokens_per_s" else "samples/s"
@@ -241,11 +247,20 @@ def draw_throughput(
             values = _numeric(rows[column])
             if values.notna().sum() == 0:
                 continue
-            ax.plot(rows["step"], values, color=colors[label], label=label, linewidth=1.4)
-            median = float(values.median())
+            fig_row = (measured or {}).get(label) or {}
+            steady = _float(fig_row.get(column))
+            ax.plot(
+                rows["step"],
+                values,
+                color=colors[label],
+                label=label + _speedup_text(fig_row),
+                linewidth=1.4,
+            )
+            median = steady if steady is not None else float(values.median())
             ax.axhline(median, color=colors[label], linestyle=":", linewidth=1.0)
             drawn = True
-    _style(ax, f"Throughput ({unit}; dotted: median)", "optimizer step", f"throughput ({unit})")
+    dotted = "steady-state median, warm-up excluded" if measured else "median"
+    _style(ax, f"Throughput ({unit}; dotted: {dotted})", "optimizer step", f"throughput ({unit})")
     if drawn:
         _legend(ax)
     else:
@@ -320,8 +335,18 @@ def throughput_figure(source: RecordSource, *, colors: Mapping[str, str] | None 
     """Throughput per step (tokens/s for token workloads, else samples/s)."""
     frame, labels, colors = _prepare(source, colors)
     fig = _new_figure()
-    draw_throughput(fig.add_subplot(), frame, labels, colors)
+    draw_throughput(fig.add_subplot(), frame, labels, colors, getattr(source, "figures", None))
     return fig
+
+
+def _speedup_text(row: Mapping[str, Any]) -> str:
+    """ " 1.31x fp32 [1.22-1.40]" from a plan's measured figures ("" without a speedup)."""
+    speedup = _float(row.get("speedup_vs_fp32"))
+    if speedup is None or row.get("verdict_kind") == "baseline":
+        return ""
+    low, high = _float(row.get("speedup_ci_low")), _float(row.get("speedup_ci_high"))
+    interval = f" [{low:.2f}-{high:.2f}]" if low is not None and high is not None else ""
+    return f" {speedup:.2f}x fp32{interval}"
 
 
 def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
@@ -348,7 +373,7 @@ def dashboard_figure(
     (ax_loss, ax_scale), (ax_tput, ax_mem) = fig.subplots(2, 2)
     draw_loss(ax_loss, frame, labels, colors)
     draw_loss_scale(ax_scale, frame, labels, colors, _histories(source, histories))
-    draw_throughput(ax_tput, frame, labels, colors)
+    draw_throughput(ax_tput, frame, labels, colors, getattr(source, "figures", None))
     kinds = memory_kinds(frame)
     draw_memory(ax_mem, frame, labels, colors, kinds[0] if kinds else None)
     if len(kinds) > 1:

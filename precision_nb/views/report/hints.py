@@ -1,8 +1,9 @@
-"""Why a plan did or did not pay off, said where the numbers show it.
+"""What the measurements say about each plan, and what to try next.
 
 :func:`hints` reads a ``Comparison`` (or a ``RunResult``, or bare records) and returns
-:class:`Hint` values. Each hint names the measurement it came from, so a reader can check it in
-the summary table or the records. Thresholds are module constants, documented where they are used.
+:class:`Hint` values. Each hint cites only measurements (or hardware facts with their source),
+names the measurement and the report figure it rests on, and never claims more than the speedup's
+interval supports. Thresholds are module constants, documented where they are used.
 """
 
 from __future__ import annotations
@@ -12,14 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
 from precision_nb.views.report.tables import RecordSource, results_of, summary, to_frame
 
-__all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8"]
+__all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8", "what_to_try_next"]
 
-#: A mixed plan must be at least this much faster than fp32 to count as "paid off" ...
-PAYOFF_SPEEDUP = 1.10
-#: ... and counts as "slower" below this.
-SLOWER_SPEEDUP = 0.95
 #: Below this fraction of the peak, the step is dominated by something other than matmul FLOPs.
 OVERHEAD_MFU = 0.10
 #: Without a known peak, below this achieved rate (FLOP/s) the model is too small to tell.
@@ -28,6 +26,8 @@ OVERHEAD_FLOPS_PER_S = 5e9
 SKIP_FRACTION = 0.05
 #: Step times whose 10th-90th percentile range exceeds this fraction of the median are noisy.
 NOISY_SPREAD = 0.5
+#: Steady-state step times whose IQR exceeds this fraction of the median are noisy.
+NOISY_IQR = 0.25
 
 # Workload dims that become matmul (GEMM) dimensions in the built-in models.
 _MATMUL_DIM_KEYS = (
@@ -50,9 +50,13 @@ class Hint:
     topic: str
     message: str
     measurement: str
+    #: The report figure (or table) the hint rests on, e.g. "throughput.png", "summary table".
+    figure: str = "summary table"
+    #: What to try next, drawn from this measurement ("" when nothing follows from it).
+    next_step: str = ""
 
     def __str__(self) -> str:
-        return f"[{self.run}] {self.message} (measured: {self.measurement})"
+        return f"[{self.run}] {self.message} (measured: {self.measurement}; see {self.figure})"
 
     def applies_to(self, label: str) -> bool:
         """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""
@@ -64,6 +68,8 @@ class Hint:
             "topic": self.topic,
             "message": self.message,
             "measurement": self.measurement,
+            "figure": self.figure,
+            "next_step": self.next_step,
         }
 
 
@@ -96,15 +102,15 @@ def hints(source: RecordSource) -> list[Hint]:
     results = results_of(source)
     rows = {str(r["run"]): r for r in table.to_dict("records")}
     out: list[Hint] = []
-    out += _payoff(rows)
+    out += _payoff(rows, source)
+    out += _peak_gain(rows, source)
+    out += _cpu_facts(rows, results)
     out += _overhead(rows, results)
     out += _dims(rows, results)
     out += _bf16_emulated(rows, results)
     out += _skips(rows, results)
     out += _fused(rows, results)
-    frame = to_frame(source)
-    if "step_time_s" in frame:
-        out += _noise(rows, frame)
+    out += _noise(rows, to_frame(source), source)
     return out
 
 
@@ -129,37 +135,96 @@ def _ok(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _payoff(rows: Mapping[str, Mapping[str, Any]]) -> list[Hint]:
+def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
+    """The verdict of each mixed plan: from the interleaved measurement where there is one."""
+    figures = getattr(source, "figures", None) or {}
     out = []
     for label, row in rows.items():
+        if not _is_mixed(row):
+            continue
+        measured = figures.get(label)
+        if measured and measured.get("verdict"):
+            kind = measured.get("verdict_kind", "")
+            advice = {
+                "unresolved": "Run more rounds (--steps) or a larger model or batch.",
+                "too_few": f"Run at least {_MIN_ROUNDS} rounds (more --steps).",
+            }.get(kind, "")
+            out.append(
+                Hint(
+                    label,
+                    "payoff",
+                    str(measured["verdict"]),
+                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (median of per-round "
+                    "paired ratios, bootstrap interval)",
+                    "throughput.png",
+                    advice,
+                )
+            )
+            continue
         speedup = row.get("speedup_vs_fp32")
-        if not _is_mixed(row) or not _ok(speedup):
+        if not _ok(speedup):
             continue
         times = f"median step time {row['median_step_time_s'] * 1e3:.2f} ms"
-        if speedup >= PAYOFF_SPEEDUP:
-            message = f"{row['mode']} paid off: {speedup:.2f}x the fp32 speed ({times})."
-        elif speedup < SLOWER_SPEEDUP:
-            message = (
-                f"{row['mode']} did not pay off: {speedup:.2f}x the fp32 speed ({times})."
-                + _slow_reason(row)
+        out.append(
+            Hint(
+                label,
+                "payoff",
+                f"single-run figure: {row['mode']} ran at {speedup:.2f}x the fp32 speed ({times}); "
+                "runs measured one after the other carry no interval, so this says nothing "
+                "about which is faster.",
+                "speedup_vs_fp32 = fp32 / this median step time (logged intervals)",
+                "throughput.png",
+                "Use compare() or precision-nb profile for an interleaved measurement.",
             )
-        else:
-            message = f"{row['mode']} made no measurable difference: {speedup:.2f}x fp32 ({times})."
-        out.append(Hint(label, "payoff", message, "speedup_vs_fp32 = fp32 / this median step time"))
+        )
     return out
 
 
-def _slow_reason(row: Mapping[str, Any]) -> str:
-    if row.get("device_type") != "cpu":
-        return " The casts autocast inserts cost more than the lower precision saved."
-    import torch
+def _peak_gain(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
+    """What low precision can gain here at best: measured matmul peaks against fp32."""
+    ratios = getattr(source, "peak_ratios", None) or {}
+    names = {"bf16": "bfloat16", "fp16": "float16"}
+    out = []
+    for label, row in rows.items():
+        ratio = ratios.get(names.get(str(row.get("mode")), ""))
+        if not _is_mixed(row) or not _ok(ratio):
+            continue
+        out.append(
+            Hint(
+                label,
+                "peak",
+                f"On this device the {row['mode']} matmul peak is {ratio:.2f}x the fp32 peak: "
+                f"the most {row['mode']} can gain on matmul-bound work here; a step that also "
+                "spends time outside matmuls gains less.",
+                "calibrated peaks (mfu_peak_source)",
+                "summary table",
+            )
+        )
+    return out
 
-    capability = torch.backends.cpu.get_cpu_capability()
-    return (
-        f" On CPU, reduced-precision matmuls are fast only with native support (AVX512-BF16 / "
-        f"AMX); torch reports this CPU's vector capability as {capability}, so autocast mostly "
-        "adds casts."
-    )
+
+def _cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+    """A bf16/fp16 plan on a CPU without native instructions for it (a hardware fact, sourced)."""
+    out = []
+    for label, row in rows.items():
+        if row.get("device_type") != "cpu" or not _is_mixed(row):
+            continue
+        explanation = getattr(results.get(label), "explanation", None)
+        cpu = getattr(getattr(explanation, "capabilities", None), "cpu", None)
+        native = getattr(cpu, "native_bf16" if row["mode"] == "bf16" else "native_fp16", None)
+        if cpu is None or native is not False:
+            continue
+        out.append(
+            Hint(
+                label,
+                "cpu_features",
+                f"This CPU reports no native {row['mode']} instructions ({cpu.summary()}); "
+                f"{row['mode']} matmuls then run through conversions to fp32.",
+                "CPU features (settings table)",
+                "summary table",
+            )
+        )
+    return out
 
 
 def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
@@ -181,6 +246,8 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
                 "much in any precision, so a larger model or batch shows the precision effect "
                 "better.",
                 f"mfu (median flops_per_s / peak, below {OVERHEAD_MFU:.0%})",
+                "throughput.png",
+                "Profile a larger model or batch: overhead hides the precision effect.",
             )
         ]
     rates = {k: r for k, r in rows.items() if _ok(r.get("flops_per_s"))}
@@ -197,6 +264,8 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
             f"The model is so small that the step is likely dominated by overhead: {parts}"
             f"{per_step}; no peak is known for this device to say how far from the limit it is.",
             "flops_per_s (median; no peak known)",
+            "throughput.png",
+            "Profile a larger model or batch: overhead hides the precision effect.",
         )
     ]
 
@@ -224,8 +293,10 @@ def _dims(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> 
             "dims",
             f"Matmul dimensions that are not multiples of 8 ({listed}) leave tensor cores "
             "(and CPU AMX tiles) partly idle or force padding in fp16/bf16; multiples of 8 "
-            "(64 for the largest gains) let reduced precision pay off.",
+            "(64 for the largest gains) suit reduced-precision kernels.",
             "workload dims",
+            "summary table",
+            "Round the listed dimensions up to multiples of 8.",
         )
     ]
 
@@ -250,6 +321,8 @@ def _bf16_emulated(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, 
                 "native bf16 matmul (needs compute capability 8.0+), so expect no speedup; fp16 "
                 "with a loss scaler is the fast reduced precision here.",
                 "capabilities.cuda_bf16_native",
+                "summary table",
+                "Compare fp16 (with its loss scaler) instead of bf16 on this GPU.",
             )
         )
     return out
@@ -278,6 +351,8 @@ def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
                 "down from its start are expected; many mean fewer real updates per second and "
                 "a slower loss curve: lower the initial scale, or use bf16 where supported.",
                 "skipped_total" + (" and scale_history" if history else ""),
+                "loss_scale.png",
+                "Lower the initial loss scale (init_scale), or use bf16 where supported.",
             )
         )
     return out
@@ -308,18 +383,28 @@ def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
     return [Hint(_who(labels, rows), "fused_adamw", m, k) for (m, k), labels in by_message.items()]
 
 
-def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any) -> list[Hint]:
+def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Any) -> list[Hint]:
     """Step times that spread widely make every speedup above uncertain; say so."""
+    figures = getattr(source, "figures", None) or {}
     noisy: list[str] = []
     noisy_labels: list[str] = []
     for label in rows:
+        measured = figures.get(label) or {}
+        median, iqr = measured.get("median_step_time_s"), measured.get("step_time_iqr_s")
+        if _ok(median) and _ok(iqr) and median > 0:
+            if iqr / median > NOISY_IQR:
+                noisy.append(f"{label} IQR {iqr / median:.0%}")
+                noisy_labels.append(label)
+            continue
+        if figures or "step_time_s" not in frame:
+            continue
         times = frame.loc[frame["run"] == label, "step_time_s"].dropna().astype(float)
         if len(times) < 4:
             continue
         median = float(times.median())
         spread = float(times.quantile(0.9) - times.quantile(0.1)) / median if median > 0 else 0.0
         if spread > NOISY_SPREAD:
-            noisy.append(f"{label} {spread:.0%}")
+            noisy.append(f"{label} p10-p90 {spread:.0%}")
             noisy_labels.append(label)
     if not noisy:
         return []
@@ -327,12 +412,26 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any) -> list[Hint]:
         Hint(
             _who(noisy_labels, rows),
             "noise",
-            "Step times varied widely (" + ", ".join(noisy) + " of the median between the 10th "
-            "and 90th percentile): the machine was busy or still warming up, so treat the "
-            "speedups as rough; more --steps or a quieter machine give steadier numbers.",
-            "step_time_s spread (p90 - p10) / median",
+            "Step times varied widely (" + ", ".join(noisy) + " of the median): the machine was "
+            "busy, so the intervals above are wide.",
+            "step_time_iqr_s / median_step_time_s (steady state)"
+            if figures
+            else "step_time_s spread (p90 - p10) / median (logged intervals)",
+            "throughput.png",
+            "More --steps (more rounds) or a quieter machine narrow the intervals.",
         )
     ]
+
+
+def what_to_try_next(hint_list: Sequence[Hint]) -> list[str]:
+    """The next steps the hints draw from the measurements, de-duplicated, in hint order."""
+    steps: dict[str, list[str]] = {}
+    for h in hint_list:
+        if h.next_step:
+            steps.setdefault(h.next_step, []).append(h.run)
+    if not steps:
+        return ["No measurement here points to a change of plan or workload."]
+    return [f"{step} ({', '.join(dict.fromkeys(runs))})" for step, runs in steps.items()]
 
 
 def _rate(flops_per_s: float) -> str:

@@ -1,6 +1,7 @@
-"""``profile()``: validate a request, run the comparison, write the report folder atomically.
+"""``profile()``: validate a request, measure the plans, return a :class:`Profile`.
 
-What ``precision-nb profile`` runs; the folder's files come from
+``profile("mlp", preset="small")`` or ``profile(my_model, my_batches)``; ``Profile.save(path)``
+(or ``out=``) writes the folder ``precision-nb profile`` writes, atomically; its files come from
 :mod:`precision_nb.views.report.html`.
 """
 
@@ -14,13 +15,17 @@ from typing import Any
 
 from precision_nb.views.report import folder
 from precision_nb.views.report.folder import check_output_folder
-from precision_nb.views.report.hints import Hint, hints
+from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES, write_report
-from precision_nb.views.report.tables import results_of, summary
+from precision_nb.views.report.profile_result import Profile, measurement_settings
+from precision_nb.views.report.tables import summary
 
 __all__ = [
+    "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
+    "DEFAULT_WARMUP_MAX",
     "PROFILE_POINTS",
+    "Profile",
     "ProfileInterrupted",
     "ProfileOutput",
     "ProfileRequest",
@@ -34,15 +39,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Optimizer steps per plan when ``profile`` is not given ``steps``.
-DEFAULT_STEPS = 10
+#: Measured optimizer steps per plan when ``profile`` is not given ``steps`` ...
+DEFAULT_STEPS = 48
+#: ... split over this many interleaved rounds (``rounds``); warm-up steps come on top.
+DEFAULT_ROUNDS = 8
+#: Warm-up cap in steps per plan (the warm-up usually ends earlier, when step times settle).
+DEFAULT_WARMUP_MAX = 15
 #: About this many logged points per plan in a profile.
 PROFILE_POINTS = 25
 
 
 @dataclass(frozen=True)
 class ProfileRequest:
-    """A validated ``profile`` request (every field checked before anything runs)."""
+    """A validated ``profile`` request (every field checked before anything runs).
+
+    ``model`` is a user ``nn.Module`` (with ``batches`` and an optional ``loss_fn``) or None for
+    the built-in ``workload`` at ``preset``. ``out`` None: nothing is written until ``save``.
+    """
 
     workload: str
     preset: str
@@ -52,18 +65,15 @@ class ProfileRequest:
     accumulation: int
     fused: bool | None
     loss_scale_lab: bool
-    out: Path
+    out: Path | None
+    model: Any = None
+    batches: Any = None
+    loss_fn: Any = None
+    rounds: int | None = None
 
 
-@dataclass(frozen=True)
-class ProfileOutput:
-    """What :func:`profile` produced: the folder, its files, the comparison, summary and hints."""
-
-    out_dir: Path
-    files: dict[str, Path]
-    comparison: Any
-    summary: Any
-    hints: tuple[Hint, ...]
+#: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
+ProfileOutput = Profile
 
 
 def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
@@ -83,7 +93,7 @@ def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
 
 def validate_request(
     *,
-    workload: str | None = None,
+    workload: Any = None,
     preset: str | None = None,
     modes: str | Sequence[str] = ("fp32", "bf16", "fp16"),
     device: str = "auto",
@@ -91,24 +101,38 @@ def validate_request(
     accumulation: int = 1,
     fused: bool | None = None,
     loss_scale_lab: bool = False,
-    out: str | Path = "profile-out",
+    out: str | Path | None = "profile-out",
+    batches: Any = None,
+    loss_fn: Any = None,
+    rounds: int | None = None,
 ) -> ProfileRequest:
-    """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware)."""
+    """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
+
+    ``workload``: a built-in workload name (or None for the default) or your own ``nn.Module``,
+    which then needs ``batches`` (checked by fetching the first batch).
+    """
     from precision_nb.core.device import resolve_device
     from precision_nb.engine import workloads as wl
 
-    workload = wl.DEFAULT_WORKLOAD if workload is None else workload
+    model = _user_model(workload, batches)
+    if model is not None:
+        workload = type(model).__name__
+    else:
+        workload = wl.DEFAULT_WORKLOAD if workload is None else workload
+        wl.get_workload(workload, wl.DEFAULT_PRESET if preset is None else preset)
     preset = wl.DEFAULT_PRESET if preset is None else preset
-    wl.get_workload(workload, preset)  # raises ValueError listing the known names
     if steps is not None and (isinstance(steps, bool) or int(steps) != steps or steps <= 0):
         raise ValueError(f"steps: invalid value {steps!r}; allowed: an integer >= 1")
+    if rounds is not None and (isinstance(rounds, bool) or int(rounds) != rounds or rounds <= 0):
+        raise ValueError(f"rounds: invalid value {rounds!r}; allowed: an integer >= 1")
     if isinstance(accumulation, bool) or int(accumulation) != accumulation or accumulation <= 0:
         raise ValueError(f"accumulation: invalid value {accumulation!r}; allowed: an integer >= 1")
     if fused not in (None, True, False):
         raise ValueError(f"fused: invalid value {fused!r}; allowed: None (auto), True, False")
     resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
-    out_path = Path(out).expanduser()
-    check_output_folder(out_path)
+    out_path = None if out is None else Path(out).expanduser()
+    if out_path is not None:
+        check_output_folder(out_path)
     return ProfileRequest(
         workload=str(workload),
         preset=str(preset).strip().lower(),
@@ -119,38 +143,82 @@ def validate_request(
         fused=fused,
         loss_scale_lab=bool(loss_scale_lab),
         out=out_path,
+        model=model,
+        batches=batches,
+        loss_fn=loss_fn,
+        rounds=None if rounds is None else int(rounds),
     )
 
 
+def _user_model(workload: Any, batches: Any) -> Any:
+    """``workload`` when it is an ``nn.Module`` (its batches checked), None for a workload name."""
+    from torch import nn
+
+    from precision_nb.engine.batches import BatchSource
+
+    if isinstance(workload, nn.Module):
+        if batches is None:
+            raise ValueError(
+                f"batches: invalid value None for model {type(workload).__name__}; allowed: a "
+                "list of batches, a DataLoader or a callable taking the microbatch index"
+            )
+        source = BatchSource(batches)  # ValueError for the wrong kind of source
+        if source.one_shot:
+            raise ValueError(
+                f"batches has type {type(batches).__name__}, a one-shot iterator; profiling "
+                "replays the batches for every plan: pass a list, a DataLoader or a callable"
+            )
+        source.get(0)  # ValueError when the first batch is not a tensor, tuple or mapping
+        return workload
+    if workload is not None and not isinstance(workload, str):
+        raise ValueError(
+            f"model: invalid value of type {type(workload).__name__}; allowed: a torch.nn.Module "
+            "or a built-in workload name (mlp, transformer, cnn)"
+        )
+    return None
+
+
 def profile(
+    model: Any = None,
+    batches: Any = None,
+    loss_fn: Any = None,
+    compare: str | Sequence[str] = ("fp32", "bf16", "fp16"),
     *,
     workload: str | None = None,
+    modes: str | Sequence[str] | None = None,
     preset: str | None = None,
-    modes: str | Sequence[str] = ("fp32", "bf16", "fp16"),
     device: str = "auto",
     steps: int | None = None,
+    rounds: int | None = None,
     accumulation: int = 1,
     fused: bool | None = None,
     loss_scale_lab: bool = False,
-    out: str | Path = "profile-out",
+    out: str | Path | None = None,
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
-) -> ProfileOutput:
-    """Run a comparison of ``modes`` on a built-in workload and write the report folder.
+) -> Profile:
+    """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
+    built-in workload name with ``preset``) and return a :class:`Profile`.
 
-    Everything is validated first (``ValueError`` / ``RuntimeError``, nothing written); see
-    :func:`run_profile` for how the folder is written.
+    ``steps`` measured steps per plan (default :data:`DEFAULT_STEPS`) split over ``rounds``
+    interleaved rounds (default :data:`DEFAULT_ROUNDS`), after a warm-up per plan. Everything is
+    validated first (``ValueError`` / ``RuntimeError``, nothing run or written). ``out``: also
+    write the report folder there (as ``Profile.save``). ``workload`` / ``modes`` are the
+    keyword spellings of ``model`` / ``compare``.
     """
     request = validate_request(
-        workload=workload,
+        workload=workload if model is None else model,
         preset=preset,
-        modes=modes,
+        modes=compare if modes is None else modes,
         device=device,
         steps=steps,
         accumulation=accumulation,
         fused=fused,
         loss_scale_lab=loss_scale_lab,
         out=out,
+        batches=batches,
+        loss_fn=loss_fn,
+        rounds=rounds,
     )
     return run_profile(request, progress=progress, settings=settings)
 
@@ -169,87 +237,96 @@ def run_profile(
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
     stop: Any = None,
-) -> ProfileOutput:
-    """Run a validated request and write its folder.
+) -> Profile:
+    """Run a validated request; write its folder when ``request.out`` is set.
 
     ``stop`` (anything with ``is_set()``) ends the comparison between steps. An interrupted
-    comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. The
-    files are staged inside ``request.out`` and moved into place only when all of them are written
-    (:mod:`precision_nb.views.report.folder`), so a failed, interrupted or disk-full run leaves
-    ``out`` as it was (:class:`ReportWriteError` says what could not be written and the free
-    space). Files of an earlier report in ``out`` are replaced; other files are left alone.
+    comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. See
+    :func:`write_folder` for how the folder is written.
     """
     comparison = run_comparison(request, progress=progress, stop=stop)
-    if getattr(comparison, "stopped", False):
+    if getattr(comparison, "stopped", False) and request.out is not None:
         raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
+    hint_list = tuple(hints(comparison))
     shown = {
         "requested plans": ", ".join(request.modes),
         "device requested": request.device,
         "gradient accumulation": request.accumulation,
         "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
         "loss-scale lab": request.loss_scale_lab,
-        **_machine(comparison),
         **(settings or {}),
     }
-    staging, created = folder.staging_folder(request.out)
+    shown.update(measurement_settings(comparison, hint_list))
+    result = Profile(comparison, summary(comparison), hint_list, shown)
+    if request.out is not None:
+        result.save(request.out)
+    return result
+
+
+def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dict[str, Path]:
+    """Write the report files into ``out`` atomically; file name -> path.
+
+    The files are staged inside ``out`` and moved into place only when all of them are written
+    (:mod:`precision_nb.views.report.folder`), so a failed or disk-full write leaves ``out`` as it
+    was (:class:`ReportWriteError` says what could not be written and the free space). Files of an
+    earlier report in ``out`` are replaced; other files are left alone.
+    """
+    check_output_folder(out)
+    staging, created = folder.staging_folder(out)
     committed = False
     try:
-        write_report(comparison, staging, settings=shown)
-        names = folder.commit(staging, request.out)
+        write_report(comparison, staging, settings=settings)
+        names = folder.commit(staging, out)
         committed = True
     except OSError as err:
-        message = folder.describe_write_error(err, request.out)
-        raise ReportWriteError(
-            err.errno, f"{message}; {str(request.out)!r} was left as it was"
-        ) from err
+        message = folder.describe_write_error(err, out)
+        raise ReportWriteError(err.errno, f"{message}; {str(out)!r} was left as it was") from err
     finally:
         if not committed:
-            folder.discard(staging, request.out, created)
-    files = {name: request.out / name for name in OUTPUT_FILES if name in names}
-    return ProfileOutput(
-        out_dir=request.out,
-        files=files,
-        comparison=comparison,
-        summary=summary(comparison),
-        hints=tuple(hints(comparison)),
-    )
-
-
-def _machine(comparison: Any) -> dict[str, Any]:
-    """What the numbers were measured on: device used, torch build, CPU vector capability."""
-    import torch
-
-    devices = {str(getattr(r, "device", "")) for r in results_of(comparison).values()}
-    return {
-        "device used": ", ".join(sorted(d for d in devices if d)),
-        "torch": torch.__version__,
-        "CPU capability (torch)": torch.backends.cpu.get_cpu_capability(),
-    }
+            folder.discard(staging, out, created)
+    return {name: out / name for name in OUTPUT_FILES if name in names}
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:
     """Call the engine's ``compare()`` for a validated request.
 
     Logs about 25 points per plan (``log_every``) so the figures have curves while host syncs
-    stay rare.
+    stay rare. When a plan fails part-way and another completed, the comparison is returned with
+    ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
+    try:
+        return _compare(request, progress, stop)
+    except (RuntimeError, ValueError) as exc:
+        comparison = getattr(exc, "precision_nb_comparison", None)
+        failed = getattr(comparison, "failures", None) or {}
+        done = [k for k in getattr(comparison, "results", {}) if k not in failed]
+        if comparison is None or not done:
+            raise
+        log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
+        return comparison
+
+
+def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import compare
+    from precision_nb.engine.measure import MeasureConfig
 
-    options: dict[str, Any] = dict(accumulation=request.accumulation, progress=progress)
-    if request.steps is not None:
-        options["steps"] = request.steps
-        options["log_every"] = max(1, request.steps // PROFILE_POINTS)
-    else:
-        options["steps"] = DEFAULT_STEPS
-        options["log_every"] = max(1, DEFAULT_STEPS // PROFILE_POINTS)
+    steps = DEFAULT_STEPS if request.steps is None else request.steps
+    rounds = DEFAULT_ROUNDS if request.rounds is None else request.rounds
     return compare(
         request.modes,
         request.workload,
         request.preset,
+        model=request.model,
+        batches=request.batches,
+        loss_fn=request.loss_fn,
         device=request.device,
         optimizer=OptimizerConfig(fused=request.fused),
         loss_scale_lab=request.loss_scale_lab,
+        measure=MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX),
+        accumulation=request.accumulation,
+        progress=progress,
+        steps=steps,
+        log_every=max(1, steps // PROFILE_POINTS),
         stop=stop,
-        **options,
     )

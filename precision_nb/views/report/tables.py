@@ -14,6 +14,7 @@ from typing import Any, Union
 import pandas as pd
 
 __all__ = [
+    "MEASURED_COLUMNS",
     "PLAN_FIELDS",
     "SUMMARY_COLUMNS",
     "RecordSource",
@@ -33,9 +34,17 @@ SUMMARY_COLUMNS = (
     "final_loss_diff_vs_fp32",
     "param_rel_diff_vs_fp32",
     "median_step_time_s",
+    "step_time_iqr_s",
     "samples_per_s",
     "tokens_per_s",
     "speedup_vs_fp32",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "rounds",
+    "verdict",
+    "warmup_steps",
+    "warmup_s",
+    "warmup_rule",
     "peak_memory_mib",
     "memory_kind",
     "mfu",
@@ -48,6 +57,26 @@ SUMMARY_COLUMNS = (
     "device",
     "loss_scale_lab",
     "also_requested_as",
+    "failed",
+)
+
+#: Columns taken from a Comparison's interleaved measurement (``comparison.figures``) when present.
+MEASURED_COLUMNS = (
+    "median_step_time_s",
+    "step_time_iqr_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "flops_per_s",
+    "mfu",
+    "speedup_vs_fp32",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "rounds",
+    "verdict",
+    "warmup_steps",
+    "warmup_s",
+    "warmup_rule",
+    "failed",
 )
 
 
@@ -128,6 +157,11 @@ def _int(value: Any) -> int:
     return 0 if math.isnan(number) else int(number)
 
 
+def _num_or_value(value: Any) -> Any:
+    """None -> NaN (so numeric columns stay numeric); everything else as it is."""
+    return math.nan if value is None else value
+
+
 def _median(rows: pd.DataFrame, column: str) -> float:
     if column not in rows:
         return math.nan
@@ -155,9 +189,13 @@ def summary(
       come from ``drift`` (the Comparison's, taken from the source when it is one); without it the
       loss difference is this run's final loss minus the baseline's and the parameter difference
       is left empty (it needs the weights).
-    - ``median_step_time_s``, ``samples_per_s``, ``tokens_per_s``, ``mfu``, ``flops_per_s``:
-      medians over the logged steps (robust to warm-up). ``speedup_vs_fp32`` = baseline median step
-      time / this run's median step time.
+    - Speed columns (:data:`MEASURED_COLUMNS`) of a Comparison come from its interleaved
+      measurement (``figures``): steady-state median step time and IQR, samples/tokens/FLOP per
+      second and MFU from that same median, ``speedup_vs_fp32`` = median of per-round paired
+      ratios with its interval (``speedup_ci_low`` / ``_high``, empty with too few ``rounds``),
+      the ``verdict`` in words, and the warm-up (``warmup_steps``, ``warmup_s``, ``warmup_rule``).
+      For a single run or bare records they are medians over the logged intervals (single-run
+      figures: no interval, no verdict).
     - ``peak_memory_mib`` with its ``memory_kind``; ``skipped_steps`` = last ``skipped_total``;
       ``steps`` = last logged step; ``fused_adamw``; the resolved plan fields and device.
     - ``also_requested_as``: requests merged into this run because they resolved to the same plan.
@@ -169,6 +207,7 @@ def summary(
         drift = getattr(source, "drift", None)
     if merged is None:
         merged = getattr(source, "merged", None)
+    figures = getattr(source, "figures", None) or {}
     merged = merged or {}
     if frame.empty or "run" not in frame:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
@@ -223,6 +262,10 @@ def summary(
             "also_requested_as": ", ".join(
                 req for req, target in merged.items() if target == label and req != label
             ),
+            "failed": None,
         }
+        measured = figures.get(label)
+        if measured:
+            row.update({c: _num_or_value(measured.get(c)) for c in MEASURED_COLUMNS})
         out.append(row)
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from precision_nb.views.report.hints import Hint, hints, hints_by_run, matmul_dims_not_multiple_of_8
+from precision_nb.views.report.hints import (
+    Hint,
+    hints,
+    hints_by_run,
+    matmul_dims_not_multiple_of_8,
+    what_to_try_next,
+)
 
 
 def _result(records, *, workload=None, explanation=None, outcome=None, history=None):
@@ -29,17 +35,53 @@ def _by_topic(found: list[Hint]) -> dict[str, list[Hint]]:
     return out
 
 
-def test_payoff_says_faster_and_slower_with_the_speedup(make_records):
+def test_single_run_speedups_claim_nothing(make_records):
     records = (
         make_records("fp32", "fp32", step_time_s=0.010)
         + make_records("bf16", "bf16", step_time_s=0.005)
         + make_records("fp16", "fp16", step_time_s=0.020)
     )
     payoff = {h.run: h for h in _by_topic(hints(records))["payoff"]}
-    assert "paid off: 2.00x" in payoff["bf16"].message
-    assert "did not pay off: 0.50x" in payoff["fp16"].message
+    assert "single-run figure: bf16 ran at 2.00x" in payoff["bf16"].message
+    assert "0.50x" in payoff["fp16"].message
+    assert all("pay" not in h.message for h in payoff.values())
     assert "fp32" not in payoff
     assert all("speedup_vs_fp32" in h.measurement for h in payoff.values())
+    assert all(h.figure == "throughput.png" for h in payoff.values())
+
+
+def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
+    source = SimpleNamespace(
+        results={
+            "fp32": _result(make_records("fp32", "fp32")),
+            "bf16": _result(make_records("bf16", "bf16")),
+        },
+        drift=None,
+        merged={},
+        peak_ratios={"bfloat16": 2.5},
+        figures={
+            "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
+            "bf16": {
+                "verdict": "bf16 vs fp32: no difference this machine can resolve (±12 %)",
+                "verdict_kind": "unresolved",
+                "median_step_time_s": 1.0,
+                "step_time_iqr_s": 0.5,
+            },
+        },
+    )
+    found = _by_topic(hints(source))
+    (payoff,) = found["payoff"]
+    assert payoff.message.startswith("bf16 vs fp32: no difference") and payoff.next_step
+    (peak,) = found["peak"]
+    assert "2.50x the fp32 peak" in peak.message
+    (noise,) = found["noise"]
+    assert "IQR 50%" in noise.message
+    steps = what_to_try_next([payoff, peak, noise])
+    assert len(steps) == 2 and steps[0].startswith("Run more rounds") and "(bf16)" in steps[0]
+
+
+def test_nothing_to_try_next_is_said_plainly():
+    assert what_to_try_next([]) == ["No measurement here points to a change of plan or workload."]
 
 
 def test_no_payoff_hint_without_a_fp32_baseline(make_records):
@@ -180,3 +222,20 @@ def test_hints_by_run_lists_shared_hints_under_each_run():
         "bf16": [shared, everyone],
         "fp16 (loss-scale lab)": [shared, everyone],
     }
+
+
+def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
+    from precision_nb.core.cpu_features import CpuFeatures
+
+    cpu = CpuFeatures(avx512_bf16=False, amx_bf16=False, source="/proc/cpuinfo flags")
+    explanation = SimpleNamespace(capabilities=SimpleNamespace(cpu=cpu))
+    source = _comparison(
+        fp32=_result(make_records("fp32", "fp32")),
+        bf16=_result(make_records("bf16", "bf16"), explanation=explanation),
+    )
+    (hint,) = _by_topic(hints(source))["cpu_features"]
+    assert hint.run == "bf16" and "no native bf16 instructions" in hint.message
+    assert "source: /proc/cpuinfo flags" in hint.message
+    native = SimpleNamespace(capabilities=SimpleNamespace(cpu=CpuFeatures(avx512_bf16=True)))
+    source.results["bf16"].explanation = native
+    assert "cpu_features" not in _by_topic(hints(source))

@@ -1,0 +1,159 @@
+"""``Profile``: what :func:`precision_nb.profile` returns; shows itself in a notebook, saves.
+
+The settings table names what the numbers were measured on (model, device, torch, CPU and GPU
+facts, TF32 state), how (warm-up rule, rounds, steps per block) and ends with "what to try next",
+drawn from the hints.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precision_nb.views.report.hints import Hint, what_to_try_next
+from precision_nb.views.report.tables import results_of
+
+__all__ = ["Profile", "measurement_settings"]
+
+#: Summary columns shown in a notebook (every column is in summary.csv).
+NOTEBOOK_COLUMNS = (
+    "run",
+    "median_step_time_s",
+    "step_time_iqr_s",
+    "speedup_vs_fp32",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "rounds",
+    "warmup_steps",
+    "warmup_s",
+    "samples_per_s",
+    "mfu",
+    "final_loss",
+    "peak_memory_mib",
+)
+
+
+@dataclass
+class Profile:
+    """A profile: the comparison, its summary table, hints and settings; ``save`` writes a folder.
+
+    ``out_dir`` / ``files`` are set once the folder is written (by ``save`` or ``out=``).
+    """
+
+    comparison: Any
+    summary: Any
+    hints: tuple[Hint, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+    out_dir: Path | None = None
+    files: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def verdicts(self) -> dict[str, str]:
+        """Label -> the verdict in words (from the interleaved measurement)."""
+        figures = getattr(self.comparison, "figures", None) or {}
+        return {k: str(v["verdict"]) for k, v in figures.items() if v.get("verdict")}
+
+    def save(self, path: str | Path) -> dict[str, Path]:
+        """Write the report folder the CLI writes (created if missing; a file there is refused).
+
+        Files are staged and moved into place when all are written; other files already in the
+        folder are left alone.
+        """
+        from precision_nb.views.report.profile import write_folder
+
+        out = Path(path).expanduser()
+        self.files = write_folder(self.comparison, out, self.settings)
+        self.out_dir = out
+        return self.files
+
+    def _repr_html_(self) -> str:
+        from precision_nb.views.report import figures as F
+        from precision_nb.views.report.html import make_figures
+
+        e = html.escape
+        parts = ["<div class='precision-nb-profile'><h3>precision_nb profile</h3>"]
+        verdicts = self.verdicts
+        if verdicts:
+            items = "".join(f"<li>{e(v)}</li>" for v in verdicts.values())
+            parts.append(f"<p><b>Verdicts</b> (interleaved rounds)</p><ul>{items}</ul>")
+        columns = [c for c in NOTEBOOK_COLUMNS if c in self.summary]
+        parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
+        if self.hints:
+            items = "".join(
+                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(measured: {e(h.measurement)}; "
+                f"see {e(h.figure)})</small></li>"
+                for h in self.hints
+            )
+            parts.append(f"<p><b>Hints</b></p><ul>{items}</ul>")
+        figs = make_figures(self.comparison)
+        png = F.figure_to_png(figs["dashboard"])
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f'<img alt="dashboard" src="data:image/png;base64,{data}" width="800">')
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{e(str(k))}</th><td style='text-align:left'>"
+            f"{e(str(v))}</td></tr>"
+            for k, v in self.settings.items()
+        )
+        parts.append(f"<details><summary>Settings and method</summary><table>{rows}</table>")
+        parts.append("</details></div>")
+        return "".join(parts)
+
+    def __repr__(self) -> str:
+        lines = [f"Profile of {', '.join(results_of(self.comparison)) or 'no run'}"]
+        lines += [f"  {v}" for v in self.verdicts.values()]
+        if self.out_dir is not None:
+            lines.append(f"  saved in {self.out_dir}")
+        return "\n".join(lines)
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return ""
+    return f"{value:.4g}"
+
+
+def measurement_settings(comparison: Any, hint_list: tuple[Hint, ...]) -> dict[str, Any]:
+    """Model, device, torch, CPU/GPU facts, TF32, method; "what to try next" last."""
+    import torch
+
+    from precision_nb.core.cpu_features import read_cpu_features
+
+    results = results_of(comparison)
+    out: dict[str, Any] = {}
+    model = getattr(comparison, "model_info", None) or {}
+    if model:
+        out["model"] = f"{model.get('class')} ({model.get('params', 0):,} parameters)"
+    devices = sorted({str(getattr(r, "device", "")) for r in results.values()} - {""})
+    out["device used"] = ", ".join(devices)
+    out["torch"] = torch.__version__
+    cpu = read_cpu_features()
+    out["CPU"] = f"{cpu.cpu_name or 'unknown'}, {torch.get_num_threads()} torch threads"
+    out["CPU low-precision features"] = cpu.summary()
+    out["CPU vector ISA (torch kernel dispatch; not a BF16 test)"] = cpu.vector_isa
+    for result in results.values():
+        caps = getattr(getattr(result, "explanation", None), "capabilities", None)
+        if getattr(caps, "cuda_available", False) and any(d.startswith("cuda") for d in devices):
+            cc = getattr(caps, "compute_capability", None)
+            out["GPU"] = (
+                f"{caps.device_name} (compute capability {cc[0]}.{cc[1]})"
+                if cc
+                else (caps.device_name)
+            )
+            break
+    figures = getattr(comparison, "figures", None) or {}
+    for label, row in figures.items():
+        tf32 = row.get("tf32")
+        if tf32:
+            out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
+    ratios = getattr(comparison, "peak_ratios", None) or {}
+    if ratios:
+        out["measured matmul peak vs fp32"] = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+    method: Mapping[str, Any] = getattr(comparison, "method", None) or {}
+    out.update(method)
+    out["what to try next"] = " | ".join(what_to_try_next(hint_list))
+    return out

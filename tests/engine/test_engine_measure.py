@@ -1,0 +1,149 @@
+"""The interleaved runner and the warm-up rule, driven by scripted sessions (known answers)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from precision_nb.engine import measure as M
+
+
+class Scripted:
+    """A session whose n-th step takes ``time_of(n)`` seconds; fails or runs dry when told."""
+
+    def __init__(self, time_of, limit=None, fail_at=None, log=None, name=""):
+        self.time_of, self.limit, self.fail_at = time_of, limit, fail_at
+        self.log, self.name = log, name
+        self.result = type("R", (), {})()
+        self.result.step_times_s = []
+        self.done = False
+
+    def advance(self, n):
+        made = 0
+        for _ in range(n):
+            k = len(self.result.step_times_s)
+            if self.fail_at is not None and k == self.fail_at:
+                raise RuntimeError("boom")
+            if self.limit is not None and k >= self.limit:
+                break
+            self.result.step_times_s.append(self.time_of(k))
+            made += 1
+        if self.log is not None:
+            self.log.append(self.name)
+        return made
+
+    def finish(self):
+        self.done = True
+        return self.result
+
+
+def test_block_sizes_split_steps_evenly():
+    assert M.block_sizes(10, 4) == [3, 3, 2, 2]
+    assert M.block_sizes(3, 8) == [1, 1, 1]
+    assert sum(M.block_sizes(97, 8)) == 97
+
+
+def test_warm_up_ends_when_step_times_settle():
+    times = [10.0, 5.0, 2.0, 1.0, 1.05, 0.98, 1.0, 1.0]
+    cfg = M.MeasureConfig(warmup_min=3, warmup_window=3, warmup_tolerance=0.1)
+    warm = M.warm_up("bf16", Scripted(lambda k: times[k]), cfg)
+    assert warm.steps == 6 and warm.rule.startswith("stable: 3 consecutive step times within 10%")
+    assert warm.times == tuple(times[:6])
+
+
+def test_warm_up_stops_at_the_cap_and_says_so():
+    cfg = M.MeasureConfig(warmup_max=7, warmup_tolerance=0.1)
+    warm = M.warm_up("fp32", Scripted(lambda k: 1.0 + (k % 2)), cfg)
+    assert warm.steps == 7 and warm.rule == "cap: 7 steps without stabilising"
+
+
+def test_warm_up_skipped_on_request():
+    warm = M.warm_up("fp32", Scripted(lambda k: 1.0), M.MeasureConfig(warmup_max=0))
+    assert warm.steps == 0 and warm.rule.startswith("none")
+
+
+def test_batches_running_out_in_warm_up_is_a_clear_error():
+    with pytest.raises(ValueError, match="batches ran out during the warm-up of plan bf16 after 2"):
+        M.warm_up("bf16", Scripted(lambda k: 1.0 + k, limit=2), M.MeasureConfig())
+
+
+def test_rounds_rotate_the_order_and_pair_the_blocks():
+    log: list[str] = []
+    sessions = {
+        "fp32": Scripted(lambda k: 2.0, log=log, name="fp32"),
+        "bf16": Scripted(lambda k: 1.0, log=log, name="bf16"),
+        "fp16": Scripted(lambda k: 4.0, log=log, name="fp16"),
+    }
+    sizes = M.block_sizes(12, 4)
+    m = M.Measurement(M.MeasureConfig(rounds=4), sizes, {k: M.PlanTiming(k) for k in sessions})
+    assert M.run_rounds(sessions, sizes, m) == {}
+    assert m.orders[0] == ["fp32", "bf16", "fp16"] and m.orders[1] == ["bf16", "fp16", "fp32"]
+    assert log[:6] == ["fp32", "bf16", "fp16", "bf16", "fp16", "fp32"]
+    assert [len(b) for b in m.plans["bf16"].blocks] == [3, 3, 3, 3]
+    assert m.speedup("bf16", "fp32").estimate == pytest.approx(2.0)
+    assert m.speedup("fp16", "fp32").estimate == pytest.approx(0.5)
+
+
+def test_a_plan_failing_part_way_keeps_its_completed_rounds():
+    sessions = {
+        "fp32": Scripted(lambda k: 2.0),
+        "bf16": Scripted(lambda k: 1.0, fail_at=5),  # fails inside round 3 (blocks of 2)
+    }
+    sizes = [2, 2, 2, 2, 2]
+    m = M.Measurement(M.MeasureConfig(rounds=5), sizes, {k: M.PlanTiming(k) for k in sessions})
+    failures = M.run_rounds(sessions, sizes, m)
+    assert set(failures) == {"bf16"}
+    bf16 = m.plans["bf16"]
+    assert bf16.rounds_completed == 2 and "failed in round 3: RuntimeError: boom" in bf16.failed
+    assert m.plans["fp32"].rounds_completed == 5
+    s = m.speedup("bf16", "fp32")
+    assert s.rounds == 2 and s.low is None  # too few rounds for an interval
+    assert any("2 round(s) it completed" in e.message for e in m.events)
+
+
+def test_a_plan_running_dry_in_the_rounds_is_reported():
+    sessions = {"fp32": Scripted(lambda k: 1.0), "bf16": Scripted(lambda k: 1.0, limit=5)}
+    sizes = [2, 2, 2, 2]
+    m = M.Measurement(M.MeasureConfig(rounds=4), sizes, {k: M.PlanTiming(k) for k in sessions})
+    M.run_rounds(sessions, sizes, m)
+    assert m.plans["bf16"].failed == "batches ran out in round 3 after 1 of 2 steps"
+    assert m.plans["bf16"].rounds_completed == 2
+
+
+def test_a_stop_request_ends_the_rounds():
+    stop = threading.Event()
+    sessions = {"fp32": Scripted(lambda k: 1.0)}
+    m = M.Measurement(M.MeasureConfig(), [1, 1, 1], {"fp32": M.PlanTiming("fp32")})
+    stop.set()
+    M.run_rounds(sessions, [1, 1, 1], m, stop)
+    assert m.stopped and len(m.orders) == 1
+
+
+def test_measure_plans_warms_each_plan_on_a_throw_away_session():
+    made: list[tuple[str, int, bool]] = []
+
+    def make(label, steps, warmup):
+        made.append((label, steps, warmup))
+        return Scripted(lambda k: 1.0)
+
+    m, sessions, failures = M.measure_plans(["fp32", "bf16"], make, 8, M.MeasureConfig(rounds=4))
+    assert made == [("fp32", 20, True), ("bf16", 20, True), ("fp32", 8, False), ("bf16", 8, False)]
+    assert all(len(s.result.step_times_s) == 8 for s in sessions.values())
+    assert m.plans["fp32"].warmup.steps == 3 and not failures
+    assert "rounds" in m.method()["method"]
+
+
+def test_measure_config_refuses_bad_values():
+    with pytest.raises(ValueError, match="measure.rounds"):
+        M.MeasureConfig(rounds=0)
+
+
+def test_a_plan_failing_in_warm_up_is_not_measured_and_the_others_are():
+    def make(label, steps, warmup):
+        return Scripted(lambda k: 1.0, fail_at=0 if label == "bf16" else None)
+
+    m, sessions, failures = M.measure_plans(["fp32", "bf16"], make, 4, M.MeasureConfig(rounds=2))
+    assert set(failures) == {"bf16"} and set(sessions) == {"fp32"}
+    assert m.plans["bf16"].failed.startswith("failed in warm-up: RuntimeError: boom")
+    assert m.plans["fp32"].rounds_completed == 2 and m.plans["bf16"].rounds_completed == 0

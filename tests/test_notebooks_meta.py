@@ -26,6 +26,7 @@ NAMES = (
     "03_profile_your_model.ipynb",
     "04_memory_and_ops.ipynb",
     "05_numerics_and_fp8.ipynb",
+    "06_checklist.ipynb",
 )
 CHECK = "# NBVAL_CHECK_OUTPUT"
 RAISES_TAG = "raises-exception"

@@ -10,7 +10,8 @@
 2. Plotting overhead: the same training run (workload, preset, steps, plan, seed) timed with
    ``fit()`` directly and with ``Panel.run(block=True)`` (progress, live metrics, live charts,
    budgeted matplotlib frames, and after the run the final charts, the summary table and the
-   matplotlib figure when it fits the plotting budget). Runs are interleaved (plain, panel,
+   matplotlib figure when it fits the plotting budget, and the Memory/Ops/Numerics inspections
+   when they fit it too). Runs are interleaved (plain, panel,
    plain, ...) after one warm-up of each (imports, FLOP count, CPU peak calibration: once per
    session, not per run) and medians compared. Target: panel / plain < 1.05. Because wall-clock
    ratios are noisy on a shared machine, the panel run also accounts for its own cost (time
@@ -129,6 +130,11 @@ def main() -> None:
         worker.join()
         return time.perf_counter() - start
 
+    def inspected() -> float:
+        """Seconds the after-run inspections took (0 in a panel without them)."""
+        analysis = getattr(panel, "analysis", None)
+        return analysis.seconds if analysis is not None else 0.0
+
     def with_panel() -> tuple[float, dict[str, float]]:
         start = time.perf_counter()
         result = panel.run(block=True)
@@ -140,10 +146,11 @@ def main() -> None:
             "live_plot": live.plot_seconds,
             "callbacks": live.callback_seconds,
             "final": panel.last_render_seconds,
+            "inspect": inspected(),
             "figure": 1.0 if panel.figure_image.value else 0.0,
             "training": training,
             "live_share": live.callback_seconds / training,
-            "share": (live.callback_seconds + panel.last_render_seconds) / training,
+            "share": (live.callback_seconds + panel.last_render_seconds + inspected()) / training,
         }
 
     plain()  # warm-up: optimizer imports, FLOP count, CPU peak calibration
@@ -172,7 +179,8 @@ def main() -> None:
         f"inside the panel run: training {med('training'):.2f} s; during training the panel "
         f"spent {med('callbacks'):.2f} s ({med('frames'):g} live frame(s), "
         f"{med('live_plot'):.2f} s plotting); after it, final charts + table"
-        f"{' + figure' if med('figure') else ''} {med('final'):.2f} s"
+        f"{' + figure' if med('figure') else ''} {med('final'):.2f} s, inspections "
+        f"{med('inspect'):.2f} s"
     )
     print(f"panel share while training    {100 * med('live_share'):5.1f} %   (target < 5 %)")
     print(f"panel share incl. after run   {100 * med('share'):5.1f} %   (target < 5 %)")

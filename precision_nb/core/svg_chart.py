@@ -47,10 +47,13 @@ def chart_svg(
     log2: bool = False,
     marks: Mapping[str, Sequence[Point]] | None = None,
     empty: str = "no data yet",
+    band: tuple[float, float] | None = None,
+    band_label: str = "",
 ) -> str:
     """One small chart: a polyline per run, optional red crosses (``marks``), min/max labels.
 
-    With ``log2`` the y values are drawn as log2 (non-positive values are left out).
+    With ``log2`` the y values are drawn as log2 (non-positive values are left out). ``band``:
+    a shaded y range (in drawn units, log2 for a log2 chart) labelled ``band_label``.
     """
 
     def ys(points: Sequence[Point]) -> list[Point]:
@@ -74,6 +77,8 @@ def chart_svg(
         return f"{frame}{head}{note}</svg>"
     x0, x1 = min(p[0] for p in every), max(p[0] for p in every)
     y0, y1 = min(p[1] for p in every), max(p[1] for p in every)
+    if band is not None:
+        y0, y1 = min(y0, band[0]), max(y1, band[1])
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
@@ -99,6 +104,14 @@ def chart_svg(
         f"<text x='{WIDTH - 8}' y='{HEIGHT - 3}' font-size='10' text-anchor='end'>step "
         f"{x1:.0f}</text>",
     ]
+    if band is not None:
+        top_y = float(at((x0, band[1])).split(",")[1])
+        low_y = float(at((x0, band[0])).split(",")[1])
+        parts.append(
+            f"<rect class='pnb-band' x='{PAD_LEFT}' y='{top_y:.1f}' width='{plot_w}' "
+            f"height='{max(low_y - top_y, 1.0):.1f}' fill='#2ca02c' fill-opacity='0.15'>"
+            f"<title>{html.escape(band_label)}</title></rect>"
+        )
     for index, (label, points) in enumerate(lines.items()):
         if points:
             color = html.escape(colors.get(label, "#333"), quote=True)

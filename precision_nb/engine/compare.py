@@ -304,8 +304,14 @@ def compare(
             steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
         )
 
+    def on_warmup(label: str, warm: Any) -> None:
+        for callback in callbacks:  # optional hook: ``on_warmup(label, Warmup | None)``
+            hook = getattr(callback, "on_warmup", None)
+            if hook is not None:
+                hook(label, warm)
+
     measurement, sessions, failures = measure_plans(
-        list(planned), make_session, cfg.steps, mcfg, stop
+        list(planned), make_session, cfg.steps, mcfg, stop, on_warmup
     )
     out.measurement = measurement
     out.events.extend(measurement.events)

@@ -263,13 +263,16 @@ def measure_plans(
     steps: int,
     cfg: MeasureConfig,
     stop: Any = None,
+    on_warmup: Callable[[str, Warmup | None], None] | None = None,
 ) -> tuple[Measurement, dict[str, Session], dict[str, BaseException]]:
     """Warm each plan up on a throw-away session, then run the real sessions in rounds.
 
     ``make_session(label, steps, warmup)`` builds a session from the shared initial state;
     ``warmup=True`` asks for a throw-away one (no callbacks, no progress bar). A plan whose
     warm-up fails is marked failed (0 rounds) and not measured; batches running out in a warm-up
-    (:class:`WarmupExhausted`) stop the measurement.
+    (:class:`WarmupExhausted`) stop the measurement. ``on_warmup(label, None)`` is called as a
+    plan's warm-up starts and ``on_warmup(label, warmup)`` when it ended (for live views: the
+    warm-up's throw-away session reports to no callback).
     """
     sizes = block_sizes(steps, cfg.rounds)
     measurement = Measurement(cfg, sizes, {label: PlanTiming(label) for label in labels})
@@ -277,6 +280,8 @@ def measure_plans(
     for label in labels:
         if stop is not None and stop.is_set():
             break
+        if on_warmup is not None:
+            on_warmup(label, None)
         if cfg.warmup_max:
             try:
                 warm = warm_up(label, make_session(label, cfg.warmup_max, True), cfg)
@@ -293,6 +298,8 @@ def measure_plans(
         else:
             warm = warm_up(label, _NoSession(), cfg)
         measurement.plans[label].warmup = warm
+        if on_warmup is not None:
+            on_warmup(label, warm)
         measurement.events.append(
             Event(
                 "measurement",

@@ -97,6 +97,8 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(panel.locator(".pnb-progress-label")).to_contain_text("12")
     expect(panel.locator(".pnb-results table")).to_be_visible()
     expect(panel.locator(".pnb-live-charts svg")).to_have_count(4)
+    expect(panel.locator(".pnb-live-metrics")).to_contain_text("single-run figures")
+    expect(panel.locator(".pnb-results")).to_contain_text("single-run figures")
     # A short run leaves the matplotlib figure to Draw figure (it would cost more than the
     # plotting budget allows), and says so.
     figure = panel.locator("img.pnb-figures")
@@ -113,9 +115,16 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(panel.locator(".pnb-results table tbody tr")).to_have_count(
         int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
     )
+    expect(panel.locator(".pnb-results")).to_contain_text("speedup vs fp32 (95 % CI)")
+    expect(panel.locator(".pnb-warmup")).to_contain_text("step(s)")
     draw.click()
     expect(figure).to_be_visible(timeout=60_000)
     assert _image_loaded(figure)
+    # Memory / Ops / Numerics: Inspect, then open the Memory view.
+    panel.locator("button.pnb-inspect").click()
+    expect(panel.locator(".pnb-analysis-note")).to_contain_text("Inspected", timeout=120_000)
+    panel.get_by_text("Memory by kind and dtype").click()
+    expect(panel.locator(".pnb-memory svg.pnb-memory-chart")).to_be_visible()
     after = artifacts_dir / "panel-after-compare.png"
     top, bottom = panel.bounding_box(), panel.locator(".pnb-results").bounding_box()
     page.screenshot(

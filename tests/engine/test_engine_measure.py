@@ -147,3 +147,21 @@ def test_a_plan_failing_in_warm_up_is_not_measured_and_the_others_are():
     assert set(failures) == {"bf16"} and set(sessions) == {"fp32"}
     assert m.plans["bf16"].failed.startswith("failed in warm-up: RuntimeError: boom")
     assert m.plans["fp32"].rounds_completed == 2 and m.plans["bf16"].rounds_completed == 0
+
+
+def test_measure_plans_reports_each_warm_up_to_on_warmup_as_it_starts_and_ends():
+    seen: list[tuple[str, object]] = []
+
+    def make(label, steps, warmup):
+        seen.append((label, "session" if warmup else "measured"))
+        return Scripted(lambda k: 1.0)
+
+    def on_warmup(label, warm):
+        seen.append((label, None if warm is None else warm.steps))
+
+    m, _, _ = M.measure_plans(["fp32", "bf16"], make, 4, M.MeasureConfig(rounds=2), None, on_warmup)
+    assert seen[:6] == [
+        ("fp32", None), ("fp32", "session"), ("fp32", 3),
+        ("bf16", None), ("bf16", "session"), ("bf16", 3),
+    ]  # fmt: skip
+    assert m.plans["bf16"].warmup.steps == 3

@@ -26,6 +26,8 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
 from precision_nb.core.validate import positive_int, short_repr
+from precision_nb.views.panel.analysis import AnalysisViews
+from precision_nb.views.panel.analysis_api import AnalysisMixin
 from precision_nb.views.panel.controls import (
     DEFAULT_COMPARE,
     SIM_PREFIX,
@@ -52,10 +54,11 @@ def _workload_presets() -> dict[str, tuple[str, ...]]:
     return {name: tuple(SIZE_PRESETS) for name in WORKLOADS}
 
 
-def _release(root: Any, session: RunSession, timeout: float) -> None:
+def _release(root: Any, session: RunSession, analysis: AnalysisViews, timeout: float) -> None:
     """Stop the session's run, drop what it holds, close every widget (``close`` and the
     finaliser of a collected panel)."""
     session.close(timeout)
+    analysis.close()
     close_widgets(root)
 
 
@@ -75,7 +78,7 @@ def _forward(path: str, doc: str) -> property:
     return property(operator.attrgetter(path), doc=doc)
 
 
-class Panel:
+class Panel(AnalysisMixin):
     """Jupyter panel for precision plans; see the module docstring and docs/panel.md.
 
     ``model`` / ``batches`` (with an optional ``loss_fn``) train your own ``nn.Module`` instead of
@@ -155,10 +158,21 @@ class Panel:
             on_released=weak_callback(self._update_buttons),
             plot_budget=plot_budget,
             refresh_interval_s=refresh_interval_s,
+            after_run=weak_callback(self._after_run),
         )
+        self.analysis = AnalysisViews(
+            model_source=weak_callback(self._model_source),
+            selected=weak_callback(self._selected_target),
+            running=weak_callback(self._is_running),
+            on_window=weak_callback(self._on_scale_window),
+        )
+        self.outputs.insert_before(self.outputs.plan_html, self.analysis.box)
+        self.inspect_button = self.analysis.button
+        self.analysis.button.on_click(weak_callback(self._on_inspect_click))
+        self.analysis.accordion.observe(weak_callback(self._on_view_opened), "selected_index")
         # A panel nobody references any more is collected: its run stops, its widgets close.
         self._finalizer = weakref.finalize(
-            self, _release, self.widget, self.session, self.CLOSE_TIMEOUT_S
+            self, _release, self.widget, self.session, self.analysis, self.CLOSE_TIMEOUT_S
         )
         self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
         self.outputs.on_click(
@@ -194,6 +208,7 @@ class Panel:
         """Re-resolve the plan from the controls and update every view of it (also the code)."""
         self._plan.refresh()
         self._update_buttons()
+        self.analysis.plan_changed()
 
     def _update_buttons(self) -> None:
         if self._closed:

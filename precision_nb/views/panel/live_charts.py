@@ -28,9 +28,14 @@ def _points(records: Sequence[Mapping[str, Any]], run: str, key: str) -> list[Po
 
 
 def live_charts_html(
-    records: Sequence[Mapping[str, Any]], colors: Mapping[str, str] | None = None
+    records: Sequence[Mapping[str, Any]],
+    colors: Mapping[str, str] | None = None,
+    *,
+    scale_window: tuple[int, int] | None = None,
 ) -> str:
-    """The panel's live charts for the records so far (a comparison's runs overlaid)."""
+    """The panel's live charts for the records so far (a comparison's runs overlaid);
+    ``scale_window`` (log2 of the lowest and highest safe fp16 loss scale, from a numerics
+    analysis) is shaded on the loss-scale chart."""
     runs = [str(r) for r in dict.fromkeys(rec.get("run") for rec in records) if r is not None]
     if not runs:
         return ""
@@ -58,6 +63,13 @@ def live_charts_html(
             log2=True,
             marks=skipped,
             empty="no loss scaler (fp16 only)",
+            band=scale_window,
+            band_label=(
+                ""
+                if scale_window is None
+                else f"safe fp16 window 2^{scale_window[0]}-2^{scale_window[1]} (numerics, one "
+                "batch)"
+            ),
         ),
         chart_svg({run: _points(records, run, rate_key) for run in runs}, colors, title=rate_unit),
         chart_svg(memory, colors, title=f"peak memory MiB ({', '.join(kinds) or 'n/a'})"),

@@ -21,6 +21,12 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.views.panel.live_charts import live_charts_html
+from precision_nb.views.panel.results import (
+    COMPARE_LIVE_NOTE,
+    SINGLE_RUN_NOTE,
+    results_table_html,
+    warmup_note_html,
+)
 from precision_nb.views.panel.run import metrics_text
 
 __all__ = ["OUTPUT_WIDGETS", "PanelOutputs", "close_widgets", "panel_png", "weak_callback"]
@@ -130,6 +136,9 @@ class PanelOutputs:
         self.error: str | None = None
         self.error_source: str | None = None
         self._last_charts = -float("inf")
+        self.measured = False  # the run going (or last) is a comparison: measured figures
+        self.warmups: dict[str, Any] = {}  # its warm-ups, label -> Warmup (None while going)
+        self.scale_window: tuple[int, int] | None = None  # safe fp16 window (log2), if known
 
         code_title = widgets.HTML(
             "<b>Copy as code</b> &mdash; plain PyTorch (no precision_nb) reproducing this plan"
@@ -211,8 +220,12 @@ class PanelOutputs:
 
     # ------------------------------------------------------------------ a run
 
-    def reset_for_run(self, total: int) -> None:
-        """Empty every view of the previous run before a new one starts."""
+    def reset_for_run(self, total: int, *, measured: bool = False, warmups: Any = None) -> None:
+        """Empty every view of the previous run before a new one starts; ``measured``: a
+        comparison (its live numbers are per interval, its table measured); ``warmups``: the
+        live dict of its warm-ups."""
+        self.measured = measured
+        self.warmups = warmups if warmups is not None else {}
         self.progress.value = 0
         self.progress.max = max(1, total)
         self.progress.bar_style = ""
@@ -240,11 +253,20 @@ class PanelOutputs:
         self.progress.value = min(done, self.progress.max)
         self.progress_label.value = text
         if record is None:
+            if self.warmups:  # a comparison's warm-up started or ended
+                self.live_charts.value = self.charts(records())
             return
-        self.live_metrics.value = metrics_text(record)
+        note = COMPARE_LIVE_NOTE if self.measured else SINGLE_RUN_NOTE
+        self.live_metrics.value = metrics_text(record, note)
         if now - self._last_charts >= self.CHART_INTERVAL_S or done >= total:
             self._last_charts = now
-            self.live_charts.value = live_charts_html(records())
+            self.live_charts.value = self.charts(records())
+
+    def charts(self, records: list[dict[str, Any]]) -> str:
+        """The live charts (safe scale window as a band when known) and the warm-up note."""
+        return live_charts_html(records, scale_window=self.scale_window) + warmup_note_html(
+            self.warmups
+        )
 
     def show_figure(self, png: bytes | None, note: str) -> None:
         """Show ``png`` (None hides the image) with ``note`` beside the Draw figure button."""
@@ -256,7 +278,7 @@ class PanelOutputs:
         self, frame: Any, summary: Any, events: list[Any], *, word: str, seconds: float
     ) -> None:
         """The finished run's charts, status line, summary table and events."""
-        self.live_charts.value = live_charts_html(frame.to_dict("records"))
+        self.live_charts.value = self.charts(frame.to_dict("records"))
         if frame.empty:
             self.progress_label.value = f"{word.lower()} before the first logged step"
             self.status.value = html.escape(
@@ -269,28 +291,32 @@ class PanelOutputs:
             f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
-        self.results_html.value = summary.to_html(
-            index=False, na_rep="", float_format=lambda v: f"{v:.4g}"
-        )
+        self.results_html.value = results_table_html(summary, measured=self.measured)
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)
             self.events_html.value = (
                 f"<details open><summary>Events</summary><ul>{items}</ul></details>"
             )
 
+    def insert_before(self, anchor: widgets.Widget, widget: widgets.Widget) -> None:
+        """Put ``widget`` into the panel's column just before ``anchor``."""
+        children = list(self.widget.children)
+        children.insert(children.index(anchor), widget)
+        self.widget.children = tuple(children)
+
     def close(self) -> None:
         close_widgets(self.widget)
 
 
-def weak_callback(method: Callable[..., Any]) -> Callable[..., None]:
-    """A widget callback calling the bound ``method`` while its object lives: ipywidgets keeps
-    every open widget, and so its callbacks, alive; a strong one would pin the panel forever."""
+def weak_callback(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A widget callback calling the bound ``method`` while its object lives (returning what it
+    returns; None once the object is gone): ipywidgets keeps every open widget, and so its
+    callbacks, alive; a strong one would pin the panel forever."""
     ref = weakref.WeakMethod(method)
 
-    def call(*args: Any) -> None:
+    def call(*args: Any) -> Any:
         bound = ref()
-        if bound is not None:
-            bound(*args)
+        return None if bound is None else bound(*args)
 
     return call
 

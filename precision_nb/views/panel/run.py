@@ -65,6 +65,8 @@ class LiveCallback:
         self._clock = clock
         self.records: list[dict[str, Any]] = []
         self.results: list[Any] = []
+        #: label -> the comparison's warm-up of that plan (None while it goes), in plan order.
+        self.warmups: dict[str, Any] = {}
         self.frames = 0
         self.plot_seconds = 0.0
         self.callback_seconds = 0.0  # everything spent inside the engine's callbacks
@@ -83,6 +85,20 @@ class LiveCallback:
         with self._lock:
             self.results.append(result)
         self._report(step=0, record=None, force=True)
+        self.callback_seconds += time.perf_counter() - start
+
+    def on_warmup(self, label: str, warmup: Any) -> None:
+        """A comparison's warm-up of ``label`` started (``warmup`` None) or ended (a Warmup)."""
+        start = time.perf_counter()
+        with self._lock:
+            self.warmups[label] = warmup
+        text = (
+            f"warming up {label} (throw-away copy, not timed)"
+            if warmup is None
+            else (f"{label} warmed up: {warmup.steps} step(s), {warmup.seconds:.2f} s")
+        )
+        done = max(0, len(self.results) - 1) * self.steps
+        self._progress(done, self.steps * self.runs, text, None)
         self.callback_seconds += time.perf_counter() - start
 
     def on_log(self, record: dict[str, Any]) -> None:
@@ -266,8 +282,9 @@ def check_train_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return options
 
 
-def metrics_text(record: dict[str, Any]) -> str:
-    """One line of the latest numbers (cheap to update often, unlike a figure)."""
+def metrics_text(record: dict[str, Any], note: str = "") -> str:
+    """One line of the latest numbers (cheap to update often, unlike a figure), with ``note``
+    (how they were measured) after them."""
     parts = [f"<b>{html.escape(str(record.get('run', '')))}</b>"]
     loss = record.get("loss")
     if isinstance(loss, (int, float)):
@@ -284,7 +301,8 @@ def metrics_text(record: dict[str, Any]) -> str:
     if isinstance(memory, (int, float)):
         kind = html.escape(str(record.get("memory_kind") or "memory"))
         parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
-    return " &middot; ".join(parts)
+    text = " &middot; ".join(parts)
+    return f"{text} <i class='pnb-figure-kind'>({html.escape(note)})</i>" if note else text
 
 
 def __getattr__(name: str) -> Any:

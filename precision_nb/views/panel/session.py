@@ -70,6 +70,7 @@ class RunSession:
         on_released: Callable[[], None],
         plot_budget: float,
         refresh_interval_s: float,
+        after_run: Callable[[Any, float, float], None] | None = None,
     ) -> None:
         if not 0 < plot_budget < 1:
             raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
@@ -81,6 +82,8 @@ class RunSession:
         self._on_released = on_released
         self.plot_budget = plot_budget
         self.refresh_interval_s = refresh_interval_s
+        # after_run(source, training_s, plotted_s): the panel's inspections (within the budget)
+        self.after_run = after_run
         self.lock = threading.Lock()
         self.job: Job | None = None
         self.source: Any = None  # the last RunResult or Comparison
@@ -114,7 +117,9 @@ class RunSession:
         self.live = live
         self.last_live = live
         self.source = None
-        self.outputs.reset_for_run(live.steps * live.runs)
+        self.outputs.reset_for_run(
+            live.steps * live.runs, measured=kind == "compare", warmups=live.warmups
+        )
         if kind == "run":
 
             def target(stop: threading.Event) -> Any:
@@ -255,7 +260,8 @@ class RunSession:
                 partial = getattr(job.error, "result", None) or getattr(
                     job.error, "precision_nb_result", None
                 )
-                source = partial if job.kind == "run" else None
+                compared = getattr(job.error, "precision_nb_comparison", None)
+                source = partial if job.kind == "run" else compared
                 selection = job.context
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
                 self.outputs.show_error(describe_failure(job.error, batch_hint=hint), "run")
@@ -280,6 +286,9 @@ class RunSession:
                     "figure",
                 )
             self.last_render_seconds = time.perf_counter() - start
+            if self.after_run is not None and self.source is not None:
+                training, plotted = self.training_seconds(live)
+                self.after_run(self.source, training, plotted + self.last_render_seconds)
             if live is not None and live.frames:
                 self.frame_cost_s = live.last_frame_seconds
         finally:
@@ -301,6 +310,8 @@ class RunSession:
         word = "Stopped" if stopped else ("Failed" if self.last_exception else "Finished")
         seconds = sum(r.seconds for r in results_of(source).values())
         table = summary(source) if not frame.empty else None
+        # measured figures only when the interleaved measurement made them (not bare records)
+        self.outputs.measured = getattr(source, "measurement", None) is not None
         events = list(getattr(source, "events", []) or [])
         self.outputs.show_final(frame, table, events, word=word, seconds=seconds)
         return None if frame.empty else frame

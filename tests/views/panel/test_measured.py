@@ -1,0 +1,83 @@
+"""The panel's speed figures: Compare shows the interleaved measurement (speedup with its
+interval, verdict, warm-up), a single Run marks its figures as single-run. Headless, by click()."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from precision_nb.views.panel import Panel
+from precision_nb.views.panel.live_charts import live_charts_html
+from precision_nb.views.panel.results import speedup_text
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def compared() -> Panel:
+    panel = Panel(steps=4, log_every=1, compare_plans=("fp32", "bf16"))
+    panel.compare_button.click()
+    assert panel.wait(TIMEOUT)
+    assert panel.error is None, panel.error
+    return panel
+
+
+def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared: Panel) -> None:
+    table = compared.results_html.value
+    figures = compared.result.figures["bf16"]
+    assert "speedup vs fp32 (95 % CI)" in table and "benchmark" in table
+    low, high = figures["speedup_ci_low"], figures["speedup_ci_high"]
+    assert low is not None and high is not None  # 4 rounds: an interval exists
+    shown = f"{figures['speedup_vs_fp32']:.2f}× ({low:.2f}–{high:.2f})"
+    assert shown in table
+    assert "1.00× (baseline)" in table
+    verdict = figures["verdict"].split(" (")[0]
+    assert verdict.replace("'", "&#x27;") in table or verdict in table
+
+
+def test_compare_charts_note_each_plans_warm_up_from_the_measurement(compared: Panel) -> None:
+    charts = compared.live_charts.value
+    assert "pnb-warmup" in charts
+    for label in ("fp32", "bf16"):
+        warm = compared.result.measurement.plans[label].warmup
+        assert f"{label}: {warm.steps} step(s), {warm.seconds:.2f} s" in charts
+        assert compared.last_live.warmups[label] == warm
+    assert "single-run" not in compared.live_metrics.value
+    assert "interleaved rounds" in compared.live_metrics.value
+
+
+def test_a_single_run_marks_its_figures_as_single_run() -> None:
+    panel = Panel(steps=3, log_every=1)
+    panel.run_button.click()
+    assert panel.wait(TIMEOUT)
+    assert "single-run figures" in panel.live_metrics.value
+    table = panel.results_html.value
+    assert "single-run figures" in table and "95 % CI" not in table
+    assert "pnb-warmup" not in panel.live_charts.value
+    panel.close()
+
+
+@pytest.mark.parametrize(
+    ("row", "text"),
+    [
+        (
+            {"speedup_vs_fp32": 1.31, "speedup_ci_low": 1.22, "speedup_ci_high": 1.4},
+            "1.31× (1.22–1.40)",
+        ),
+        ({"speedup_vs_fp32": 0.9, "speedup_ci_low": None, "rounds": 3}, "0.90× (no interval: 3"),
+        ({"speedup_vs_fp32": 1.0, "verdict": "fp32 is the baseline."}, "1.00× (baseline)"),
+        ({"speedup_vs_fp32": None}, ""),
+    ],
+)  # fmt: skip
+def test_speedup_text(row: dict, text: str) -> None:
+    assert speedup_text(row).startswith(text) and (text or speedup_text(row) == "")
+
+
+def test_loss_scale_chart_shades_the_safe_window_when_given() -> None:
+    records = [{"run": "fp16", "step": s, "loss": 1.0, "loss_scale": 2.0**s} for s in range(1, 5)]
+    plain = live_charts_html(records)
+    banded = live_charts_html(records, scale_window=(0, 20))
+    assert "pnb-band" not in plain and banded.count("pnb-band") == 1
+    # the band's range widens the axis to show it whole: top label 2^20
+    assert re.search(r">2\^20<", banded) and not re.search(r">2\^20<", plain)

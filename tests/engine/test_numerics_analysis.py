@@ -157,6 +157,13 @@ def test_fp8_rows_cover_weights_activations_and_gradients():
     assert result.info["overflow_behaviour"]["fp8_e4m3"] in ("saturates", "nan")
 
 
+def test_16_bit_formats_alone_need_no_fp8_rows():
+    result = analyze("mlp", preset="tiny", formats=("fp16", "bf16"), device="cpu")
+    assert {r["variant"] for r in result.gradients} == {"fp16", "fp16 x2^16", "bf16"}
+    assert {r["format"] for r in result.activations} == {"fp16", "bf16"}
+    assert result.fp8 == []
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -192,6 +192,8 @@ def count_casts(
     Working memory: a few temporaries the size of ``x``.
     """
     m = magnitudes(x)
+    if not specs:  # e.g. the fp8 counts of an activation when no fp8 format was asked for
+        return torch.zeros((0, len(COUNT_FIELDS)), dtype=torch.int64, device=m.a.device)
     dead = m.dead
     rows = []
     for name, scale in specs:

@@ -112,6 +112,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="allow fp16 with a CPU GradScaler to watch loss scaling without a GPU",
     )
+    parser.add_argument(
+        "--no-inspect",
+        action="store_true",
+        help="leave out the memory-by-kind and op dtype inspection of each plan",
+    )
+    parser.add_argument(
+        "--no-numerics",
+        action="store_true",
+        help="leave out the gradient underflow analysis and the fp16 scale window",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     # Accepted only to be refused with a reason (argparse would just say "unrecognized").
@@ -205,6 +215,8 @@ def _run(args: argparse.Namespace) -> int:
             fused=FUSED[args.fused],
             loss_scale_lab=args.loss_scale_lab,
             out=args.out,
+            inspect=not args.no_inspect,
+            numerics=not args.no_numerics,
         )
     except (ValueError, RuntimeError) as err:
         return error("profile", err)

@@ -70,6 +70,9 @@ class ProfileRequest:
     batches: Any = None
     loss_fn: Any = None
     rounds: int | None = None
+    inspect: bool = True
+    numerics: bool = True
+    distributed: Any = None
 
 
 #: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
@@ -105,6 +108,9 @@ def validate_request(
     batches: Any = None,
     loss_fn: Any = None,
     rounds: int | None = None,
+    inspect: bool = True,
+    numerics: bool = True,
+    distributed: Any = None,
 ) -> ProfileRequest:
     """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
 
@@ -130,6 +136,9 @@ def validate_request(
     if fused not in (None, True, False):
         raise ValueError(f"fused: invalid value {fused!r}; allowed: None (auto), True, False")
     resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
+    for name, flag in (("inspect", inspect), ("numerics", numerics)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: invalid value {flag!r}; allowed: True, False")
     out_path = None if out is None else Path(out).expanduser()
     if out_path is not None:
         check_output_folder(out_path)
@@ -147,6 +156,9 @@ def validate_request(
         batches=batches,
         loss_fn=loss_fn,
         rounds=None if rounds is None else int(rounds),
+        inspect=inspect,
+        numerics=numerics,
+        distributed=distributed,
     )
 
 
@@ -196,6 +208,9 @@ def profile(
     out: str | Path | None = None,
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
+    inspect: bool = True,
+    numerics: bool = True,
+    distributed: Any = None,
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -204,7 +219,10 @@ def profile(
     interleaved rounds (default :data:`DEFAULT_ROUNDS`), after a warm-up per plan. Everything is
     validated first (``ValueError`` / ``RuntimeError``, nothing run or written). ``out``: also
     write the report folder there (as ``Profile.save``). ``workload`` / ``modes`` are the
-    keyword spellings of ``model`` / ``compare``.
+    keyword spellings of ``model`` / ``compare``. ``inspect`` / ``numerics``: also inspect each
+    plan (memory by kind and dtype, op dtypes) and analyse gradient underflow, after the timed
+    steps (``Profile.inspections``, ``Profile.numerics``). ``distributed``: a ``Distributed``
+    request; each plan then trains under ``fit_distributed`` (see docs/distributed.md).
     """
     request = validate_request(
         workload=workload if model is None else model,
@@ -219,6 +237,9 @@ def profile(
         batches=batches,
         loss_fn=loss_fn,
         rounds=rounds,
+        inspect=inspect,
+        numerics=numerics,
+        distributed=distributed,
     )
     return run_profile(request, progress=progress, settings=settings)
 
@@ -256,14 +277,50 @@ def run_profile(
         "loss-scale lab": request.loss_scale_lab,
         **(settings or {}),
     }
-    shown.update(measurement_settings(comparison, hint_list))
     result = Profile(comparison, summary(comparison), hint_list, shown)
+    _add_sections(request, comparison, result)
+    shown.update(measurement_settings(comparison, hint_list))
     if request.out is not None:
         result.save(request.out)
     return result
 
 
-def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dict[str, Path]:
+def _add_sections(request: ProfileRequest, comparison: Any, result: Profile) -> None:
+    """Inspect each plan and analyse the numerics, after the timed steps; say what it cost.
+
+    A failure here (e.g. out of memory in the instrumented step) leaves the section out, with a
+    ``warning`` event and a logged warning: the measurement is kept.
+    """
+    from precision_nb.core.events import Event
+    from precision_nb.views.report import profile_sections as sections
+
+    jobs = (
+        ("inspection", request.inspect, sections.inspect_plans, "inspections"),
+        ("numerics", request.numerics, sections.analyze_numerics, "numerics"),
+    )
+    for name, wanted, run, attr in jobs:
+        if not wanted or not getattr(comparison, "results", None):
+            continue
+        try:
+            value, seconds = run(request, comparison)
+        except (RuntimeError, ValueError) as exc:
+            message = f"the {name} section was left out: {type(exc).__name__}: {exc}"
+            log.warning(message)
+            comparison.events.append(Event("warning", message, {"section": name}))
+            continue
+        setattr(result, attr, value)
+        result.settings[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
+
+
+def write_folder(
+    comparison: Any,
+    out: Path,
+    settings: Mapping[str, Any],
+    *,
+    inspections: Mapping[str, Any] | None = None,
+    numerics: Any = None,
+    distributed: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
     """Write the report files into ``out`` atomically; file name -> path.
 
     The files are staged inside ``out`` and moved into place only when all of them are written
@@ -275,7 +332,14 @@ def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dic
     staging, created = folder.staging_folder(out)
     committed = False
     try:
-        write_report(comparison, staging, settings=settings)
+        write_report(
+            comparison,
+            staging,
+            settings=settings,
+            inspections=inspections,
+            numerics=numerics,
+            distributed=distributed,
+        )
         names = folder.commit(staging, out)
         committed = True
     except OSError as err:
@@ -284,7 +348,8 @@ def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dic
     finally:
         if not committed:
             folder.discard(staging, out, created)
-    return {name: out / name for name in OUTPUT_FILES if name in names}
+    first = [name for name in OUTPUT_FILES if name in names]
+    return {name: out / name for name in first + [n for n in names if n not in first]}
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:

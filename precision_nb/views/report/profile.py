@@ -18,6 +18,7 @@ from precision_nb.views.report.folder import check_output_folder
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES, write_report
 from precision_nb.views.report.profile_result import Profile, measurement_settings
+from precision_nb.views.report.profile_sections import add_sections
 from precision_nb.views.report.tables import summary
 
 __all__ = [
@@ -142,6 +143,19 @@ def validate_request(
     out_path = None if out is None else Path(out).expanduser()
     if out_path is not None:
         check_output_folder(out_path)
+    if distributed is not None:
+        from precision_nb.views.report.profile_distributed import check_distributed
+
+        check_distributed(
+            distributed,
+            model=model,
+            workload=str(workload),
+            preset=str(preset).strip().lower(),
+            modes=parse_modes(modes),
+            device=str(device),
+            loss_scale_lab=bool(loss_scale_lab),
+            fused=fused,
+        )
     return ProfileRequest(
         workload=str(workload),
         preset=str(preset).strip().lower(),
@@ -265,7 +279,20 @@ def run_profile(
     comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. See
     :func:`write_folder` for how the folder is written.
     """
-    comparison = run_comparison(request, progress=progress, stop=stop)
+    runs: dict[str, Any] = {}
+    if request.distributed is not None:
+        from precision_nb.views.report.profile_distributed import run_distributed
+
+        steps = DEFAULT_STEPS if request.steps is None else request.steps
+        comparison, runs = run_distributed(
+            request,
+            steps=steps,
+            log_every=max(1, steps // PROFILE_POINTS),
+            progress=progress,
+            stop=stop,
+        )
+    else:
+        comparison = run_comparison(request, progress=progress, stop=stop)
     if getattr(comparison, "stopped", False) and request.out is not None:
         raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
     hint_list = tuple(hints(comparison))
@@ -277,39 +304,14 @@ def run_profile(
         "loss-scale lab": request.loss_scale_lab,
         **(settings or {}),
     }
-    result = Profile(comparison, summary(comparison), hint_list, shown)
-    _add_sections(request, comparison, result)
+    if runs:
+        shown["distributed"] = "; ".join(f"{k}: {v.plan.summary()}" for k, v in runs.items())
+    result = Profile(comparison, summary(comparison), hint_list, shown, distributed=runs)
+    add_sections(request, comparison, result)
     shown.update(measurement_settings(comparison, hint_list))
     if request.out is not None:
         result.save(request.out)
     return result
-
-
-def _add_sections(request: ProfileRequest, comparison: Any, result: Profile) -> None:
-    """Inspect each plan and analyse the numerics, after the timed steps; say what it cost.
-
-    A failure here (e.g. out of memory in the instrumented step) leaves the section out, with a
-    ``warning`` event and a logged warning: the measurement is kept.
-    """
-    from precision_nb.core.events import Event
-    from precision_nb.views.report import profile_sections as sections
-
-    jobs = (
-        ("inspection", request.inspect, sections.inspect_plans, "inspections"),
-        ("numerics", request.numerics, sections.analyze_numerics, "numerics"),
-    )
-    for name, wanted, run, attr in jobs:
-        if not wanted or not getattr(comparison, "results", None):
-            continue
-        try:
-            value, seconds = run(request, comparison)
-        except (RuntimeError, ValueError) as exc:
-            message = f"the {name} section was left out: {type(exc).__name__}: {exc}"
-            log.warning(message)
-            comparison.events.append(Event("warning", message, {"section": name}))
-            continue
-        setattr(result, attr, value)
-        result.settings[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
 
 
 def write_folder(

@@ -126,7 +126,7 @@ class Profile:
         if self.numerics is not None:
             out.append(f"<p><b>Numerics</b>: {html.escape(self.numerics.window_text())}</p>")
         if self.distributed:
-            from precision_nb.views.report.distributed_section import distributed_html
+            from precision_nb.views.report.profile_distributed import distributed_html
 
             out.append(distributed_html(self.distributed))
         return out

@@ -19,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "NUMERICS_FILES",
+    "add_sections",
     "analyze_numerics",
     "inspect_plans",
     "numerics_section",
@@ -35,6 +36,38 @@ NUMERICS_FILES = (
     "numerics_activation_underflow.png",
     "numerics_scale_window.png",
 )
+
+
+def add_sections(request: Any, comparison: Any, result: Any) -> None:
+    """Inspect each plan and analyse the numerics, after the timed steps; say what it cost.
+
+    A failure here (e.g. out of memory in the instrumented step) leaves the section out, with a
+    ``warning`` event and a logged warning: the measurement is kept.
+    """
+    from precision_nb.core.events import Event
+
+    jobs = (
+        # A distributed profile has per-rank memory from its run; the inspection is one process's.
+        (
+            "inspection",
+            request.inspect and not request.distributed,
+            inspect_plans,
+            "inspections",
+        ),
+        ("numerics", request.numerics, analyze_numerics, "numerics"),
+    )
+    for name, wanted, run, attr in jobs:
+        if not wanted or not getattr(comparison, "results", None):
+            continue
+        try:
+            value, seconds = run(request, comparison)
+        except (RuntimeError, ValueError) as exc:
+            message = f"the {name} section was left out: {type(exc).__name__}: {exc}"
+            log.warning(message)
+            comparison.events.append(Event("warning", message, {"section": name}))
+            continue
+        setattr(result, attr, value)
+        result.settings[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
 
 
 def _model_source(request: Any) -> tuple[Any, Any, Any]:
@@ -111,7 +144,7 @@ def write_sections(
     files: dict[str, Path] = {}
     sections: list[str] = []
     if distributed:
-        from precision_nb.views.report.distributed_section import write_distributed
+        from precision_nb.views.report.profile_distributed import write_distributed
 
         written, section = write_distributed(out, distributed)
         files.update(written)

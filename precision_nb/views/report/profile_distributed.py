@@ -108,12 +108,16 @@ def run_distributed(
     for mode, dplan in plans.items():
         key = repr(dplan.precision.plan)
         if key in labels:
+            expl = dplan.precision
+            why = "; ".join(
+                d.reason for d in (expl.fallbacks or expl.decisions) if d.field != "device"
+            )
             comparison.merged[mode] = labels[key]
             comparison.events.append(
                 Event(
                     "merged",
                     f"{mode} resolved to the same plan as {labels[key]}: run once",
-                    {"label": mode, "into": labels[key], "why": dplan.precision.summary()},
+                    {"label": mode, "into": labels[key], "why": why},
                 )
             )
             continue

@@ -50,6 +50,13 @@ def test_numerics_overlays_the_scaled_plans_history(lab):
     assert result.numerics.window_text() in text.replace("&#x27;", "'")
 
 
+def test_notebook_view_shows_the_inspection_and_the_window(lab):
+    result, _ = lab
+    page = result._repr_html_()
+    assert "Memory by kind and dtype; op dtypes" in page
+    assert "<b>Numerics</b>" in page and "Safe fp16 loss scales" in page
+
+
 def test_a_section_that_fails_is_left_out_with_an_event(monkeypatch):
     from precision_nb.views.report import profile_sections
 

@@ -6,11 +6,16 @@
    each timed over ``--steps`` steps after a warm-up; the ratio is the median of the per-repeat
    ratios, printed with its interquartile range (how much the machine moved while measuring).
    Collecting every N steps costs about ``1 + (ratio - 1) / N`` of a plain step.
-2. ``precision_nb.numerics()`` on the same workload (median of ``--calls`` calls), also as a
+2. The engine's own option: ``fit()`` with ``TrainConfig(grad_stats_every=N)`` for N = 1 and
+   10 against the same fit without it, paired and rotated the same way; each fit's mean step
+   time (``RunResult.step_times_s``, which includes the stats; the mean, since with N = 10 only
+   one step in ten pays) is compared.
+3. ``precision_nb.numerics()`` on the same workload (median of ``--calls`` calls), also as a
    multiple of one plain step.
 
     python benchmarks/bench_numerics.py            # default workload (mlp, small) on CPU
     python benchmarks/bench_numerics.py --quick    # a smoke run
+    python benchmarks/bench_numerics.py --threads 1   # steadier on a machine shared with others
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 
 from precision_nb.engine.numerics.training import grad_underflow_stats
+from precision_nb.engine.trainer import TrainConfig, Trainer
 from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD, get_workload
 
 
@@ -84,6 +90,35 @@ def step_times(
     return out
 
 
+def fit_step_times(
+    workload: str,
+    preset: str,
+    steps: int,
+    repeats: int,
+    every: tuple[int | None, ...] = (None, 1, 10),
+    device: str = "cpu",
+) -> list[dict[int | None, float]]:
+    """Per repeat: the mean step time of a fit for each ``grad_stats_every`` in ``every`` (the
+    fits alternate, their order rotated per repeat; one warm-up fit each first)."""
+    wl = get_workload(workload, preset)
+    batches = wl.make_batches(torch.device(device))
+
+    def mean_step(n: int | None, count: int) -> float:
+        cfg = TrainConfig(
+            steps=count, log_every=count, grad_stats_every=n, progress=False, measure_peak=False
+        )
+        trainer = Trainer(wl.make_model(), batches, device=device, precision="fp32", train=cfg)
+        return statistics.fmean(trainer.fit().step_times_s)
+
+    for n in every:
+        mean_step(n, 3)
+    out = []
+    for r in range(repeats):
+        order = every[r % len(every) :] + every[: r % len(every)]
+        out.append({n: mean_step(n, steps) for n in order})
+    return out
+
+
 def numerics_seconds(workload: str, preset: str, calls: int, device: str = "cpu") -> list[float]:
     """Wall seconds of ``precision_nb.numerics()`` calls (the first, warming up, left out)."""
     import precision_nb
@@ -113,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="few steps and repeats")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.steps, args.repeats, args.calls = 3, 2, 1
     pairs = step_times(args.workload, args.preset, args.steps, args.repeats, args.device)
@@ -124,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     r = statistics.median(ratios)
     a_lo, a_hi = _iqr(alone)
     a = statistics.median(alone)
-    print(f"{args.workload}/{args.preset} on {args.device}, torch {torch.__version__}")
+    print(
+        f"{args.workload}/{args.preset} on {args.device}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"plain step: {plain * 1e3:.2f} ms (median of {len(pairs)} repeats x {args.steps})")
     print(
         f"step + grad_underflow_stats / plain step: {r:.3f} (IQR {lo:.3f}-{hi:.3f}, "
@@ -134,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         f"grad_underflow_stats alone / plain step: {a:.3f} (IQR {a_lo:.3f}-{a_hi:.3f}); "
         f"collected every 10 steps: ~{1 + a / 10:.3f} of a plain step"
     )
+    fits = fit_step_times(args.workload, args.preset, args.steps, args.repeats, device=args.device)
+    for n in (1, 10):
+        rs = [f[n] / f[None] for f in fits]
+        f_lo, f_hi = _iqr(rs)
+        print(
+            f"fit(grad_stats_every={n}) / fit() step time: {statistics.median(rs):.3f} "
+            f"(IQR {f_lo:.3f}-{f_hi:.3f}, {len(rs)} rotated repeats of {args.steps}-step fits)"
+        )
     secs = numerics_seconds(args.workload, args.preset, args.calls, args.device)
     med = statistics.median(secs)
     print(f"numerics(): {med:.2f} s (median of {len(secs)} calls) = {med / plain:.0f} plain steps")

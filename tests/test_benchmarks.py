@@ -56,3 +56,5 @@ def test_bench_numerics_times_both_variants_and_a_full_call():
     pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)
     assert len(pairs) == 2 and all(p > 0 and s > 0 and 0 < a < s for p, s, a in pairs)
     assert len(bench.numerics_seconds("mlp", "tiny", calls=1)) == 1
+    fits = bench.fit_step_times("mlp", "tiny", steps=2, repeats=2, every=(None, 1))
+    assert len(fits) == 2 and all(set(f) == {None, 1} and min(f.values()) > 0 for f in fits)

@@ -61,17 +61,37 @@ def _error(message: str) -> int:
 
 def load_object(spec: str, field: str) -> Any:
     """``"package.module:name"`` -> the object; ``ValueError`` naming the field otherwise."""
+    from precision_nb.core.validate import short_repr
+
     module_name, sep, name = spec.partition(":")
     if not sep or not module_name or not name:
-        raise ValueError(f"{field}: invalid value {spec!r}; allowed: MODULE:NAME")
+        raise ValueError(f"{field}: invalid value {short_repr(spec)}; allowed: MODULE:NAME")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{field}: cannot import module {module_name!r} ({exc})") from exc
+        raise ValueError(
+            f"{field}: cannot import module {short_repr(module_name)} ({exc})"
+        ) from exc
     obj = getattr(module, name, None)
     if obj is None:
-        raise ValueError(f"{field}: module {module_name!r} has no attribute {name!r}")
+        raise ValueError(
+            f"{field}: module {short_repr(module_name)} has no attribute {short_repr(name)}"
+        )
     return obj
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Check the flag values without importing torch (``ValueError`` naming the flag)."""
+    from precision_nb.cli.profile import PRESET_NAMES, WORKLOAD_NAMES
+    from precision_nb.core.names import device_string, precision_list
+    from precision_nb.core.validate import choice
+
+    if args.workload is not None:
+        choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
+    if args.preset is not None:
+        choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+    precision_list(args.precision, "--precision")
+    device_string(args.device, "--device")
 
 
 def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -91,6 +111,10 @@ def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_flags(args)
+    except ValueError as err:
+        return _error(str(err))
     from precision_nb.core.plan import PrecisionConfig
     from precision_nb.engine.results import FitError
     from precision_nb.views.report.inspection import inspect, write_inspection
@@ -98,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, batches, preset = _target(args)
         modes = [m.strip() for m in str(args.precision).split(",") if m.strip()]
-        if not modes:
-            raise ValueError(f"--precision: invalid value {args.precision!r}; allowed: MODES")
         requests = [PrecisionConfig(m, loss_scale_lab=args.loss_scale_lab) for m in modes]
         results = {}
         for request in requests:

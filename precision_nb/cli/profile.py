@@ -155,22 +155,15 @@ def check_flags(args: argparse.Namespace) -> None:
     """Check every flag value and ``--out`` without importing torch (``ValueError``)."""
     from pathlib import Path
 
-    from precision_nb.core.names import device_string, precision_name
-    from precision_nb.core.validate import choice, positive_int
+    from precision_nb.core.names import device_string, precision_list
+    from precision_nb.core.validate import MAX_STEPS, choice, positive_int
     from precision_nb.views.report.folder import check_output_folder
 
     choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    names = [m.strip() for m in args.compare.split(",") if m.strip()]
-    if not names:
-        raise ValueError(
-            f"--compare: invalid value {args.compare!r}: give at least one precision request, "
-            "comma-separated; allowed: auto, fp32, bf16, fp16"
-        )
-    for name in names:
-        precision_name(name, "--compare")
+    precision_list(args.compare, "--compare")
     device_string(args.device, "--device")
-    positive_int("--steps", args.steps)
+    positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
     if args.nproc is not None:
         positive_int("--nproc", args.nproc)

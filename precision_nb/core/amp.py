@@ -31,8 +31,9 @@ def autocast_context(plan: PrecisionPlan, device: Any = None) -> Any:
     """``nullcontext()`` for fp32; ``torch.autocast(plan.device_type, dtype=plan.dtype)`` else.
 
     ``device`` is accepted but not consulted (the plan's ``device_type`` controls the context, as
-    the spec says). Older torch whose ``torch.autocast`` is missing or rejects this signature gets
-    the legacy ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``; the fallback is logged.
+    the resolution rules say). Older torch whose ``torch.autocast`` is missing or rejects this
+    signature gets the legacy ``torch.cuda.amp.autocast`` / ``torch.cpu.amp.autocast``; the
+    fallback is logged.
     """
     if not plan.autocast_enabled or not plan.is_mixed_precision:
         return contextlib.nullcontext()
@@ -54,7 +55,7 @@ def autocast_context(plan: PrecisionPlan, device: Any = None) -> Any:
 
 
 def make_grad_scaler(plan: PrecisionPlan, **scaler_kwargs: Any) -> Any:
-    """A GradScaler only for fp16 on CUDA (the spec), or for a loss-scale-lab CPU fp16 plan.
+    """A GradScaler for fp16 on CUDA (the resolution rules) or a loss-scale-lab CPU fp16 plan.
 
     CUDA prefers ``torch.amp.GradScaler("cuda")`` and falls back to
     ``torch.cuda.amp.GradScaler()`` for older torch (logged). A CPU plan with ``use_scaler``

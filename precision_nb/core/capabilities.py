@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from precision_nb.core.cpu_features import CpuFeatures, read_cpu_features
+from precision_nb.core.validate import short_repr
 
 logger = logging.getLogger(__name__)
 
@@ -31,10 +32,11 @@ _QUERY_ERRORS = (RuntimeError, AssertionError, TypeError, ValueError, AttributeE
 class Capabilities:
     """What a machine offers for precision resolution.
 
-    ``cuda_bf16`` is the spec's deciding query, ``torch.cuda.is_bf16_supported()``: "supported",
-    "unsupported" or "error" (the query raised). That query counts emulation (it is true on a T4),
-    so ``cuda_bf16_native`` records separately whether BF16 is native (compute capability >= 8.0);
-    ``None`` means it could not be told. ``cuda_device_count`` is ``None`` when unknown.
+    ``cuda_bf16`` is the query the resolution rules decide by, ``torch.cuda.is_bf16_supported()``:
+    "supported", "unsupported" or "error" (the query raised). That query counts emulation (it is
+    true on a T4), so ``cuda_bf16_native`` records separately whether BF16 is native (compute
+    capability >= 8.0); ``None`` means it could not be told. ``cuda_device_count`` is ``None``
+    when unknown.
     ``cpu`` holds what the CPU has for low precision (:mod:`precision_nb.core.cpu_features`).
     """
 
@@ -245,6 +247,6 @@ def get_capabilities(preset: str | Capabilities | None = None) -> Capabilities:
         if key in _SIMULATED:
             return replace(_SIMULATED[key])
     raise ValueError(
-        f"capabilities preset: invalid value {preset!r}; allowed: "
+        f"capabilities preset: invalid value {short_repr(preset)}; allowed: "
         + ", ".join(repr(name) for name in PRESETS)
     )

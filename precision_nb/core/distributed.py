@@ -87,7 +87,8 @@ class Distributed:
             )
         if not isinstance(self.count_collectives, bool):
             raise ValueError(
-                f"distributed.count_collectives: invalid value {self.count_collectives!r}; "
+                f"distributed.count_collectives: invalid value "
+                f"{validate.short_repr(self.count_collectives)}; "
                 "allowed: true, false"
             )
         validate.number("distributed.timeout_s", self.timeout_s, minimum=0.0, strict=True)

@@ -59,6 +59,17 @@ def precision_name(value: Any, field: str = "precision.mode", allow_auto: bool =
     )
 
 
+def precision_list(value: str, field: str) -> list[str]:
+    """Comma-separated requests (``"fp32, bf16"``) -> their canonical names, at least one."""
+    names = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not names:
+        raise ValueError(
+            f"{field}: invalid value {short_repr(value)}: give at least one precision request, "
+            "comma-separated; allowed: auto, fp32, bf16, fp16"
+        )
+    return [precision_name(name, field) for name in names]
+
+
 def device_string(value: str, field: str = "device") -> str:
     """A device request as typed ("CUDA:1 ", "auto") -> its canonical form ("cuda:1", "auto").
 

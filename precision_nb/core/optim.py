@@ -1,18 +1,18 @@
 """AdamW building with an honest fused decision.
 
-``supports_fused_adamw(device)`` keeps the spec's contract: false off CUDA; on CUDA a zero-step
-fused AdamW on a one-element parameter, catching TypeError, RuntimeError and ValueError.
+``supports_fused_adamw(device)`` keeps the resolution rules' contract: false off CUDA; on CUDA a
+zero-step fused AdamW on a one-element parameter, catching TypeError, RuntimeError and ValueError.
 
-``build_optimizer(model, config, device)`` does better than the spec, where a probe on a CUDA
+``build_optimizer(model, config, device)`` does better than a probe alone, where a probe on a CUDA
 parameter could succeed while construction with the CPU-built model's parameters failed and fell
 back to plain AdamW silently. Here the model's parameters are moved to the training device
 *first* (``model.to(device)``, in place), the fused optimizer is built from those real parameters,
 and the outcome (requested, probed, used, reason) is attached to the optimizer as
 ``optimizer.precision_nb_fused`` and logged as a warning when a requested fused build failed.
 
-``fused=None`` follows the spec (probe; fused only when the CUDA probe passes), so on CPU it gives
-plain AdamW even though torch also ships a CPU fused AdamW; ``fused=True`` attempts fused on any
-device, CPU included, and reports what happened.
+``fused=None`` follows the resolution rules (probe; fused only when the CUDA probe passes), so on
+CPU it gives plain AdamW even though torch also ships a CPU fused AdamW; ``fused=True`` attempts
+fused on any device, CPU included, and reports what happened.
 """
 
 from __future__ import annotations
@@ -63,17 +63,20 @@ class OptimizerConfig:
         betas = self.betas
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise ValueError(
-                f"optimizer.betas: invalid value {betas!r}; allowed: two numbers in [0, 1)"
+                f"optimizer.betas: invalid value {validate.short_repr(betas)}; "
+                "allowed: two numbers in [0, 1)"
             )
         pair = tuple(_number("betas", b, 0.0, strict=False) for b in betas)
         if any(b >= 1.0 for b in pair):
             raise ValueError(
-                f"optimizer.betas: invalid value {betas!r}; allowed: two numbers in [0, 1)"
+                f"optimizer.betas: invalid value {validate.short_repr(betas)}; "
+                "allowed: two numbers in [0, 1)"
             )
         object.__setattr__(self, "betas", pair)
         if self.fused is not None and not isinstance(self.fused, bool):
             raise ValueError(
-                f"optimizer.fused: invalid value {self.fused!r} ({type(self.fused).__name__}); "
+                f"optimizer.fused: invalid value {validate.short_repr(self.fused)} "
+                f"({type(self.fused).__name__}); "
                 f"allowed: {_FUSED_ALLOWED}"
             )
 
@@ -87,9 +90,9 @@ class OptimizerConfig:
 class FusedOutcome:
     """What happened to the fused AdamW request.
 
-    ``requested``: the config's ``fused`` (None/True/False). ``probed``: the spec's one-element
-    probe on the training device (None when no probe ran). ``used``: whether the optimizer is
-    fused. ``reason``: why, in words.
+    ``requested``: the config's ``fused`` (None/True/False). ``probed``: the fused AdamW probe
+    (one element) on the training device (None when no probe ran). ``used``: whether the
+    optimizer is fused. ``reason``: why, in words.
     """
 
     requested: bool | None
@@ -124,7 +127,7 @@ def probe_fused_adamw(device: Any) -> tuple[bool, str]:
 
 
 def supports_fused_adamw(device: Any) -> bool:
-    """The spec's probe: False off CUDA; on CUDA a zero-step fused AdamW on one element."""
+    """The fused AdamW probe: False off CUDA; on CUDA a zero-step fused AdamW on one element."""
     dev = torch.device(device)
     if dev.type != "cuda":
         return False
@@ -249,7 +252,7 @@ def _as_optimizer_config(config: Any) -> OptimizerConfig:
     if isinstance(config, OptimizerConfig):
         return config
     raise ValueError(
-        f"optimizer: invalid value {config!r} ({type(config).__name__}); "
+        f"optimizer: invalid value {validate.short_repr(config)} ({type(config).__name__}); "
         "expected an OptimizerConfig or None"
     )
 

@@ -11,6 +11,10 @@ import math
 import reprlib
 from typing import Any
 
+#: The most optimizer steps one call may ask for: a bound on ``steps`` everywhere (library, panel,
+#: command line), so a typo like ``steps=10**12`` is refused instead of starting a run for years.
+MAX_STEPS = 10_000_000
+
 _REPR = reprlib.Repr()
 _REPR.maxstring = 60
 _REPR.maxother = 60
@@ -93,6 +97,13 @@ def number(
             parts.append(f"<= {maximum:g}")
         raise _fail(field, value, " ".join(parts))
     return float(result)  # type: ignore[arg-type]
+
+
+def boolean(field: str, value: Any) -> bool:
+    """``value`` if it is True or False (not 0, 1 or a string that reads as one)."""
+    if not isinstance(value, bool):
+        raise _fail(field, value, "True or False")
+    return value
 
 
 def choice(field: str, value: Any, allowed: tuple[Any, ...] | list[Any]) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
@@ -262,6 +263,7 @@ def compare(
     modes = list(modes)
     if not modes:
         raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
+    validate.boolean("loss_scale_lab", loss_scale_lab)
     cfg = make_train_config(train, train_options)
     if model is not None and batches is None:
         raise ValueError("batches is None; pass batches together with your own model")

@@ -5,13 +5,15 @@ scale it used, the scaler's found-inf flag, the grad norm) to a :class:`Chunk` a
 :meth:`Recorder.flush` brings the whole chunk home with a single ``tolist()``, takes the skipped
 attempts from the found-inf flags (never from the scale going down), counts the rest, stops the
 run when the scale left ``[min_loss_scale, inf)``, and collects the attempts' times;
-:meth:`Recorder.emit` writes one record.
+:meth:`Recorder.emit` writes one record. Gradient underflow statistics
+(``TrainConfig.grad_stats_every``) travel in the same transfer.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,8 @@ class Chunk:
     norms: list[torch.Tensor] = field(default_factory=list)
     host_skips: list[int] = field(default_factory=list)  # skipped on the host (skip_nonfinite)
     final_scale: torch.Tensor | None = None  # the scale after the chunk's last update
+    # (index of the attempt in the chunk, grad_underflow_stats of its gradients)
+    stats: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)
 
     def add(self, loss: torch.Tensor, out: StepOutcome) -> None:
         self.losses.append(loss)
@@ -52,6 +56,20 @@ class Chunk:
             self.host_skips.append(self.first_attempt + len(self.losses))
         if out.grad_norm is not None:
             self.norms.append(out.grad_norm)
+
+    def add_stats(self, stats: dict[str, torch.Tensor]) -> None:
+        """Gradient underflow stats of the attempt about to be added (call before :meth:`add`)."""
+        self.stats.append((len(self.losses), stats))
+
+
+#: Keys of ``grad_underflow_stats`` in the order they travel; record keys they become.
+_STAT_ORDER = ("underflow", "worst_underflow", "worst_index", "overflow")
+_NO_STATS: dict[str, Any] = {
+    "grad_underflow": None,
+    "grad_underflow_worst": None,
+    "grad_underflow_worst_param": None,
+    "grad_overflow": None,
+}
 
 
 class Recorder:
@@ -71,6 +89,7 @@ class Recorder:
         where: str,
         timer: StepTimer,
         scaled: bool,
+        param_names: Sequence[str] = (),
     ) -> None:
         self.result, self.base, self.probe, self.shape = result, base, probe, shape
         self.flops_step, self.peak, self.callbacks = flops_step, peak, callbacks
@@ -78,6 +97,7 @@ class Recorder:
         self.host_scale: float | None = None
         self.steps_done = steps_done
         self.where, self.timer, self.scaled = where, timer, scaled
+        self.param_names = list(param_names)
         self.t_start = time.perf_counter()
         self._reset()
         self.lr: float | None = None
@@ -86,6 +106,7 @@ class Recorder:
 
     def _reset(self) -> None:
         self.attempts, self.skipped, self.losses, self.busy = 0, 0, [], 0.0
+        self.grad_stats: dict[str, Any] = _NO_STATS
 
     def emit(self, now: float) -> None:
         """Write one record for the attempts since the last one (nothing when there were none).
@@ -121,6 +142,7 @@ class Recorder:
             memory_peak_bytes=mem.peak,
             memory_reserved_bytes=mem.reserved,
             elapsed_s=now - self.t_start,
+            **self.grad_stats,
         )
         record = {key: values[key] for key in RECORD_KEYS}  # fixed order; KeyError if missing
         if values["mfu"] is not None and values["mfu"] > 1 and not self._warned_mfu:
@@ -151,6 +173,7 @@ class Recorder:
         parts += [torch.stack(seq).double() for seq in seqs if seq]
         if chunk.final_scale is not None:
             parts.append(chunk.final_scale.double().reshape(1))
+        parts += [torch.stack([s[k].double() for k in _STAT_ORDER]) for _, s in chunk.stats]
         flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
         times = self.timer.collect()  # after the transfer: CUDA events are complete
 
@@ -163,7 +186,9 @@ class Recorder:
 
         losses = [v / self.K for v in take(chunk.losses, n)]
         scales, found, norms = (take(seq, n) for seq in (chunk.scales, chunk.found, chunk.norms))
-        final = flat[0] if chunk.final_scale is not None else None
+        final = flat.pop(0) if chunk.final_scale is not None else None
+        width = len(_STAT_ORDER)
+        stats = {i: flat[j * width : (j + 1) * width] for j, (i, _) in enumerate(chunk.stats)}
         self.lr, self.norm = lr, norms[-1]
         good = 0
         for i in range(n):
@@ -174,6 +199,8 @@ class Recorder:
                 self._account(i, good)
                 self._non_finite(good, losses[i])
             good += 0 if skipped else 1
+            if i in stats:
+                self._grad_stats(stats[i], attempt, self.steps_done + good, scales[i])
             self.result.scale_history.append(
                 dict(
                     step=self.steps_done + good,
@@ -195,6 +222,22 @@ class Recorder:
                     self._below_floor(attempt, after)
         self._account(n, good)
         return good
+
+    def _grad_stats(self, values: list[float], attempt: int, step: int, scale: Any) -> None:
+        """Keep one attempt's underflow stats for the next record and in ``result.grad_stats``."""
+        under, worst, index, over = values
+        names = self.param_names
+        # nothing underflowed: no layer is the worst
+        name = names[int(index)] if worst > 0 and 0 <= index < len(names) else None
+        self.grad_stats = {
+            "grad_underflow": under,
+            "grad_underflow_worst": worst,
+            "grad_underflow_worst_param": name,
+            "grad_overflow": over,
+        }
+        self.result.grad_stats.append(
+            dict(self.grad_stats, step=step, attempt=attempt, loss_scale=scale)
+        )
 
     def _account(self, attempts: int, good: int) -> None:
         self.attempts += attempts

@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from precision_nb.core.events import Event
+from precision_nb.core.svg_chart import chart_svg
 
 if TYPE_CHECKING:
     from precision_nb.core.optim import FusedOutcome
     from precision_nb.core.plan import PrecisionPlan
     from precision_nb.core.resolution import Explanation
+    from precision_nb.engine.inspect.step import InspectionData
 
 RECORD_KEYS: tuple[str, ...] = (
     "run",
@@ -26,6 +28,10 @@ RECORD_KEYS: tuple[str, ...] = (
     "skipped_total",
     "lr",
     "grad_norm",
+    "grad_underflow",
+    "grad_underflow_worst",
+    "grad_underflow_worst_param",
+    "grad_overflow",
     "step_time_s",
     "samples_per_s",
     "tokens_per_s",
@@ -54,6 +60,9 @@ class RunResult:
 
     ``step_times_s``: seconds of every optimizer attempt, in order, aligned with
     ``scale_history`` (skipped attempts included; logging work excluded).
+    ``grad_stats``: one entry per attempt whose gradient underflow was measured
+    (``TrainConfig.grad_stats_every``): the record's ``grad_*`` values plus ``step``, ``attempt``
+    and ``loss_scale``. ``inspection``: the ``InspectionData`` of ``TrainConfig(inspect=True)``.
     """
 
     label: str
@@ -72,6 +81,8 @@ class RunResult:
     seconds: float = 0.0
     final_loss: float | None = None
     step_times_s: list[float] = field(default_factory=list)
+    grad_stats: list[dict[str, Any]] = field(default_factory=list)
+    inspection: InspectionData | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (records and history included; plan as plain values)."""
@@ -90,6 +101,8 @@ class RunResult:
             "seconds": self.seconds,
             "final_loss": self.final_loss,
             "step_times_s": list(self.step_times_s),
+            "grad_stats": [dict(g) for g in self.grad_stats],
+            "inspection": self.inspection.to_dict() if self.inspection is not None else None,
         }
 
     def summary(self) -> str:
@@ -116,10 +129,21 @@ class RunResult:
         events = f"<ul>{items}</ul>" if items else "<p>No events.</p>"
         loss = self.final_loss
         loss_txt = "n/a" if loss is None or not math.isfinite(loss) else f"{loss:.6g}"
+        points = [
+            (float(r["step"]), float(r["loss"]))
+            for r in self.records
+            if isinstance(r.get("loss"), (int, float)) and isinstance(r.get("step"), (int, float))
+        ]
+        chart = chart_svg(
+            {self.label: points},
+            {self.label: "#1f77b4"},
+            title="loss (mean per logging interval)",
+            empty="no logged step",
+        )
         return (
             f"<div><p><b>RunResult</b> {esc(self.summary())}</p>"
             f"<p>final loss: {esc(loss_txt)} (mean over the last logging interval)</p>"
-            f"<p>events:</p>{events}</div>"
+            f"{chart}<p>events:</p>{events}</div>"
         )
 
 

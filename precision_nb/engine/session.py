@@ -26,6 +26,8 @@ from precision_nb.core.events import Event
 from precision_nb.engine.amp_step import AmpStep, poison_gradient
 from precision_nb.engine.batches import BatchesExhausted, output_to_loss, split_batch, to_device
 from precision_nb.engine.metrics import MemoryProbe
+from precision_nb.engine.numerics.scale_window import cast_limits
+from precision_nb.engine.numerics.training import grad_underflow_stats
 from precision_nb.engine.preflight import fallback_events, verify_event
 from precision_nb.engine.recorder import Chunk, Recorder
 from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult
@@ -116,14 +118,21 @@ class FitSession:
         result.events.extend(restore_scaler(t, self.amp, cfg))
         result.events.extend(fallback_events(t.explanation, t.optimizer_outcome))
         result.events.append(verify_event(t.plan, t.device))
+        self._peeked: tuple[int, Any] | None = None
+        first = self._first_batch()
+        if cfg.inspect:  # before the peak window opens: its memory is not the run's
+            result.inspection = self._inspect(first)
         self.probe = MemoryProbe(t.device)
         self.probe.reset()
-        self._peeked: tuple[int, Any] | None = None
-        shape, flops_step, peak = describe_run(self, self._first_batch())
+        shape, flops_step, peak = describe_run(self, first)
         for cb in self.callbacks:
             if hasattr(cb, "on_fit_start"):
                 cb.on_fit_start(result)
-        self.params = [p for p in t.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.stats_every = cfg.grad_stats_every
+        if self.stats_every:
+            cast_limits("fp16")  # found by casting (a host read): once here, cached for the loop
         # attempts of this fit, numbered from 1, that get an injected overflow (lab / teaching)
         scaled = self.amp.scaler is not None
         self.overflow = {t.attempts_done + a for a in cfg.overflow_at_steps} if scaled else set()
@@ -136,7 +145,7 @@ class FitSession:
         where = f"plan {t.plan.mode} on {t.device}"
         self.rec = Recorder(
             result, t._record_base(result.label), self.probe, shape, flops_step, peak, cfg,
-            self.callbacks, t.steps_done, where, self.timer, scaled,
+            self.callbacks, t.steps_done, where, self.timer, scaled, [n for n, _ in named],
         )  # fmt: skip
 
     def _first_batch(self) -> Any:
@@ -145,6 +154,24 @@ class FitSession:
         batch = to_device(self.trainer.source.get(index), self.trainer.device)
         self._peeked = (index, batch)
         return batch
+
+    def _inspect(self, first: Any) -> Any:
+        """One instrumented step on a copy of the model, on the first microbatch of this fit
+        (the model, optimizer and RNG stream are untouched, so training is the same)."""
+        from precision_nb.engine.inspect.step import run_inspection  # it imports the trainer
+
+        t = self.trainer
+        try:
+            return run_inspection(
+                t.model, [first], t.plan, loss_fn=t.loss_fn, device=t.device,
+                optimizer=t.optimizer_config,
+            )  # fmt: skip
+        except DeviceOutOfMemoryError as exc:
+            probe = MemoryProbe(t.device)
+            data = {"peak_bytes": probe.read().peak, "memory_kind": probe.kind}
+            self.result.events.append(Event("oom", str(exc), dict(data, phase="inspection")))
+            exc.result = self.result
+            raise
 
     def loss(self, batch: Any) -> torch.Tensor:
         """The model's loss on one microbatch under the plan's forward context."""
@@ -208,12 +235,23 @@ class FitSession:
         t.attempts_done += 1
         if t.attempts_done in self.overflow:  # teaching: a real overflow the scaler must catch
             poison_gradient(self.params)
+        # the counted step this attempt makes unless skipped (skips are known at the next flush)
+        if self.stats_every and (self.counted + len(chunk.losses) + 1) % self.stats_every == 0:
+            chunk.add_stats(self._grad_stats())
         out = amp.step(t.optimizer, self.cfg.grad_clip, self.params, total)
         t.optimizer.zero_grad(set_to_none=True)
         if lr.active:
             lr.after_attempt(out.stepped)
         self.timer.stop(last)
         chunk.add(total, out)  # type: ignore[arg-type]
+
+    def _grad_stats(self) -> dict[str, torch.Tensor]:
+        """fp16 underflow of the gradients as they are now: scaled by the loss scale (they are
+        read before the step unscales them), or unscaled without a scaler. Device tensors only."""
+        grads = [p.grad for p in self.params]
+        # FSDP2 gradients are DTensors: count this rank's shard
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        return grad_underflow_stats(grads, None, "fp16")
 
     def _next_batch(self) -> Any:
         index = self.trainer.microbatches_done

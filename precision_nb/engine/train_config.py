@@ -17,7 +17,7 @@ from precision_nb.core import validate
 SCHEDULES = ("constant", "cosine")
 
 #: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
-MAX_STEPS = 10_000_000
+MAX_STEPS = validate.MAX_STEPS
 
 #: Seeds ``torch.manual_seed`` accepts.
 SEED_RANGE = (-(2**63), 2**64 - 1)
@@ -37,6 +37,11 @@ class TrainConfig:
 
     ``min_loss_scale``: the floor of the loss scale; a scale below it (or not finite) stops the
     run with an error, as DeepSpeed's ``min_loss_scale`` (default 1) does.
+    ``grad_stats_every``: every N counted steps, the fp16 underflow and overflow of the gradients
+    at the current loss scale, computed on the device and read with the logging transfer (records'
+    ``grad_underflow*`` / ``grad_overflow`` keys); None: never.
+    ``inspect``: run one instrumented step on a copy of the model before the first step
+    (memory by kind and dtype, op dtype trace) into ``RunResult.inspection``.
     """
 
     steps: int = 20
@@ -58,6 +63,8 @@ class TrainConfig:
     cuda_sync_debug: str | None = None
     measure_peak: bool = True
     min_loss_scale: float = 1.0
+    grad_stats_every: int | None = None
+    inspect: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("steps", self.steps, 1, MAX_STEPS)
@@ -94,6 +101,16 @@ class TrainConfig:
             )
         object.__setattr__(self, "overflow_at_steps", tuple(steps))
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
+        if self.grad_stats_every is not None:
+            _positive_int("grad_stats_every", self.grad_stats_every)
+        validate.boolean("train.inspect", self.inspect)
+        for name in ("skip_nonfinite", "progress", "measure_peak"):
+            validate.boolean(f"train.{name}", getattr(self, name))
+        if self.label is not None and not isinstance(self.label, str):
+            raise ValueError(
+                f"train.label: invalid value {validate.short_repr(self.label)}; "
+                "allowed: a string or None"
+            )
 
     def scaler_settings(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
+from precision_nb.core.validate import short_repr
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.amp_step import AmpStep
 from precision_nb.engine.batches import BatchSource
@@ -40,6 +41,10 @@ __all__ = [
     "prepare",
     "seed_everything",
 ]
+
+if TYPE_CHECKING:
+    from precision_nb.core.distributed import Distributed
+    from precision_nb.engine.distributed.results import DistributedResult
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,11 @@ class Trainer:
         self.device = torch.device(self.explanation.device)
         self.model = model
         self.source = batches if isinstance(batches, BatchSource) else BatchSource(batches)
+        if loss_fn is not None and not callable(loss_fn):
+            raise ValueError(
+                f"loss_fn: invalid value {short_repr(loss_fn)} ({type(loss_fn).__name__}); "
+                "allowed: None or a callable (output, target) -> scalar loss tensor"
+            )
         self.loss_fn = loss_fn
         self.workload_info = dict(workload_info or {})
         _move_model(model, self.device)
@@ -183,7 +193,7 @@ class Trainer:
         Sets up the scaler, probes and the live ``session.result``, and calls ``on_fit_start``.
         """
         cfg = self.train if steps is None else dataclasses.replace(self.train, steps=steps)
-        return FitSession(self, cfg, list(callbacks), stop)
+        return FitSession(self, cfg, _callback_list(callbacks), _stop_flag(stop))
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -244,17 +254,31 @@ def fit(
     precision: PrecisionConfig | str | None = None,
     optimizer: OptimizerConfig | None = None,
     train: TrainConfig | None = None,
-    loss_fn: Callable[..., torch.Tensor] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | str | None = None,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
+    distributed: Distributed | None = None,
     **train_options: Any,
-) -> RunResult:
+) -> RunResult | DistributedResult:
     """Train once and return the :class:`RunResult`.
 
     ``model``: an ``nn.Module`` (with ``batches``), a :class:`Workload`, or a built-in workload
     name (with ``preset``). Extra keyword arguments are :class:`TrainConfig` fields
     (``fit("mlp", steps=50, accumulation=2)``).
+
+    ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request trains on
+    several processes started by torchrun and returns a ``DistributedResult``: the arguments go to
+    :func:`~precision_nb.engine.distributed.launcher.fit_distributed` as they are (``factory=``
+    too; the model and ``loss_fn`` then reach the workers by import path).
     """
+    if distributed is not None:
+        from precision_nb.engine.distributed.launcher import fit_distributed  # imports this module
+
+        return fit_distributed(
+            model, batches, distributed=distributed, preset=preset, device=device,
+            precision=precision, optimizer=optimizer, train=train, loss_fn=loss_fn,
+            callbacks=callbacks, stop=stop, **train_options,
+        )  # fmt: skip
     cfg = make_train_config(train, train_options)
     model, batches, info = prepare(model, batches, preset, device, cfg.seed)
     trainer = Trainer(
@@ -267,19 +291,43 @@ def fit(
         loss_fn=loss_fn,
         workload_info=info,
     )
-    return trainer.fit(callbacks=list(callbacks), stop=stop)
+    return trainer.fit(callbacks=_callback_list(callbacks), stop=stop)
+
+
+def _callback_list(callbacks: Any) -> list[Any]:
+    if isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+        raise ValueError(
+            f"callbacks: invalid value {short_repr(callbacks)} ({type(callbacks).__name__}); "
+            "allowed: a list of objects with on_fit_start / on_log / on_fit_end methods"
+        )
+    return list(callbacks)
+
+
+def _stop_flag(stop: Any) -> Any:
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise ValueError(
+            f"stop: invalid value {short_repr(stop)} ({type(stop).__name__}); "
+            "allowed: None or a threading.Event (anything with is_set())"
+        )
+    return stop
 
 
 def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
     """``train`` (or the defaults) with ``options`` applied; unknown names list the fields."""
     cfg = train if train is not None else TrainConfig()
-    if not options:
-        return cfg
-    try:
-        return dataclasses.replace(cfg, **options)
-    except TypeError as exc:
-        fields = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-        raise ValueError(f"{exc}; TrainConfig fields: {fields}") from None
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(
+            f"train: invalid value {short_repr(train)} ({type(train).__name__}); "
+            "allowed: a TrainConfig or None"
+        )
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    unknown = [short_repr(k) for k in options if k not in names]
+    if unknown:
+        raise ValueError(
+            f"unknown train option(s) {', '.join(unknown[:5])}; TrainConfig fields: "
+            + ", ".join(names)
+        )
+    return dataclasses.replace(cfg, **options) if options else cfg
 
 
 def prepare(

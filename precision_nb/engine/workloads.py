@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from precision_nb.core.validate import short_repr
+
 PRESETS: tuple[str, ...] = ("tiny", "small", "medium", "large")
 
 #: The workload ``precision-nb profile`` uses when none is named: large enough that matmuls
@@ -192,7 +194,7 @@ def _mlp(preset: str, seed: int) -> Workload:
 def _lm(preset: str, seed: int, data: str) -> Workload:
     if data not in ("corpus", "synthetic"):
         raise ValueError(
-            f"data={data!r} is not a transformer data source; allowed: corpus, synthetic"
+            f"data={short_repr(data)} is not a transformer data source; allowed: corpus, synthetic"
         )
     p = _LM[preset]
     t, bs = p["seq_len"], p["batch_size"]
@@ -264,11 +266,11 @@ def get_workload(
     key = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     if key not in WORKLOADS:
         known = ", ".join([*WORKLOADS, *_ALIASES])
-        raise ValueError(f"workload={name!r} is not a built-in workload; known: {known}")
+        raise ValueError(f"workload={short_repr(name)} is not a built-in workload; known: {known}")
     size = str(preset).strip().lower()
     if size not in PRESETS:
         raise ValueError(
-            f"preset={preset!r} is not a known size preset; known: {', '.join(PRESETS)}"
+            f"preset={short_repr(preset)} is not a known size preset; known: {', '.join(PRESETS)}"
         )
     if key == "mlp":
         wl = _mlp(size, seed)

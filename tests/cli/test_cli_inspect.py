@@ -79,7 +79,9 @@ def test_inspect_a_simulated_device_writes_the_documented_policy(tmp_path):
         (["--model", "nomodule_xyz:make", "--batches", "x:y"], "--model: cannot import"),
         (["--model", "json:loads"], "--batches: required with --model"),
         (["--workload", "mlp", "--batches", "json:loads"], "--batches: only with --model"),
-        (["--workload", "nope"], "workload='nope' is not a built-in workload"),
+        (["--workload", "nope"], "--workload: invalid value 'nope'"),
+        (["--preset", "huge"], "--preset: invalid value 'huge'"),
+        (["--device", "gpu"], "for a GPU: 'cuda', 'cuda:N' or 'mps'"),
         (["--precision", "fp8"], "fp8"),
     ],
 )

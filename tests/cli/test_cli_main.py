@@ -48,6 +48,10 @@ def test_version(capsys):
         ["profile", "--workload", "resnet"],
         ["profile", "--compare", "fp32,fp8"],
         ["profile", "--device", "tpu"],
+        ["profile", "--steps", "1000000000000"],
+        ["inspect", "--workload", "resnet"],
+        ["inspect", "--precision", "fp8"],
+        ["inspect", "--device", "gpu"],
     ],
 )
 def test_a_bad_flag_is_answered_before_torch_is_imported(argv):

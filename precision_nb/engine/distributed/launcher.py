@@ -235,7 +235,7 @@ def write_spec(
     **train_options: Any,
 ) -> tuple[DistributedPlan, Path]:
     """Resolve and check a run, write the workers' ``spec.json`` to ``run_dir`` (a new temporary
-    folder by default) and return the plan and the spec's path; nothing is started.
+    folder by default) and return the plan and that file's path; nothing is started.
 
     ``fit_distributed`` starts torchrun on it; for several nodes, run
     ``torchrun ... -m precision_nb.engine.distributed.worker SPEC`` on each (docs/distributed.md).
@@ -249,6 +249,12 @@ def write_spec(
     if loss_fn is not None:
         import_path(loss_fn)
     cfg = make_train_config(train, train_options)
+    if cfg.inspect:
+        raise ValueError(
+            "train.inspect: invalid value True with a distributed run; allowed: False (a model "
+            "wrapped for several processes is not inspected: inspect the single-process model "
+            "with precision_nb.inspect, or fit without distributed)"
+        )
     prec = (
         precision
         if isinstance(precision, PrecisionConfig)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.formats import FORMATS, Magnitudes, magnitudes, overflow_limit
 
 #: Exponents of the sweep: scales 2^0 ... 2^24.
@@ -56,7 +57,9 @@ def sweep_counts(
     """
     exps = [int(k) for k in exponents]
     if exps != sorted(exps):
-        raise ValueError(f"exponents: invalid value {exps!r}; allowed: ascending integers")
+        raise ValueError(
+            f"exponents: invalid value {short_repr(exps)}; allowed: ascending integers"
+        )
     m = magnitudes(x)
     u, o = cast_limits("fp16")
     n = len(exps)

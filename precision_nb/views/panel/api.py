@@ -25,7 +25,7 @@ from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
-from precision_nb.core.validate import positive_int
+from precision_nb.core.validate import positive_int, short_repr
 from precision_nb.views.panel.controls import (
     DEFAULT_COMPARE,
     SIM_PREFIX,
@@ -116,12 +116,16 @@ class Panel:
             )
         if optimizer is not None and not isinstance(optimizer, OptimizerConfig):
             raise ValueError(
-                f"optimizer={optimizer!r} must be an OptimizerConfig (or None for the defaults)"
+                f"optimizer={short_repr(optimizer)} must be an OptimizerConfig (or None for the "
+                "defaults)"
             )
         if log_every is not None:
             positive_int("log_every", log_every)
-        if not 0 < plot_budget < 1:
-            raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
+        is_number = isinstance(plot_budget, (int, float)) and not isinstance(plot_budget, bool)
+        if not (is_number and 0 < plot_budget < 1):
+            raise ValueError(
+                f"plot_budget={short_repr(plot_budget)} must be a fraction between 0 and 1"
+            )
         if model is not None and (workload is not None or preset is not None):
             raise ValueError(
                 "workload/preset cannot be set together with model=...; the panel trains your "

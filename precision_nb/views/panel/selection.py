@@ -13,7 +13,7 @@ from typing import Any
 
 from precision_nb.core.device import normalize_device_request
 from precision_nb.core.plan import normalize_precision
-from precision_nb.core.validate import integer, positive_int
+from precision_nb.core.validate import integer, positive_int, short_repr
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -117,8 +117,8 @@ def _normalise_fused(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     raise ValueError(
-        f"fused={value!r} is not a fused AdamW choice; allowed: None or 'probe', True or 'on', "
-        "False or 'off'"
+        f"fused={short_repr(value)} is not a fused AdamW choice; allowed: None or 'probe', True or "
+        "'on', False or 'off'"
     )
 
 
@@ -150,8 +150,10 @@ def normalise(
                     "workload cannot be chosen: this panel trains the model passed as "
                     "Panel(model=...)"
                 )
-            if value not in workloads:
-                raise ValueError(f"workload={value!r} is unknown; allowed: {', '.join(workloads)}")
+            if not isinstance(value, str) or value not in workloads:
+                raise ValueError(
+                    f"workload={short_repr(value)} is unknown; allowed: {', '.join(workloads)}"
+                )
             out[name] = value
         elif name == "preset":
             out[name] = value
@@ -163,20 +165,21 @@ def normalise(
             out[name] = check_seed(value)
         elif name == "loss_scale_lab":
             if not isinstance(value, bool):
-                raise ValueError(f"loss_scale_lab={value!r} must be True or False")
+                raise ValueError(f"loss_scale_lab={short_repr(value)} must be True or False")
             out[name] = value
         elif name == "compare_plans":
-            chosen = (value,) if isinstance(value, str) else tuple(value)
-            unknown = [c for c in chosen if c not in COMPARE_CHOICES]
+            many = isinstance(value, (list, tuple))
+            chosen = tuple(value) if many else (value,)
+            unknown = [c for c in chosen if not isinstance(c, str) or c not in COMPARE_CHOICES]
             if unknown or not chosen:
                 raise ValueError(
-                    f"compare_plans={value!r} must name one or more of: "
+                    f"compare_plans={short_repr(value)} must name one or more of: "
                     + ", ".join(COMPARE_CHOICES)
                 )
             out[name] = chosen
         else:
             raise ValueError(
-                f"{name!r} is not a panel control; allowed: device, mode, dtype, fused, "
+                f"{short_repr(name)} is not a panel control; allowed: device, mode, dtype, fused, "
                 "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans"
             )
     preset = out.get("preset")
@@ -185,7 +188,7 @@ def normalise(
         allowed = workloads.get(workload, ())
         if preset not in allowed:
             raise ValueError(
-                f"preset={preset!r} is not a size preset of workload {workload!r}; "
+                f"preset={short_repr(preset)} is not a size preset of workload {workload!r}; "
                 f"allowed: {', '.join(map(str, allowed))}"
             )
     elif "preset" in out:
@@ -209,7 +212,8 @@ def device_value(value: Any, device_options: Sequence[DeviceOption]) -> str:
         if lowered.startswith(SIM_PREFIX):
             presets = [v[len(SIM_PREFIX) :] for v in values if v.startswith(SIM_PREFIX)]
             raise ValueError(
-                f"device={value!r} is not a simulated preset; allowed: {', '.join(presets)}"
+                f"device={short_repr(value)} is not a simulated preset; allowed: "
+                + ", ".join(presets)
             )
     try:
         return normalize_device_request(text)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, history_vs_window
 from precision_nb.views.report.figures import PlanFigure, figure_to_png
@@ -123,7 +124,9 @@ class Numerics:
     def heatmap(self, which: str = "gradients") -> PlanFigure:
         """Underflow by layer and format, for ``"gradients"`` or ``"activations"``."""
         if which not in ("gradients", "activations"):
-            raise ValueError(f"which: invalid value {which!r}; allowed: 'gradients', 'activations'")
+            raise ValueError(
+                f"which: invalid value {short_repr(which)}; allowed: 'gradients', 'activations'"
+            )
         rows = self.result.gradients if which == "gradients" else self.result.activations
         title = "Parameter gradients" if which == "gradients" else "Activation gradients"
         return underflow_heatmap(rows, title=title)

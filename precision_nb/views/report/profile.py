@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from precision_nb.core import validate
 from precision_nb.views.report import folder
 from precision_nb.views.report.folder import check_output_folder
 from precision_nb.views.report.hints import hints
@@ -88,8 +89,8 @@ def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
     names = [str(item).strip() for item in items if str(item).strip()]
     if not names:
         raise ValueError(
-            f"compare: invalid value {value!r}: give at least one precision request, "
-            "comma-separated; allowed: auto, fp32, bf16, fp16"
+            f"compare: invalid value {validate.short_repr(value)}: give at least one precision "
+            "request, comma-separated; allowed: auto, fp32, bf16, fp16"
         )
     modes = [normalize_precision(name, field="compare", allow_auto=True) for name in names]
     return tuple(dict.fromkeys(modes))
@@ -120,6 +121,7 @@ def validate_request(
     """
     from precision_nb.core.device import resolve_device
     from precision_nb.engine import workloads as wl
+    from precision_nb.engine.train_config import MAX_STEPS
 
     model = _user_model(workload, batches)
     if model is not None:
@@ -128,14 +130,14 @@ def validate_request(
         workload = wl.DEFAULT_WORKLOAD if workload is None else workload
         wl.get_workload(workload, wl.DEFAULT_PRESET if preset is None else preset)
     preset = wl.DEFAULT_PRESET if preset is None else preset
-    if steps is not None and (isinstance(steps, bool) or int(steps) != steps or steps <= 0):
-        raise ValueError(f"steps: invalid value {steps!r}; allowed: an integer >= 1")
-    if rounds is not None and (isinstance(rounds, bool) or int(rounds) != rounds or rounds <= 0):
-        raise ValueError(f"rounds: invalid value {rounds!r}; allowed: an integer >= 1")
-    if isinstance(accumulation, bool) or int(accumulation) != accumulation or accumulation <= 0:
-        raise ValueError(f"accumulation: invalid value {accumulation!r}; allowed: an integer >= 1")
-    if fused not in (None, True, False):
-        raise ValueError(f"fused: invalid value {fused!r}; allowed: None (auto), True, False")
+    if steps is not None:
+        validate.positive_int("steps", steps, MAX_STEPS)
+    if rounds is not None:
+        validate.positive_int("rounds", rounds)
+    validate.positive_int("accumulation", accumulation)
+    if fused is not None:
+        validate.boolean("fused", fused)  # None: auto
+    validate.boolean("loss_scale_lab", loss_scale_lab)
     resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
     for name, flag in (("inspect", inspect), ("numerics", numerics)):
         if not isinstance(flag, bool):

@@ -1,0 +1,36 @@
+"""The engine's public names load lazily from ``precision_nb``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import precision_nb
+from precision_nb.core.distributed import Distributed
+from precision_nb.engine.amp_step import AmpStep
+from precision_nb.engine.results import FitError, LossScaleFloorError
+from precision_nb.engine.session import FitSession
+
+NAMES = {
+    "FitSession": FitSession,
+    "AmpStep": AmpStep,
+    "LossScaleFloorError": LossScaleFloorError,
+    "Distributed": Distributed,
+}
+
+
+def test_the_names_are_the_engine_objects():
+    for name, obj in NAMES.items():
+        assert getattr(precision_nb, name) is obj and name in precision_nb.__all__
+    assert issubclass(precision_nb.LossScaleFloorError, FitError)
+
+
+def test_importing_the_package_loads_none_of_them():
+    code = (
+        "import json, sys, precision_nb; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('precision_nb.engine'))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []

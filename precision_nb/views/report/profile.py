@@ -139,9 +139,8 @@ def validate_request(
         validate.boolean("fused", fused)  # None: auto
     validate.boolean("loss_scale_lab", loss_scale_lab)
     resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
-    for name, flag in (("inspect", inspect), ("numerics", numerics)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name}: invalid value {flag!r}; allowed: True, False")
+    validate.boolean("inspect", inspect)
+    validate.boolean("numerics", numerics)
     out_path = None if out is None else Path(out).expanduser()
     if out_path is not None:
         check_output_folder(out_path)

@@ -150,10 +150,20 @@ def write_sections(
         files.update(written)
         sections.append(section)
     if inspections:
+        from precision_nb.views.report.html import _img_html
         from precision_nb.views.report.inspection import inspection_html, write_inspection
 
-        files.update(write_inspection(inspections, out))
-        sections.append(inspection_html(inspections, level=2, figures=True))
+        written = write_inspection(inspections, out)
+        files.update(written)
+        # The figures were just written: embed those PNGs instead of drawing them again.
+        page = inspection_html(inspections, level=2, figures=False)
+        images = "".join(
+            _img_html(Path(name).stem, path.read_bytes())
+            for name, path in written.items()
+            if name.endswith(".png")
+        )
+        head, sep, rest = page.partition("</p>")
+        sections.append(head + sep + images + rest)
     if numerics is not None:
         written, section = _write_numerics(out, numerics)
         files.update(written)

@@ -37,6 +37,8 @@ DEFAULT_WORKLOAD = "mlp"
 DEFAULT_PRESET = "small"
 DEFAULT_STEPS = 48
 DEFAULT_ROUNDS = 8
+STRATEGIES = ("ddp", "fsdp2")
+COMM_HOOKS = ("none", "fp16", "bf16")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -112,6 +114,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="allow fp16 with a CPU GradScaler to watch loss scaling without a GPU",
     )
+    parser.add_argument(
+        "--no-inspect",
+        action="store_true",
+        help="leave out the memory-by-kind and op dtype inspection of each plan",
+    )
+    parser.add_argument(
+        "--no-numerics",
+        action="store_true",
+        help="leave out the gradient underflow analysis and the fp16 scale window",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="train each plan on N processes launched by torchrun (docs/distributed.md); "
+        "default: one process, interleaved measurement",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="with --nproc: ddp (full replicas) or fsdp2 (sharded); default: ddp",
+    )
+    parser.add_argument(
+        "--comm-hook",
+        choices=COMM_HOOKS,
+        default=None,
+        help="with --nproc and ddp: gradient compression of the all-reduce; default: none",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     # Accepted only to be refused with a reason (argparse would just say "unrecognized").
@@ -134,6 +165,11 @@ def check_flags(args: argparse.Namespace) -> None:
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
+    if args.nproc is not None:
+        positive_int("--nproc", args.nproc)
+    for flag, value in (("--strategy", args.strategy), ("--comm-hook", args.comm_hook)):
+        if value is not None and args.nproc is None:
+            raise ValueError(f"{flag}: given without --nproc; it applies to a distributed profile")
     check_output_folder(Path(args.out).expanduser())
 
 
@@ -198,6 +234,9 @@ def _run(args: argparse.Namespace) -> int:
             fused=FUSED[args.fused],
             loss_scale_lab=args.loss_scale_lab,
             out=args.out,
+            inspect=not args.no_inspect,
+            numerics=not args.no_numerics,
+            distributed=_distributed(args),
         )
     except (ValueError, RuntimeError) as err:
         return error("profile", err)
@@ -228,6 +267,17 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_FAILED if failures else EXIT_OK
+
+
+def _distributed(args: argparse.Namespace) -> Any:
+    """The ``Distributed`` request of ``--nproc`` / ``--strategy`` / ``--comm-hook``, or None."""
+    if args.nproc is None:
+        return None
+    from precision_nb.core.distributed import Distributed
+
+    return Distributed(
+        strategy=args.strategy or "ddp", nproc=args.nproc, comm_hook=args.comm_hook or "none"
+    )
 
 
 def _load(flag: str, spec: str) -> tuple[Any, Any]:

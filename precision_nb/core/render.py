@@ -28,11 +28,49 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def cpu_facts(e: Explanation) -> list[str]:
+    """What this CPU has for the plan's low precision, for a bf16/fp16 request or plan on a CPU.
+
+    From ``capabilities.cpu`` (:mod:`precision_nb.core.cpu_features`), with the source that
+    answered; empty for other plans and for simulated hardware without CPU facts.
+    """
+    cpu = e.capabilities.cpu
+    modes = {e.plan.mode, e.config.mode}
+    if cpu is None or e.plan.device_type != "cpu" or not modes & {"bf16", "fp16"}:
+        return []
+    lines = [f"CPU low-precision features: {cpu.summary()}"]
+    if cpu.vector_isa:
+        lines.append(
+            f"CPU vector ISA {cpu.vector_isa}: the level torch dispatches kernels to, not a "
+            "BF16/FP16 test"
+        )
+    for mode, native, names in (
+        ("bf16", cpu.native_bf16, "AVX512-BF16 / AMX-BF16"),
+        ("fp16", cpu.native_fp16, "AVX512-FP16 / AMX-FP16"),
+    ):
+        if mode not in modes:
+            continue
+        what = mode if mode == e.plan.mode else f"{mode} (requested; the plan is {e.plan.mode})"
+        if native is True:
+            lines.append(f"{what}: this CPU reports native instructions ({names})")
+        elif native is False and mode == e.plan.mode:
+            lines.append(
+                f"{what}: this CPU reports no native instructions ({names}): {mode} arithmetic "
+                "runs through conversions to fp32, so measure before expecting a speedup"
+            )
+        elif native is False:
+            lines.append(f"{what}: this CPU reports no native instructions ({names})")
+        else:
+            lines.append(f"{what}: whether this CPU has {names} could not be read")
+    return lines
+
+
 def explanation_text(e: Explanation) -> str:
     """Readable text: the plan, the hardware, the rule that applied, decisions, warnings."""
     caps = e.capabilities
     hw = f"{caps.name}{' (simulated)' if caps.simulated else ''}: {caps.description}"
     lines = [f"Precision plan: {e.summary()}", f"Hardware: {hw}"]
+    lines += [f"  {line}" for line in cpu_facts(e)]
     if e.row is not None:
         r = e.row
         lines.append(
@@ -50,6 +88,14 @@ def explanation_text(e: Explanation) -> str:
     return "\n".join(lines)
 
 
+def _cpu_facts_html(e: Explanation) -> str:
+    facts = cpu_facts(e)
+    if not facts:
+        return ""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in facts)
+    return f'<ul class="pnb-cpu-facts">{items}</ul>'
+
+
 def explanation_html(e: Explanation) -> str:
     """HTML: plan, decisions (fallbacks marked), warnings, every rule (the current one marked)."""
     esc = html.escape
@@ -60,6 +106,7 @@ def explanation_html(e: Explanation) -> str:
         f"<p><b>Precision plan:</b> {esc(e.summary())}<br>",
         f"<b>Hardware:</b> {esc(caps.name)}{' (simulated)' if caps.simulated else ''}"
         f" &mdash; {esc(caps.description)}</p>",
+        _cpu_facts_html(e),
         "<table><caption>Decisions, in order</caption>"
         "<thead><tr><th>#</th><th>decision</th><th>outcome</th><th>why</th>"
         "</tr></thead><tbody>",

@@ -159,6 +159,10 @@ def test_profile_defaults_are_the_engines():
     assert cli_profile.DEFAULT_ROUNDS == report.DEFAULT_ROUNDS
     assert set(cli_profile.WORKLOAD_NAMES) == set(workloads.WORKLOADS) | set(workloads._ALIASES)
     assert cli_profile.PRESET_NAMES == workloads.PRESETS
+    from precision_nb.core import distributed
+
+    assert cli_profile.STRATEGIES == distributed.STRATEGIES
+    assert cli_profile.COMM_HOOKS == distributed.COMM_HOOKS
 
     from precision_nb.cli.plan import SIMULATE_PRESETS
 

@@ -17,6 +17,22 @@ from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png", "memory.png")
+# Two plans ran (fp32, bf16): their inspections, and the numerics of the MLP (ReLU: activation
+# gradients are covered, so the activation heat map is there too).
+INSPECTION_FILES = (
+    "inspection.html",
+    "inspection_memory.csv",
+    "inspection_ops.csv",
+    "inspection_memory.png",
+    "inspection_ops_fp32.png",
+    "inspection_ops_bf16.png",
+)
+NUMERICS_FILES = (
+    "numerics.csv",
+    "numerics_gradient_underflow.png",
+    "numerics_activation_underflow.png",
+    "numerics_scale_window.png",
+)
 
 
 def _profile(*args: str) -> int:
@@ -39,7 +55,8 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_profile_writes_every_file(profiled):
     out, code = profiled
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_FILES)
+    expected = (*report.OUTPUT_FILES, *INSPECTION_FILES, *NUMERICS_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
     # Nothing staged is left beside the output folder, which has the usual permissions.
     assert [p.name for p in out.parent.iterdir()] == ["out"]
     umask = os.umask(0)
@@ -80,8 +97,9 @@ def test_figures_are_png(profiled):
 
 def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
     text = (profiled[0] / "report.html").read_text(encoding="utf-8")
-    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
-    assert len(images) == len(FIGURE_FILES)
+    images = re.findall(r'data-figure="([a-z_0-9]+)" src="data:image/png;base64,', text)
+    pngs = [n for n in (*FIGURE_FILES, *INSPECTION_FILES, *NUMERICS_FILES) if n.endswith(".png")]
+    assert images == [n.removesuffix(".png") for n in pngs]
     assert not re.search(r'(src|href)="(https?:|file:|/)', text)
     assert "Precision plan: fp32 on cpu" in text
     assert "Precision plan: bf16 on cpu" in text
@@ -89,6 +107,36 @@ def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
     assert "fp16 on CPU falls back to fp32" in text
     assert 'id="summary"' in text
     assert "measured:" in text  # hints name their measurement
+
+
+def test_report_has_the_inspection_and_numerics_sections(profiled):
+    out = profiled[0]
+    text = (out / "report.html").read_text(encoding="utf-8")
+    assert '<section class="inspection">' in text
+    assert '<section class="numerics">' in text
+    assert "No plan here ran with a grad scaler" in text  # fp16 merged into fp32 on a CPU
+    memory = _rows(out / "inspection_memory.csv")
+    assert {r["plan"] for r in memory} == {"fp32", "bf16"}
+    params = {r["plan"]: r for r in memory if r["kind"] == "parameters"}
+    assert float(params["fp32"]["bytes"]) == float(params["fp32"]["expected_bytes"]) > 0
+    ops = _rows(out / "inspection_ops.csv")
+    assert {(r["plan"], r["output"]) for r in ops if r["op"] == "addmm"} >= {("bf16", "bf16")}
+    assert {r["output"] for r in ops if r["plan"] == "fp32"} == {"fp32"}
+    grads = _rows(out / "numerics.csv")
+    assert {"layer", "format", "underflow_fraction"} <= set(grads[0])
+    assert {r["format"] for r in grads} >= {"fp16", "bf16"}
+
+
+def test_no_inspect_and_no_numerics_leave_the_sections_out(tmp_path):
+    out = tmp_path / "out"
+    code = _profile(
+        "--preset", "tiny", "--steps", "2", "--rounds", "1", "--compare", "fp32",
+        "--device", "cpu", "--no-inspect", "--no-numerics", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_FILES)
+    text = (out / "report.html").read_text(encoding="utf-8")
+    assert "inspection" not in text and "numerics" not in text
 
 
 def test_profile_into_an_existing_folder_keeps_other_files(
@@ -105,7 +153,10 @@ def test_profile_into_an_existing_folder_keeps_other_files(
         events=[],
     )
     monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
-    code = _profile("--preset", "tiny", "--steps", "2", "--compare", "fp32", "--out", str(out))
+    code = _profile(
+        "--preset", "tiny", "--steps", "2", "--compare", "fp32", "--no-inspect", "--no-numerics",
+        "--out", str(out),
+    )  # fmt: skip
     assert code == 0
     assert (out / "notes.txt").read_text() == "mine"
     assert (out / "report.html").read_text() != "previous report"
@@ -204,6 +255,8 @@ def test_help_lists_every_flag(capsys):
         "--accumulation",
         "--fused",
         "--loss-scale-lab",
+        "--no-inspect",
+        "--no-numerics",
         "--out",
     ):
         assert flag in text

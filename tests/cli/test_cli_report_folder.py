@@ -18,7 +18,11 @@ from precision_nb.views.report import folder
 from precision_nb.views.report import profile as report
 from precision_nb.views.report.html import write_report
 
-ARGS = ("profile", "--no-progress", "--preset", "tiny", "--steps", "2", "--compare", "fp32")
+# The fake comparisons below have records only: no model to inspect or analyse.
+ARGS = (
+    "profile", "--no-progress", "--preset", "tiny", "--steps", "2", "--compare", "fp32",
+    "--no-inspect", "--no-numerics",
+)  # fmt: skip
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:

@@ -84,8 +84,15 @@ def write_report(
     *,
     settings: Mapping[str, Any] | None = None,
     title: str = "precision_nb profile",
+    inspections: Mapping[str, Any] | None = None,
+    numerics: Any = None,
+    distributed: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write metrics.csv, summary.csv, one PNG per figure and report.html into ``out_dir``.
+
+    With ``inspections`` (label -> ``InspectionData``), ``numerics`` (a ``Numerics``) and
+    ``distributed`` (label -> ``DistributedResult``), their CSVs and figures are written too and
+    report.html gets their sections (:mod:`precision_nb.views.report.profile_sections`).
 
     summary.csv is :func:`~precision_nb.views.report.tables.summary` plus a ``hints`` column (the
     messages of the hints about that plan, `` | ``-separated). ``out_dir`` is created when
@@ -121,6 +128,15 @@ def write_report(
     pngs = {stem: F.figure_to_png(fig) for stem, fig in make_figures(comparison).items()}
     for stem, png in pngs.items():
         _write(f"{stem}.png", png)
+    sections: list[str] = []
+    if inspections or numerics is not None or distributed:
+        from precision_nb.views.report.profile_sections import write_sections
+
+        try:
+            extra, sections = write_sections(out_dir, inspections, numerics, distributed)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror or str(err), err.filename) from err
+        written.update(extra)
     _write(
         "report.html",
         render_html(
@@ -130,6 +146,7 @@ def write_report(
             pngs=pngs,
             table=table,
             hint_list=hint_list,
+            sections=sections,
         ),
     )
     log.info("wrote %d files into %s", len(written), out_dir)
@@ -147,8 +164,12 @@ def render_html(
     pngs: Mapping[str, bytes] | None = None,
     table: Any = None,
     hint_list: Sequence[Hint] | None = None,
+    sections: Sequence[str] = (),
 ) -> str:
-    """A self-contained HTML page (no external files or scripts) for ``comparison``."""
+    """A self-contained HTML page (no external files or scripts) for ``comparison``.
+
+    ``sections``: extra HTML sections (inspection, numerics, distributed), after the summary.
+    """
     e = html.escape
     results = results_of(comparison)
     if pngs is None:
@@ -181,6 +202,7 @@ def render_html(
             f'<div class="grid">{"".join(singles)}</div></details>'
         )
     parts += ["<h2>Summary</h2>", _table_html(table, colors)]
+    parts += list(sections)
     parts += ["<h2>Plans and why they resolved that way</h2>", _plans_html(results, colors)]
     parts += ["<h2>Events</h2>", _events_html(comparison, results)]
     parts.append("</body></html>")

@@ -19,6 +19,7 @@ from precision_nb.views.report.folder import check_output_folder
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES, write_report
 from precision_nb.views.report.profile_result import Profile, measurement_settings
+from precision_nb.views.report.profile_sections import add_sections
 from precision_nb.views.report.tables import summary
 
 __all__ = [
@@ -71,6 +72,9 @@ class ProfileRequest:
     batches: Any = None
     loss_fn: Any = None
     rounds: int | None = None
+    inspect: bool = True
+    numerics: bool = True
+    distributed: Any = None
 
 
 #: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
@@ -106,6 +110,9 @@ def validate_request(
     batches: Any = None,
     loss_fn: Any = None,
     rounds: int | None = None,
+    inspect: bool = True,
+    numerics: bool = True,
+    distributed: Any = None,
 ) -> ProfileRequest:
     """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
 
@@ -132,9 +139,24 @@ def validate_request(
         validate.boolean("fused", fused)  # None: auto
     validate.boolean("loss_scale_lab", loss_scale_lab)
     resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
+    validate.boolean("inspect", inspect)
+    validate.boolean("numerics", numerics)
     out_path = None if out is None else Path(out).expanduser()
     if out_path is not None:
         check_output_folder(out_path)
+    if distributed is not None:
+        from precision_nb.views.report.profile_distributed import check_distributed
+
+        check_distributed(
+            distributed,
+            model=model,
+            workload=str(workload),
+            preset=str(preset).strip().lower(),
+            modes=parse_modes(modes),
+            device=str(device),
+            loss_scale_lab=bool(loss_scale_lab),
+            fused=fused,
+        )
     return ProfileRequest(
         workload=str(workload),
         preset=str(preset).strip().lower(),
@@ -149,6 +171,9 @@ def validate_request(
         batches=batches,
         loss_fn=loss_fn,
         rounds=None if rounds is None else int(rounds),
+        inspect=inspect,
+        numerics=numerics,
+        distributed=distributed,
     )
 
 
@@ -198,6 +223,9 @@ def profile(
     out: str | Path | None = None,
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
+    inspect: bool = True,
+    numerics: bool = True,
+    distributed: Any = None,
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -206,7 +234,10 @@ def profile(
     interleaved rounds (default :data:`DEFAULT_ROUNDS`), after a warm-up per plan. Everything is
     validated first (``ValueError`` / ``RuntimeError``, nothing run or written). ``out``: also
     write the report folder there (as ``Profile.save``). ``workload`` / ``modes`` are the
-    keyword spellings of ``model`` / ``compare``.
+    keyword spellings of ``model`` / ``compare``. ``inspect`` / ``numerics``: also inspect each
+    plan (memory by kind and dtype, op dtypes) and analyse gradient underflow, after the timed
+    steps (``Profile.inspections``, ``Profile.numerics``). ``distributed``: a ``Distributed``
+    request; each plan then trains under ``fit_distributed`` (see docs/distributed.md).
     """
     request = validate_request(
         workload=workload if model is None else model,
@@ -221,6 +252,9 @@ def profile(
         batches=batches,
         loss_fn=loss_fn,
         rounds=rounds,
+        inspect=inspect,
+        numerics=numerics,
+        distributed=distributed,
     )
     return run_profile(request, progress=progress, settings=settings)
 
@@ -246,7 +280,20 @@ def run_profile(
     comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. See
     :func:`write_folder` for how the folder is written.
     """
-    comparison = run_comparison(request, progress=progress, stop=stop)
+    runs: dict[str, Any] = {}
+    if request.distributed is not None:
+        from precision_nb.views.report.profile_distributed import run_distributed
+
+        steps = DEFAULT_STEPS if request.steps is None else request.steps
+        comparison, runs = run_distributed(
+            request,
+            steps=steps,
+            log_every=max(1, steps // PROFILE_POINTS),
+            progress=progress,
+            stop=stop,
+        )
+    else:
+        comparison = run_comparison(request, progress=progress, stop=stop)
     if getattr(comparison, "stopped", False) and request.out is not None:
         raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
     hint_list = tuple(hints(comparison))
@@ -258,14 +305,25 @@ def run_profile(
         "loss-scale lab": request.loss_scale_lab,
         **(settings or {}),
     }
+    if runs:
+        shown["distributed"] = "; ".join(f"{k}: {v.plan.summary()}" for k, v in runs.items())
+    result = Profile(comparison, summary(comparison), hint_list, shown, distributed=runs)
+    add_sections(request, comparison, result)
     shown.update(measurement_settings(comparison, hint_list))
-    result = Profile(comparison, summary(comparison), hint_list, shown)
     if request.out is not None:
         result.save(request.out)
     return result
 
 
-def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dict[str, Path]:
+def write_folder(
+    comparison: Any,
+    out: Path,
+    settings: Mapping[str, Any],
+    *,
+    inspections: Mapping[str, Any] | None = None,
+    numerics: Any = None,
+    distributed: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
     """Write the report files into ``out`` atomically; file name -> path.
 
     The files are staged inside ``out`` and moved into place only when all of them are written
@@ -277,7 +335,14 @@ def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dic
     staging, created = folder.staging_folder(out)
     committed = False
     try:
-        write_report(comparison, staging, settings=settings)
+        write_report(
+            comparison,
+            staging,
+            settings=settings,
+            inspections=inspections,
+            numerics=numerics,
+            distributed=distributed,
+        )
         names = folder.commit(staging, out)
         committed = True
     except OSError as err:
@@ -286,7 +351,8 @@ def write_folder(comparison: Any, out: Path, settings: Mapping[str, Any]) -> dic
     finally:
         if not committed:
             folder.discard(staging, out, created)
-    return {name: out / name for name in OUTPUT_FILES if name in names}
+    first = [name for name in OUTPUT_FILES if name in names]
+    return {name: out / name for name in first + [n for n in names if n not in first]}
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:

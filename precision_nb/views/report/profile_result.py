@@ -51,6 +51,12 @@ class Profile:
     settings: dict[str, Any] = field(default_factory=dict)
     out_dir: Path | None = None
     files: dict[str, Path] = field(default_factory=dict)
+    #: Label -> ``InspectionData`` of each plan (memory by kind and dtype, op dtype trace).
+    inspections: dict[str, Any] = field(default_factory=dict)
+    #: The :class:`~precision_nb.views.report.numerics.Numerics` of the model, or None.
+    numerics: Any = None
+    #: The ``DistributedResult`` of each plan (label -> result) for a distributed profile.
+    distributed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdicts(self) -> dict[str, str]:
@@ -67,7 +73,14 @@ class Profile:
         from precision_nb.views.report.profile import write_folder
 
         out = Path(path).expanduser()
-        self.files = write_folder(self.comparison, out, self.settings)
+        self.files = write_folder(
+            self.comparison,
+            out,
+            self.settings,
+            inspections=self.inspections,
+            numerics=self.numerics,
+            distributed=self.distributed,
+        )
         self.out_dir = out
         return self.files
 
@@ -94,6 +107,7 @@ class Profile:
         png = F.figure_to_png(figs["dashboard"])
         data = base64.b64encode(png).decode("ascii")
         parts.append(f'<img alt="dashboard" src="data:image/png;base64,{data}" width="800">')
+        parts += self._sections_html()
         rows = "".join(
             f"<tr><th style='text-align:left'>{e(str(k))}</th><td style='text-align:left'>"
             f"{e(str(v))}</td></tr>"
@@ -102,6 +116,20 @@ class Profile:
         parts.append(f"<details><summary>Settings and method</summary><table>{rows}</table>")
         parts.append("</details></div>")
         return "".join(parts)
+
+    def _sections_html(self) -> list[str]:
+        out = []
+        if self.inspections:
+            from precision_nb.views.report.inspection import inspection_html
+
+            out.append(inspection_html(self.inspections, level=4, figures=False))
+        if self.numerics is not None:
+            out.append(f"<p><b>Numerics</b>: {html.escape(self.numerics.window_text())}</p>")
+        if self.distributed:
+            from precision_nb.views.report.profile_distributed import distributed_html
+
+            out.append(distributed_html(self.distributed))
+        return out
 
     def __repr__(self) -> str:
         lines = [f"Profile of {', '.join(results_of(self.comparison)) or 'no run'}"]

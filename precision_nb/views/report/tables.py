@@ -219,6 +219,7 @@ def summary(
     base_time = _median(rows[base], "step_time_s") if base else math.nan
     base_loss = _num(_last(rows[base], "loss")) if base else math.nan
 
+    miscalibrated = _miscalibrated(source)
     out = []
     for label in labels:
         r = rows[label]
@@ -267,5 +268,31 @@ def summary(
         measured = figures.get(label)
         if measured:
             row.update({c: _num_or_value(measured.get(c)) for c in MEASURED_COLUMNS})
+        _drop_impossible_mfu(row, calibrated=label in miscalibrated)
         out.append(row)
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))
+
+
+#: Appended to ``mfu_peak_source`` when an MFU above 1 is left out of a summary.
+MFU_NOTE = "mfu above 1 not shown: a calibration error (see the calibration event)"
+
+
+def _miscalibrated(source: Any) -> set[str]:
+    """Labels with a ``calibration`` event (an MFU above 1 was measured and recorded as such)."""
+    labels = set()
+    for event in getattr(source, "events", None) or []:
+        if getattr(event, "kind", None) == "calibration" and (event.data or {}).get("run"):
+            labels.add(str(event.data["run"]))
+    for label, result in results_of(source).items():
+        if any(getattr(e, "kind", None) == "calibration" for e in getattr(result, "events", [])):
+            labels.add(label)
+    return labels
+
+
+def _drop_impossible_mfu(row: dict[str, Any], *, calibrated: bool) -> None:
+    """An MFU above 1 is a calibration error, not a utilisation: empty it and say why."""
+    mfu = _num(row.get("mfu"))
+    if mfu > 1 or (calibrated and math.isnan(mfu)):
+        row["mfu"] = math.nan
+        source = row.get("mfu_peak_source")
+        row["mfu_peak_source"] = f"{source}; {MFU_NOTE}" if source else MFU_NOTE

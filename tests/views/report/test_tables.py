@@ -81,3 +81,17 @@ def test_summary_of_no_records_is_empty_with_columns():
     table = T.summary([])
     assert table.empty
     assert list(table.columns) == list(T.SUMMARY_COLUMNS)
+
+
+def test_summary_does_not_show_an_mfu_above_one_as_utilisation(make_records):
+    records = make_records("bf16", "bf16")
+    for i, record in enumerate(records):
+        record.update(mfu=1.5 + i * 0.01, mfu_peak_source="measured: CPU matmul")
+    fp32 = make_records("fp32", "fp32")
+    for record in fp32:
+        record.update(mfu=0.25, mfu_peak_source="measured: CPU matmul")
+    table = T.summary(records + fp32).set_index("run")
+    assert math.isnan(table.loc["bf16", "mfu"])
+    assert table.loc["bf16", "mfu_peak_source"] == f"measured: CPU matmul; {T.MFU_NOTE}"
+    assert table.loc["fp32", "mfu"] == 0.25
+    assert table.loc["fp32", "mfu_peak_source"] == "measured: CPU matmul"

@@ -1,0 +1,69 @@
+"""A :class:`Hint` and the small helpers the hint rules share."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Hint"]
+
+
+@dataclass(frozen=True)
+class Hint:
+    """One observation: which run (or ``"all"``), the topic, the message, the measurement used."""
+
+    run: str
+    topic: str
+    message: str
+    measurement: str
+    #: The report figure (or table) the hint rests on, e.g. "throughput.png", "summary table".
+    figure: str = "summary table"
+    #: What to try next, drawn from this measurement ("" when nothing follows from it).
+    next_step: str = ""
+
+    def __str__(self) -> str:
+        return f"[{self.run}] {self.message} (measured: {self.measurement}; see {self.figure})"
+
+    def applies_to(self, label: str) -> bool:
+        """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""
+        return self.run == "all" or label == self.run or label in self.run.split(", ")
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "run": self.run,
+            "topic": self.topic,
+            "message": self.message,
+            "measurement": self.measurement,
+            "figure": self.figure,
+            "next_step": self.next_step,
+        }
+
+
+def _who(labels: Sequence[str], rows: Mapping[str, Any]) -> str:
+    """``"all"`` when a hint is about every run of several, else the runs' labels."""
+    return "all" if len(rows) > 1 and len(labels) == len(rows) else ", ".join(labels)
+
+
+def _is_mixed(row: Mapping[str, Any]) -> bool:
+    return row.get("mode") in ("bf16", "fp16")
+
+
+def _ok(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rate(flops_per_s: float) -> str:
+    for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
+        if flops_per_s >= scale:
+            return f"{flops_per_s / scale:.1f} {unit}"
+    return f"{flops_per_s:.0f} FLOP/s"
+
+
+def _workload(results: Mapping[str, Any]) -> Mapping[str, Any]:
+    for result in results.values():
+        info = getattr(result, "workload", None)
+        if isinstance(info, Mapping):
+            return info
+    return {}

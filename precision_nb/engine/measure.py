@@ -230,31 +230,27 @@ def run_rounds(
                 failures[label] = exc
                 timing.failed = f"failed in round {r + 1}: {type(exc).__name__}: {exc}"
                 timing.blocks.append([])
-                measurement.events.append(
-                    Event(
-                        "measurement",
-                        f"{label}: {timing.failed}; reported with the "
-                        f"{timing.rounds_completed} round(s) it completed",
-                        {"run": label, "round": r + 1, "rounds": timing.rounds_completed},
-                    )
-                )
+                measurement.events.append(_failed_event(label, r, timing))
                 continue
             new = [float(t) for t in session.result.step_times_s[before:]]
             timing.blocks.append(new if got == size else [])
             if got < size and not (stop is not None and stop.is_set()):
                 timing.failed = f"batches ran out in round {r + 1} after {got} of {size} steps"
-                measurement.events.append(
-                    Event(
-                        "measurement",
-                        f"{label}: {timing.failed}; reported with the "
-                        f"{timing.rounds_completed} round(s) it completed",
-                        {"run": label, "round": r + 1, "rounds": timing.rounds_completed},
-                    )
-                )
+                measurement.events.append(_failed_event(label, r, timing))
         if stop is not None and stop.is_set():
             measurement.stopped = True
             break
     return failures
+
+
+def _failed_event(label: str, r: int, timing: Any) -> Event:
+    """The event of a plan that failed in round ``r`` (0-based), kept with its completed rounds."""
+    return Event(
+        "measurement",
+        f"{label}: {timing.failed}; reported with the {timing.rounds_completed} round(s) it "
+        "completed",
+        {"run": label, "round": r + 1, "rounds": timing.rounds_completed},
+    )
 
 
 def measure_plans(

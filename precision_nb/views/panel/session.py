@@ -183,17 +183,21 @@ class RunSession:
         if self.job is not None and not self.job.running:
             self.job = None
 
-    def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
-        from precision_nb.engine.trainer import fit
-
-        common: dict[str, Any] = dict(
+    def _run_options(self, selection: Selection, live: Any, stop: Any) -> dict[str, Any]:
+        """The keyword arguments a panel run and a panel comparison share."""
+        return dict(
             device=selection.device,
-            precision=explanation.config,
             optimizer=self._optimizer_for(selection),
             train=self.train_config(selection),
             callbacks=[live],
             stop=stop,
         )
+
+    def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
+        from precision_nb.engine.trainer import fit
+
+        common = self._run_options(selection, live, stop)
+        common["precision"] = explanation.config
         user = self.user_model
         if user is not None:
             model = copy.deepcopy(user.model)
@@ -207,13 +211,7 @@ class RunSession:
             PrecisionConfig(mode=COMPARE_CHOICES[name][0], loss_scale_lab=COMPARE_CHOICES[name][1])
             for name in selection.compare_plans
         ]
-        common: dict[str, Any] = dict(
-            device=selection.device,
-            optimizer=self._optimizer_for(selection),
-            train=self.train_config(selection),
-            callbacks=[live],
-            stop=stop,
-        )
+        common = self._run_options(selection, live, stop)
         user = self.user_model
         if user is not None:
             return compare(

@@ -14,8 +14,6 @@ run) and :mod:`.run` (the worker thread and the throttled engine callback).
 
 from __future__ import annotations
 
-import operator
-import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -23,8 +21,6 @@ from typing import Any
 from precision_nb.core.capabilities import read_capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
-from precision_nb.core.plan import PrecisionPlan
-from precision_nb.core.resolution import Explanation
 from precision_nb.core.validate import positive_int, short_repr
 from precision_nb.views.panel.analysis import AnalysisViews
 from precision_nb.views.panel.analysis_api import AnalysisMixin
@@ -41,6 +37,7 @@ from precision_nb.views.panel.outputs import (
     weak_callback,
 )
 from precision_nb.views.panel.plan_resolver import LivePlan, PlanResolver, device_options
+from precision_nb.views.panel.readout import PanelReadout
 from precision_nb.views.panel.run import Job, check_train_options
 from precision_nb.views.panel.session import RunSession, UserModel
 
@@ -62,23 +59,7 @@ def _release(root: Any, session: RunSession, analysis: AnalysisViews, timeout: f
     close_widgets(root)
 
 
-def _control_property(name: str) -> property:
-    def getter(self: Panel) -> Any:
-        return getattr(self.selection, name)
-
-    def setter(self: Panel, value: Any) -> None:
-        self.set(**{name: value})
-
-    doc = f"The {name} control (reading gives the current value; assigning calls set({name}=...))."
-    return property(getter, setter, doc=doc)
-
-
-def _forward(path: str, doc: str) -> property:
-    """A read-only property giving ``self.<path>``."""
-    return property(operator.attrgetter(path), doc=doc)
-
-
-class Panel(AnalysisMixin):
+class Panel(AnalysisMixin, PanelReadout):
     """Jupyter panel for precision plans; see the module docstring and docs/panel.md.
 
     ``model`` / ``batches`` (with an optional ``loss_fn``) train your own ``nn.Module`` instead of
@@ -279,92 +260,6 @@ class Panel(AnalysisMixin):
             raise RuntimeError("this panel is closed: make a new Panel() to go on")
 
     # ================================================================== public API
-
-    device = _control_property("device")
-    mode = _control_property("mode")
-    dtype = _control_property("dtype")
-    fused = _control_property("fused")
-    workload = _control_property("workload")
-    preset = _control_property("preset")
-    steps = _control_property("steps")
-    accumulation = _control_property("accumulation")
-    seed = _control_property("seed")
-    loss_scale_lab = _control_property("loss_scale_lab")
-    compare_plans = _control_property("compare_plans")
-
-    @property
-    def selection(self) -> Selection:
-        """The controls' current values."""
-        return self.controls.selection()
-
-    @property
-    def explanation(self) -> Explanation | None:
-        """The explanation of the current selection (None when it cannot be resolved)."""
-        return self._plan.explanation
-
-    @property
-    def plan(self) -> PrecisionPlan | None:
-        """The resolved plan of the current selection."""
-        return None if self._plan.explanation is None else self._plan.explanation.plan
-
-    @property
-    def plan_text(self) -> str:
-        """The explanation as readable text (what the plan area shows)."""
-        return "" if self._plan.explanation is None else str(self._plan.explanation)
-
-    @property
-    def simulated(self) -> bool:
-        return bool(self._plan.explanation is not None and self._plan.explanation.simulated)
-
-    @property
-    def code(self) -> str:
-        """The plain PyTorch snippet reproducing the selected plan ("copy as code")."""
-        return self.outputs.code_area.value
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    error = _forward("outputs.error", "The message shown in the panel's error area, if any.")
-    running = _forward("session.running", "True while a run or comparison is going.")
-    result = _forward(
-        "session.source",
-        "The last RunResult (Run) or Comparison (Compare); partial after Stop or a failure.",
-    )
-    last_exception = _forward("session.last_exception", "What the last run raised, or None.")
-    last_live = _forward(
-        "session.last_live", "The last run's engine callback (frames, seconds spent plotting)."
-    )
-    last_render_seconds = _forward(
-        "session.last_render_seconds", "Seconds spent drawing after the last run."
-    )
-    refresh_seconds = _forward("_plan.refresh_seconds", "Seconds the last plan refresh took.")
-
-    @property
-    def records_frame(self) -> Any:
-        """Every record of the last run or comparison as a pandas DataFrame (live while running)."""
-        return self.session.records_frame()
-
-    @property
-    def results(self) -> Any:
-        """Deprecated name of :attr:`records_frame` (easily confused with :attr:`result`)."""
-        warnings.warn(
-            "Panel.results is renamed Panel.records_frame (Panel.result is the RunResult)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.records_frame
-
-    @property
-    def summary(self) -> Any:
-        """One row per plan of the last run or comparison (views.report.tables.summary)."""
-        return self.session.summary()
-
-    @property
-    def figures(self) -> dict[str, Any]:
-        """Fresh matplotlib Figures of the last run: loss, loss_scale, throughput, memory,
-        dashboard (empty dict before any run)."""
-        return self.session.figures()
 
     def set(self, **controls: Any) -> Panel:
         """Set controls by name (device, mode, dtype, fused, workload, preset, steps,

@@ -160,3 +160,15 @@ def test_fsdp2_shards_the_outermost_blocks_once() -> None:
     sharded = []
     _shard_blocks(mlp, sharded.append)
     assert sharded == [m for m in mlp.net if isinstance(m, nn.Linear)]
+
+
+def test_a_rank_interrupted_by_a_requested_stop_is_stopped_not_failed() -> None:
+    from precision_nb.engine.distributed.launcher import _stopped_not_failed
+    from precision_nb.engine.distributed.results import RankResult
+
+    interrupted = RankResult(1, error={"type": "KeyboardInterrupt", "message": "signal SIGTERM"})
+    interrupted.result = {"steps": 3}
+    failed = RankResult(0, error={"type": "RuntimeError", "message": "boom"})
+    _stopped_not_failed([interrupted, failed])
+    assert interrupted.error is None and interrupted.finished and interrupted.stopped
+    assert failed.error == {"type": "RuntimeError", "message": "boom"} and not failed.finished

@@ -370,6 +370,8 @@ def _launch(
         stopped = True
         _stop(proc)
     ranks = [read_rank_log(run_dir / f"rank{r}.jsonl", r) for r in range(req.nproc)]
+    if stopped:
+        _stopped_not_failed(ranks)
     _reap(proc, ranks, spec_path)
     _follow(rank0, seen, callbacks)
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
@@ -394,6 +396,17 @@ def _launch(
             cb.on_fit_end(result)
     shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def _stopped_not_failed(ranks: list[Any]) -> None:
+    """After a stop the caller asked for, a rank interrupted by the SIGTERM that torchrun forwards
+    (wherever it landed: in a step, in a collective, at teardown) stopped; it did not fail."""
+    for rank in ranks:
+        if rank.error is not None and rank.error.get("type") == "KeyboardInterrupt":
+            rank.error = None
+            rank.finished = True
+            if rank.result is not None:
+                rank.result = {**rank.result, "stopped": True}
 
 
 def _follow(path: Path, seen: int, callbacks: list[Any]) -> int:

@@ -25,6 +25,7 @@ from precision_nb.core.cluster import (
     ring_seconds,
 )
 from precision_nb.core.plan import normalize_precision
+from precision_nb.core.render import decision_lines
 from precision_nb.core.resolution import Decision, Explanation, explain_precision
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp2")
@@ -144,14 +145,7 @@ class DistributedPlan:
                 f"What-if preset (simulated): {self.preset.name}: {self.preset.interconnect}, "
                 f"{bw} ({self.preset.source})"
             )
-        lines.append("Decisions:")
-        width = max(len(d.field) for d in self.decisions)
-        for i, d in enumerate(self.decisions, 1):
-            mark = " (fallback)" if d.fallback else ""
-            lines.append(f"  {i}. {d.field:<{width}}  {d.outcome}{mark}: {d.reason}")
-        if self.warnings:
-            lines.append("Warnings:")
-            lines.extend(f"  ! {w}" for w in self.warnings)
+        lines.extend(decision_lines(self.decisions, self.warnings))
         lines.append(str(self.precision))
         return "\n".join(lines)
 

@@ -8,7 +8,8 @@ that embeds it can restyle it. Every text from the explanation is HTML-escaped.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.matrix import MATRIX, RULES_DOC
 
@@ -65,6 +66,20 @@ def cpu_facts(e: Explanation) -> list[str]:
     return lines
 
 
+def decision_lines(decisions: Sequence[Any], warnings: Sequence[str]) -> list[str]:
+    """The numbered decisions (field, outcome, fallback mark, reason) and the warnings, as text
+    lines: what every explanation, single-device or distributed, prints."""
+    lines = ["Decisions:"]
+    width = max(len(d.field) for d in decisions)
+    for i, d in enumerate(decisions, 1):
+        mark = " (fallback)" if d.fallback else ""
+        lines.append(f"  {i}. {d.field:<{width}}  {d.outcome}{mark}: {d.reason}")
+    if warnings:
+        lines.append("Warnings:")
+        lines.extend(f"  ! {w}" for w in warnings)
+    return lines
+
+
 def explanation_text(e: Explanation) -> str:
     """Readable text: the plan, the hardware, the rule that applied, decisions, warnings."""
     caps = e.capabilities
@@ -77,14 +92,7 @@ def explanation_text(e: Explanation) -> str:
             f"Resolution rule {r.id} ({r.source}): {r.device} | {r.request} -> {r.mode} | "
             f"scaler {_yes(r.scaler)} | autocast {_yes(r.autocast)}  [rules: {RULES_DOC}]"
         )
-    lines.append("Decisions:")
-    width = max(len(d.field) for d in e.decisions)
-    for i, d in enumerate(e.decisions, 1):
-        mark = " (fallback)" if d.fallback else ""
-        lines.append(f"  {i}. {d.field:<{width}}  {d.outcome}{mark}: {d.reason}")
-    if e.warnings:
-        lines.append("Warnings:")
-        lines.extend(f"  ! {w}" for w in e.warnings)
+    lines.extend(decision_lines(e.decisions, e.warnings))
     return "\n".join(lines)
 
 

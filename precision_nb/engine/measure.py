@@ -13,6 +13,12 @@
 
 Sessions are anything with ``advance(n) -> int``, ``done``, ``result`` (with ``step_times_s``,
 one wall time per optimizer attempt) and ``finish()`` (``Trainer.start`` returns one).
+
+Several processes measuring together (a distributed profile: every rank runs every plan) must take
+the same decisions or their collectives stop matching: the rounds and orders are deterministic,
+the warm-up's end is not (step times, a time cap), so ``agree`` (an all-reduce over the ranks)
+turns each rank's local "warm-up done" into one decision; ``fail_fast`` makes a failing session
+raise at once instead of dropping that plan on one rank only.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ __all__ = [
     "Warmup",
     "WarmupExhausted",
     "block_sizes",
+    "measure_plans",
     "run_rounds",
     "warm_up",
+    "warmup_event",
 ]
 
 
@@ -166,8 +174,18 @@ def _stable(times: Sequence[float], cfg: MeasureConfig) -> bool:
     return mid > 0 and (max(last) - min(last)) / mid <= cfg.warmup_tolerance
 
 
-def warm_up(label: str, session: Session, cfg: MeasureConfig) -> Warmup:
+def warm_up(
+    label: str,
+    session: Session,
+    cfg: MeasureConfig,
+    agree: Callable[[bool], bool] | None = None,
+) -> Warmup:
     """Advance ``session`` one step at a time until the warm-up rule ends it (see module doc).
+
+    ``agree``: called after every step with this process's "warm-up done" (rule met or time cap
+    reached) and returning the decision every process takes (e.g. an all-reduce over the ranks);
+    without it the local decision is taken. When the processes agree to stop before this one's
+    own rule is met, the rule says so.
 
     :class:`WarmupExhausted` (a ``ValueError``) when the batches run out before the warm-up ends
     (the message names the plan, the step and what is needed); a failing step raises as it is.
@@ -187,16 +205,31 @@ def warm_up(label: str, session: Session, cfg: MeasureConfig) -> Warmup:
                 "or fewer steps"
             )
         times = [float(t) for t in session.result.step_times_s]
+        local: str | None = None
         if _stable(times, cfg):
-            rule = (
+            local = (
                 f"stable: {cfg.warmup_window} consecutive step times within "
                 f"{cfg.warmup_tolerance:.0%} of their median after {len(times)} steps"
             )
-            break
-        if time.perf_counter() - t0 > cfg.warmup_seconds:
-            rule = f"cap: {cfg.warmup_seconds:g} s of warm-up without stabilising"
+        elif time.perf_counter() - t0 > cfg.warmup_seconds:
+            local = f"cap: {cfg.warmup_seconds:g} s of warm-up without stabilising"
+        done = local is not None if agree is None else agree(local is not None)
+        if done:
+            rule = (
+                local or f"agreed: the other processes ended the warm-up after {len(times)} steps"
+            )
             break
     return Warmup(len(times), time.perf_counter() - t0, rule, tuple(times))
+
+
+def warmup_event(label: str, warm: Warmup) -> Event:
+    """The measurement event that reports a plan's warm-up (its steps and seconds, not counted)."""
+    return Event(
+        "measurement",
+        f"{label}: first {warm.steps} step(s) cost {warm.seconds:.2f} s of warm-up, "
+        f"not counted ({warm.rule})",
+        {"run": label, "warmup_steps": warm.steps, "warmup_s": warm.seconds},
+    )
 
 
 def run_rounds(
@@ -204,16 +237,22 @@ def run_rounds(
     sizes: Sequence[int],
     measurement: Measurement,
     stop: Any = None,
+    *,
+    fail_fast: bool = False,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> dict[str, BaseException]:
     """Advance every session one block per round, order rotated; returns failures by label.
 
     Each plan's block times land in ``measurement.plans[label].blocks``. A session that raises
-    is marked failed (its message and completed rounds kept) and dropped from later rounds; a
-    session that makes fewer steps than asked without a stop request ran out of batches.
+    is marked failed (its message and completed rounds kept) and dropped from later rounds, or
+    with ``fail_fast`` raises at once; a session that makes fewer steps than asked without a stop
+    request ran out of batches. ``on_round(r, rounds)`` is called as round r (1-based) starts.
     """
     labels = list(sessions)
     failures: dict[str, BaseException] = {}
     for r, size in enumerate(sizes):
+        if on_round is not None:
+            on_round(r + 1, len(sizes))
         k = r % len(labels)
         order = labels[k:] + labels[:k]
         measurement.orders.append(order)
@@ -227,6 +266,8 @@ def run_rounds(
             try:
                 got = session.advance(size)
             except (RuntimeError, ValueError) as exc:  # the plan is reported with its rounds
+                if fail_fast:
+                    raise
                 failures[label] = exc
                 timing.failed = f"failed in round {r + 1}: {type(exc).__name__}: {exc}"
                 timing.blocks.append([])
@@ -260,6 +301,10 @@ def measure_plans(
     cfg: MeasureConfig,
     stop: Any = None,
     on_warmup: Callable[[str, Warmup | None], None] | None = None,
+    *,
+    agree: Callable[[bool], bool] | None = None,
+    fail_fast: bool = False,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> tuple[Measurement, dict[str, Session], dict[str, BaseException]]:
     """Warm each plan up on a throw-away session, then run the real sessions in rounds.
 
@@ -268,7 +313,9 @@ def measure_plans(
     warm-up fails is marked failed (0 rounds) and not measured; batches running out in a warm-up
     (:class:`WarmupExhausted`) stop the measurement. ``on_warmup(label, None)`` is called as a
     plan's warm-up starts and ``on_warmup(label, warmup)`` when it ended (for live views: the
-    warm-up's throw-away session reports to no callback).
+    warm-up's throw-away session reports to no callback). ``agree`` goes to :func:`warm_up`;
+    ``fail_fast`` and ``on_round`` to :func:`run_rounds` (with ``fail_fast`` a failing warm-up
+    raises too). See the module docstring for several processes.
     """
     sizes = block_sizes(steps, cfg.rounds)
     measurement = Measurement(cfg, sizes, {label: PlanTiming(label) for label in labels})
@@ -280,10 +327,12 @@ def measure_plans(
             on_warmup(label, None)
         if cfg.warmup_max:
             try:
-                warm = warm_up(label, make_session(label, cfg.warmup_max, True), cfg)
+                warm = warm_up(label, make_session(label, cfg.warmup_max, True), cfg, agree)
             except WarmupExhausted:
                 raise
             except (RuntimeError, ValueError) as exc:  # this plan cannot run; the others go on
+                if fail_fast:
+                    raise
                 failures[label] = exc
                 timing = measurement.plans[label]
                 timing.failed = f"failed in warm-up: {type(exc).__name__}: {exc}"
@@ -296,18 +345,13 @@ def measure_plans(
         measurement.plans[label].warmup = warm
         if on_warmup is not None:
             on_warmup(label, warm)
-        measurement.events.append(
-            Event(
-                "measurement",
-                f"{label}: first {warm.steps} step(s) cost {warm.seconds:.2f} s of warm-up, "
-                f"not counted ({warm.rule})",
-                {"run": label, "warmup_steps": warm.steps, "warmup_s": warm.seconds},
-            )
-        )
+        measurement.events.append(warmup_event(label, warm))
     sessions = {
         label: make_session(label, steps, False) for label in labels if label not in failures
     }
-    failures.update(run_rounds(sessions, sizes, measurement, stop))
+    failures.update(
+        run_rounds(sessions, sizes, measurement, stop, fail_fast=fail_fast, on_round=on_round)
+    )
     return measurement, sessions, failures
 
 

@@ -165,3 +165,70 @@ def test_measure_plans_reports_each_warm_up_to_on_warmup_as_it_starts_and_ends()
         ("bf16", None), ("bf16", "session"), ("bf16", 3),
     ]  # fmt: skip
     assert m.plans["bf16"].warmup.steps == 3
+
+
+def _rank_times(settle_at):
+    """Step times that settle (equal) from step ``settle_at`` on, falling steeply before it."""
+    return lambda k: 1.0 if k >= settle_at else 2.0 ** (settle_at - k)
+
+
+def _warm_ranks(settle, agree_for):
+    """Warm-up of one plan on two simulated ranks (threads); agree_for(rank) -> agree or None."""
+    cfg = M.MeasureConfig(warmup_max=15, warmup_seconds=60.0, warmup_tolerance=0.1)
+    out: dict[int, M.Warmup] = {}
+
+    def rank(r):
+        out[r] = M.warm_up("bf16", Scripted(_rank_times(settle[r])), cfg, agree_for(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_ranks_that_agree_end_the_warm_up_at_the_same_step():
+    # Alone, rank 0 is stable after 3 steps and rank 1 after 7: their collectives would part.
+    alone = _warm_ranks({0: 0, 1: 4}, lambda r: None)
+    assert (alone[0].steps, alone[1].steps) == (3, 7)
+
+    flags: list[bool] = [False, False]
+    barrier = threading.Barrier(2, timeout=10)
+    calls = {0: 0, 1: 0}
+
+    def fake_all_reduce_min(r):
+        def agree(done):
+            calls[r] += 1
+            flags[r] = done
+            barrier.wait()
+            decision = min(flags)  # what an all-reduce with MIN gives every rank
+            barrier.wait()
+            return decision
+
+        return agree
+
+    agreed = _warm_ranks({0: 0, 1: 4}, fake_all_reduce_min)
+    assert agreed[0].steps == agreed[1].steps == 7 and calls == {0: 7, 1: 7}
+    assert agreed[0].rule.startswith("stable") and agreed[1].rule.startswith("stable")
+
+
+def test_a_rank_told_to_stop_before_its_own_rule_says_it_was_agreed():
+    warm = M.warm_up("fp32", Scripted(_rank_times(10)), M.MeasureConfig(), lambda done: True)
+    assert (
+        warm.steps == 1
+        and warm.rule == "agreed: the other processes ended the warm-up after 1 steps"
+    )
+
+
+def test_fail_fast_raises_a_failing_session_at_once_with_the_round_announced():
+    sessions = {"fp32": Scripted(lambda k: 1.0), "bf16": Scripted(lambda k: 1.0, fail_at=3)}
+    sizes = [2, 2, 2]
+    m = M.Measurement(M.MeasureConfig(rounds=3), sizes, {k: M.PlanTiming(k) for k in sessions})
+    rounds: list[tuple[int, int]] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        M.run_rounds(
+            sessions, sizes, m, fail_fast=True, on_round=lambda r, n: rounds.append((r, n))
+        )
+    # round 2 starts with bf16 (order rotated), which fails before fp32 runs its block
+    assert rounds == [(1, 3), (2, 3)] and m.plans["fp32"].rounds_completed == 1

@@ -40,15 +40,17 @@ class RankResult:
         return bool(self.result and self.result.get("stopped"))
 
 
-def read_rank_log(path: Path, rank: int) -> RankResult:
-    """Parse ``rank<R>.jsonl``; a cut last line (a killed writer) is ignored."""
+def read_rank_log(path: Path, rank: int, plan: str | None = None) -> RankResult:
+    """Parse ``rank<R>.jsonl``; a cut last line (a killed writer) is ignored.
+
+    ``plan``: keep only the lines of that plan (and the lines of no plan: start, error) from a
+    log where one launch ran several plans.
+    """
     out = RankResult(rank)
     if not path.exists():
         return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
+    for item in rank_lines(path):
+        if plan is not None and item.get("plan", plan) != plan:
             continue
         kind = item.get("kind")
         if kind == "start":
@@ -68,6 +70,17 @@ def read_rank_log(path: Path, rank: int) -> RankResult:
             if item.get("result"):
                 out.result = item["result"]
     return out
+
+
+def rank_lines(path: Path) -> list[dict[str, Any]]:
+    """Every whole JSON line of a rank's log (a cut last line is left out)."""
+    items = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            items.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return items
 
 
 def merge_records(ranks: list[RankResult]) -> list[dict[str, Any]]:
@@ -109,6 +122,8 @@ class DistributedResult:
     error: str | None = None
     log_tail: str = ""
     run_dir: str = ""
+    #: Rank -> its step times of the measured rounds (a distributed profile); empty for a fit.
+    timed_steps: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def final_loss(self) -> float | None:

@@ -7,6 +7,9 @@ FSDP2, and appends what it records to ``rank<R>.jsonl`` in the run folder, one J
 ``start``, ``fit_start``, every ``record`` as it is logged (with the collective bytes since the
 previous one), then ``result`` or ``error``. The launcher reads those lines, live and at the end,
 so a rank that dies keeps every line it wrote.
+
+A spec with ``plans`` (a distributed profile) runs every plan in this one launch and measures
+them together: :mod:`precision_nb.engine.distributed.rank_measure`; its lines carry a ``plan``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -38,6 +42,8 @@ from precision_nb.engine.distributed.parallel import (
     wrap_model,
 )
 from precision_nb.engine.train_config import TrainConfig
+
+__all__ = ["RankLog", "import_path", "init_rank", "main", "make_trainer", "run"]
 
 
 def import_path(path: str) -> Any:
@@ -79,16 +85,18 @@ class RankLog:
 
 
 class _Observer:
-    """Trainer callback: collective bytes per logged interval, live records to the rank log."""
+    """Trainer callback: collective bytes per logged interval, live records to the rank log
+    (each line tagged with ``plan`` when one launch runs several plans)."""
 
-    def __init__(self, log: RankLog, counter: CommCounter | None) -> None:
+    def __init__(self, log: RankLog, counter: CommCounter | None, plan: str | None = None) -> None:
         self.log, self.counter = log, counter
+        self.tag = {} if plan is None else {"plan": plan}
         self.last_step = 0
         self.comm: list[dict[str, Any]] = []
 
     def on_fit_start(self, result: Any) -> None:
         setup = self.counter.take() if self.counter else []
-        self.log.write("fit_start", comm_setup=setup, workload=result.workload)
+        self.log.write("fit_start", comm_setup=setup, workload=result.workload, **self.tag)
 
     def on_log(self, record: dict[str, Any]) -> None:
         steps = max(1, int(record["step"]) - self.last_step)
@@ -98,7 +106,7 @@ class _Observer:
             row.update(step=record["step"], steps=steps, bytes_per_step=row["bytes"] / steps)
         self.comm.extend(rows)
         record["comm_bytes_per_step"] = sum(r["bytes_per_step"] for r in rows)
-        self.log.write("record", record=record, comm=rows)
+        self.log.write("record", record=record, comm=rows, **self.tag)
 
 
 def _build(spec: dict[str, Any], device: torch.device, seed: int | None) -> tuple[Any, Any, dict]:
@@ -117,58 +125,98 @@ def _build(spec: dict[str, Any], device: torch.device, seed: int | None) -> tupl
     return model, batches, {"name": type(model).__name__}
 
 
-def run(spec: dict[str, Any], log: RankLog) -> None:
+def init_rank(spec: dict[str, Any]) -> tuple[int, int, torch.device]:
+    """Join the process group of the run; (rank, world size, this rank's device)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    plan = spec["plan"]
     device = torch.device(f"cuda:{local}") if spec["device"] == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(spec["timeout_s"]))
-    dist.init_process_group(plan["backend"], timeout=timeout)
+    dist.init_process_group(spec["plan"]["backend"], timeout=timeout)
+    return rank, world, device
+
+
+def train_config(spec: dict[str, Any]) -> TrainConfig:
+    """The run's TrainConfig (no progress bar on the ranks)."""
+    return dataclasses.replace(_tuples(TrainConfig, spec["train"]), progress=False)
+
+
+def make_trainer(
+    wrapped: Any, batches: Any, device: torch.device, spec: dict[str, Any], **kw: Any
+) -> Any:
+    """The engine's Trainer on this rank's slice of every global batch; ``kw``: ``precision``
+    (a dict, default the spec's), ``train`` (a TrainConfig) and ``workload_info``."""
+    from precision_nb.engine.trainer import Trainer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return Trainer(
+        wrapped,
+        RankBatches(batches, rank, world),
+        device=device,
+        precision=_tuples(PrecisionConfig, kw.get("precision") or spec["precision"]),
+        optimizer=_tuples(OptimizerConfig, spec["optimizer"]),
+        train=kw["train"],
+        loss_fn=import_path(spec["loss_fn"]) if spec.get("loss_fn") else None,
+        workload_info=kw["workload_info"],
+    )
+
+
+def memory_probe(trainer: Any, params: list[Any], into: dict[str, Any]) -> None:
+    """Record the gradients' bytes by dtype at the first optimizer step into ``into``."""
+
+    def first_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        into["gradients"] = bytes_by_dtype(p.grad for p in params if p.grad is not None)
+        handle.remove()
+
+    handle = trainer.optimizer.register_step_pre_hook(first_step)
+
+
+def write_memory(log: RankLog, trainer: Any, params: list[Any], memory: dict, **tag: Any) -> None:
+    """Log the bytes this rank holds by kind and dtype, its sharding and what it computed with."""
+    compute = tag.pop("compute", {})
+    memory["parameters"] = bytes_by_dtype(params)
+    memory["optimizer_state"] = bytes_by_dtype(optimizer_state_tensors(trainer.optimizer))
+    log.write("memory", memory=memory, sharding=sharding_summary(params), compute=compute, **tag)
+
+
+def run(spec: dict[str, Any], log: RankLog) -> None:
+    if spec.get("plans"):
+        from precision_nb.engine.distributed.rank_measure import run_measured
+
+        run_measured(spec, log, STOP)
+        return
+    rank, world, device = init_rank(spec)
+    plan = spec["plan"]
     counter = CommCounter() if plan["count_collectives"] else None
     group = counting_group(counter) if counter is not None else dist.group.WORLD
-    train = _tuples(TrainConfig, spec["train"])
-    train = dataclasses.replace(train, progress=False)
+    train = train_config(spec)
     model, batches, info = _build(spec, device, train.seed)
     info = dict(info, rank=rank, nproc=world)
     wrapped = wrap_model(model, plan, group, device)
     compute: dict[str, Any] = {}
     observe_compute(wrapped, compute)
-    from precision_nb.engine.trainer import Trainer
-
-    trainer = Trainer(
-        wrapped,
-        RankBatches(batches, rank, world),
-        device=device,
-        precision=_tuples(PrecisionConfig, spec["precision"]),
-        optimizer=_tuples(OptimizerConfig, spec["optimizer"]),
-        train=train,
-        loss_fn=import_path(spec["loss_fn"]) if spec.get("loss_fn") else None,
-        workload_info=info,
-    )
+    trainer = make_trainer(wrapped, batches, device, spec, train=train, workload_info=info)
     memory: dict[str, Any] = {}
     params = [p for p in wrapped.parameters() if p.requires_grad]
-
-    def first_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
-        memory["gradients"] = bytes_by_dtype(p.grad for p in params if p.grad is not None)
-        handle.remove()
-
-    handle = trainer.optimizer.register_step_pre_hook(first_step)
+    memory_probe(trainer, params, memory)
     observer = _Observer(log, counter)
     try:
         result = trainer.fit(callbacks=[observer])
     finally:
-        memory["parameters"] = bytes_by_dtype(params)
-        memory["optimizer_state"] = bytes_by_dtype(optimizer_state_tensors(trainer.optimizer))
-        log.write("memory", memory=memory, sharding=sharding_summary(params), compute=compute)
+        write_memory(log, trainer, params, memory, compute=compute)
     log.write("result", result=result.to_dict())
     dist.destroy_process_group()
+
+
+#: Set when torchrun asks this rank to stop (SIGTERM): a measured run stops between steps.
+STOP = threading.Event()
 
 
 def _terminate(signum: int, _frame: Any) -> None:
     # torchrun sends SIGTERM when another rank failed or the caller stopped the run: stop
     # between steps like Ctrl-C does (the trainer keeps every record made so far).
+    STOP.set()
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 

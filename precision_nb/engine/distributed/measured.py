@@ -1,0 +1,259 @@
+"""``measure_distributed``: every plan of a distributed profile in ONE torchrun launch, measured
+by the single-device method (:mod:`precision_nb.engine.measure`), the ranks' times merged.
+
+Each rank runs :mod:`precision_nb.engine.distributed.rank_measure`: a warm-up per plan on
+throw-away wrapped copies (its end agreed over the ranks), then rounds of blocks with the plan
+order rotated. A distributed step is as slow as its slowest rank, so the launcher merges the ranks'
+block times step by step (the maximum over the ranks) into one
+:class:`~precision_nb.engine.measure.Measurement`: its spreads, paired speedups and verdicts are
+computed exactly as for one process. Each plan also gets its own
+:class:`~precision_nb.engine.distributed.results.DistributedResult` (records, bytes per step by
+op and dtype, memory per rank), with each rank's own measured step times in ``timed_steps``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from precision_nb.core.distributed import Distributed, explain_distributed
+from precision_nb.core.events import Event
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.distributed.launcher import plan_spec, write_spec
+from precision_nb.engine.distributed.results import (
+    DistributedResult,
+    RankResult,
+    rank_lines,
+    read_rank_log,
+)
+from precision_nb.engine.distributed.torchrun import failure, run_torchrun, stopped_not_failed
+from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
+from precision_nb.engine.measure import warmup_event as _warmup_event
+
+__all__ = ["MeasuredRuns", "measure_distributed", "merge_measurement", "slowest_per_step"]
+
+#: How a distributed step time is formed from the ranks' times (shown with the method).
+STEP_RULE = (
+    "a distributed step takes as long as its slowest rank: per step, the maximum over the ranks "
+    "of their step times; the warm-up ends when every rank's own rule has ended it (agreed by an "
+    "all-reduce, so all ranks stop at the same step); per-rank spreads in distributed_steps.csv"
+)
+
+
+@dataclass
+class MeasuredRuns:
+    """What :func:`measure_distributed` gives back."""
+
+    #: The merged measurement (slowest rank per step): spreads, speedups, verdicts as one process.
+    measurement: Measurement
+    #: Label -> the plan's ``DistributedResult`` (its lines of every rank's log).
+    results: dict[str, DistributedResult] = field(default_factory=dict)
+    #: Each rank's own ``measurement`` line (warm-ups, block times, orders), rank order.
+    ranks: list[dict[str, Any] | None] = field(default_factory=list)
+    seconds: float = 0.0
+    startup_s: float | None = None
+    stopped: bool = False
+
+
+def slowest_per_step(blocks: Sequence[Sequence[float]]) -> tuple[list[float], bool]:
+    """Per step, the largest of the ranks' times; (times, whether the ranks' counts differed).
+
+    An empty block on any rank (a plan that failed or stopped in that round) gives no times."""
+    if not blocks or any(len(b) == 0 for b in blocks):
+        return [], False
+    n = min(len(b) for b in blocks)
+    return [max(float(b[i]) for b in blocks) for i in range(n)], any(len(b) != n for b in blocks)
+
+
+def _merge_warmup(label: str, warms: list[dict[str, Any] | None], events: list[Event]) -> Any:
+    if not warms or any(w is None for w in warms):
+        return None
+    steps = {int(w["steps"]) for w in warms}  # type: ignore[index]
+    if len(steps) > 1:  # the agreement makes this impossible; say so loudly if it ever happens
+        events.append(
+            Event(
+                "warning",
+                f"{label}: the ranks ended the warm-up after different step counts "
+                f"({sorted(steps)}); the step times are merged over the common steps",
+                {"run": label, "warmup_steps": sorted(steps)},
+            )
+        )
+    times, _ = slowest_per_step([w["times"] for w in warms])  # type: ignore[index]
+    rules = list(dict.fromkeys(str(w["rule"]) for w in warms))  # type: ignore[index]
+    rule = (
+        f"{rules[0]} (on each of the {len(warms)} ranks, agreed)"
+        if len(rules) == 1
+        else "; ".join(f"rank {i}: {w['rule']}" for i, w in enumerate(warms))  # type: ignore[index]
+    )
+    seconds = max(float(w["seconds"]) for w in warms)  # type: ignore[index]
+    return Warmup(max(steps), seconds, rule, tuple(times))
+
+
+def merge_measurement(
+    items: Sequence[dict[str, Any] | None], cfg: MeasureConfig, labels: Sequence[str]
+) -> Measurement:
+    """One Measurement from every rank's ``measurement`` line: per plan and round, the slowest
+    rank's time of each step; warm-ups merged (steps, the longest seconds, the slowest times)."""
+    present = [i for i in items if i is not None]
+    first = present[0] if present else {"sizes": [], "orders": [], "plans": {}}
+    m = Measurement(cfg, list(first["sizes"]), {label: PlanTiming(label) for label in labels})
+    m.orders = [list(o) for o in first["orders"]]
+    m.stopped = len(present) < len(items) or any(i.get("stopped") for i in present)
+    complete = len(present) == len(items)
+    for label in labels:
+        per_rank = [i["plans"].get(label, {}) for i in present]
+        timing = m.plans[label]
+        timing.warmup = (
+            _merge_warmup(label, [p.get("warmup") for p in per_rank], m.events)
+            if complete
+            else None
+        )
+        if timing.warmup is not None:
+            m.events.append(_warmup_event(label, timing.warmup))
+        uneven = False
+        for r in range(len(m.sizes)):
+            blocks = [
+                p.get("blocks", [])[r] if r < len(p.get("blocks", [])) else [] for p in per_rank
+            ]
+            times, differ = slowest_per_step(blocks if complete else [])
+            uneven = uneven or differ
+            timing.blocks.append(times)
+        if uneven:
+            m.events.append(
+                Event(
+                    "warning",
+                    f"{label}: the ranks timed different numbers of steps in a round; the "
+                    "slowest rank's time is taken over the steps they share",
+                    {"run": label},
+                )
+            )
+        timing.failed = next((p["failed"] for p in per_rank if p.get("failed")), None)
+    return m
+
+
+class _Follower:
+    """Rank 0's new lines to the callbacks: ``on_log(record)`` and ``on_phase(text)``."""
+
+    def __init__(self, path: Path, callbacks: list[Any]) -> None:
+        self.path, self.callbacks, self.seen = path, callbacks, 0
+
+    def __call__(self) -> None:
+        if not self.callbacks or not self.path.exists():
+            return
+        items = rank_lines(self.path)
+        for item in items[self.seen :]:
+            kind = item.get("kind")
+            for cb in self.callbacks:
+                if kind == "record" and hasattr(cb, "on_log"):
+                    cb.on_log(item["record"])
+                elif kind == "phase" and hasattr(cb, "on_phase"):
+                    cb.on_phase(str(item.get("text", "")))
+        self.seen = len(items)
+
+
+def measure_distributed(
+    model: str,
+    *,
+    plans: Mapping[str, PrecisionConfig],
+    distributed: Distributed,
+    preset: str = "tiny",
+    device: Any = "auto",
+    optimizer: OptimizerConfig | None = None,
+    measure: MeasureConfig | None = None,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    **train_options: Any,
+) -> MeasuredRuns:
+    """Measure ``plans`` (label -> precision request) on a built-in workload ``model`` at
+    ``preset`` in one torchrun launch of ``distributed.nproc`` ranks; see the module docstring.
+
+    ``train_options`` are ``TrainConfig`` fields (``steps``: measured steps per plan, split over
+    ``measure.rounds``). ``callbacks`` get rank 0's records (``on_log``, each with its ``run``
+    label) and the phases as they start (``on_phase(text)``: "warm-up of bf16", "round 3/8").
+    A failing rank raises :class:`~precision_nb.engine.distributed.results.DistributedError`
+    (``.results``: label -> each plan's records so far).
+    """
+    labels = list(plans)
+    if not labels:
+        raise ValueError("plans is empty; allowed: one or more label -> PrecisionConfig")
+    mcfg = measure if measure is not None else MeasureConfig()
+    opt = optimizer if optimizer is not None else OptimizerConfig()
+    run_dir = Path(tempfile.mkdtemp(prefix="precision_nb_dist_"))
+    try:
+        first, spec_path = write_spec(
+            model, distributed=distributed, preset=preset, device=device,
+            precision=plans[labels[0]], optimizer=opt, run_dir=run_dir, **train_options,
+        )  # fmt: skip
+        resolved = {
+            label: explain_distributed(first.request, prec, device, optimizer=opt)
+            for label, prec in plans.items()
+        }
+        spec = json.loads(spec_path.read_text(encoding="utf-8"))
+        spec["plans"] = [
+            {"label": label, "precision": plans[label].to_dict(), "plan": plan_spec(p)}
+            for label, p in resolved.items()
+        ]
+        spec["measure"] = asdict(mcfg)
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    callbacks = list(callbacks)
+    run = run_torchrun(
+        first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", callbacks)
+    )
+    nproc = first.request.nproc
+    paths = [run_dir / f"rank{r}.jsonl" for r in range(nproc)]
+    everything = [read_rank_log(path, r) for r, path in enumerate(paths)]
+    per_plan: dict[str, list[RankResult]] = {}
+    for label in labels:
+        per_plan[label] = [read_rank_log(path, r, plan=label) for r, path in enumerate(paths)]
+    if run.stopped:
+        for ranks in [everything, *per_plan.values()]:
+            stopped_not_failed(ranks)
+    results = {label: run.result(resolved[label], per_plan[label]) for label in labels}
+    if run.failed(everything) or any(run.failed(ranks) for ranks in per_plan.values()):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        error = failure(run.result(first, everything), run.log_text, run.returncode)
+        error.results = results  # type: ignore[attr-defined]
+        raise error
+    logs = [rank_lines(path) if path.exists() else [] for path in paths]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    lines = [_last(items, "measurement") for items in logs]
+    measurement = merge_measurement(lines, mcfg, labels)
+    out = MeasuredRuns(measurement, results, lines, run.seconds)
+    out.stopped = run.stopped or measurement.stopped
+    phases = [_first(items, "phase") for items in logs]
+    if all(p is not None for p in phases):  # launch -> every rank begins the first warm-up
+        out.startup_s = max(float(p["t"]) for p in phases if p is not None) - run.t0
+    for label, result in results.items():
+        result.startup_s = out.startup_s
+        result.timed_steps = {
+            r: [t for block in _plan_of(line, label).get("blocks", []) for t in block]
+            for r, line in enumerate(lines)
+        }
+    return out
+
+
+def _block(plan: dict[str, Any], r: int) -> list[float]:
+    blocks = plan.get("blocks") or []
+    return blocks[r] if r < len(blocks) else []
+
+
+def _plan_of(line: dict[str, Any] | None, label: str) -> dict[str, Any]:
+    return ((line or {}).get("plans") or {}).get(label) or {}
+
+
+def _last(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    found = [item for item in items if item.get("kind") == kind]
+    return found[-1] if found else None
+
+
+def _first(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+    return next((item for item in items if item.get("kind") == kind), None)

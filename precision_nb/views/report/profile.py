@@ -237,7 +237,8 @@ def profile(
     keyword spellings of ``model`` / ``compare``. ``inspect`` / ``numerics``: also inspect each
     plan (memory by kind and dtype, op dtypes) and analyse gradient underflow, after the timed
     steps (``Profile.inspections``, ``Profile.numerics``). ``distributed``: a ``Distributed``
-    request; each plan then trains under ``fit_distributed`` (see docs/distributed.md).
+    request; all plans then run in one torchrun launch, measured the same way (warm-up agreed
+    over the ranks, the slowest rank per step; see docs/distributed.md).
     """
     request = validate_request(
         workload=workload if model is None else model,
@@ -291,6 +292,7 @@ def run_profile(
             log_every=max(1, steps // PROFILE_POINTS),
             progress=progress,
             stop=stop,
+            measure=_measure_config(request),
         )
     else:
         comparison = run_comparison(request, progress=progress, stop=stop)
@@ -377,10 +379,8 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
 def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import compare
-    from precision_nb.engine.measure import MeasureConfig
 
     steps = DEFAULT_STEPS if request.steps is None else request.steps
-    rounds = DEFAULT_ROUNDS if request.rounds is None else request.rounds
     return compare(
         request.modes,
         request.workload,
@@ -391,10 +391,18 @@ def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
         device=request.device,
         optimizer=OptimizerConfig(fused=request.fused),
         loss_scale_lab=request.loss_scale_lab,
-        measure=MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX),
+        measure=_measure_config(request),
         accumulation=request.accumulation,
         progress=progress,
         steps=steps,
         log_every=max(1, steps // PROFILE_POINTS),
         stop=stop,
     )
+
+
+def _measure_config(request: ProfileRequest) -> Any:
+    """The measurement of a profile, one process or several: rounds and the warm-up cap."""
+    from precision_nb.engine.measure import MeasureConfig
+
+    rounds = DEFAULT_ROUNDS if request.rounds is None else request.rounds
+    return MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX)

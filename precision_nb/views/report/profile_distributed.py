@@ -1,15 +1,13 @@
-"""A distributed profile: each plan trained by ``fit_distributed`` (torchrun, one process per
-rank), its records gathered into a ``Comparison`` for the usual report, and the per-rank step
-times, memory by kind and dtype and communication bytes per step in a report section.
-
-The plans run one after another (not interleaved), so their speed figures are single-run figures:
-medians over the logged intervals, without a paired interval (see docs/distributed.md).
+"""A distributed profile: every plan in one torchrun launch (one process per rank), measured by
+the single-device method (:func:`~precision_nb.engine.distributed.measured.measure_distributed`:
+warm-up agreed over the ranks, rounds with the order rotated, the slowest rank per step), gathered
+into a ``Comparison`` for the usual report (speedups with their interval, verdicts), plus the
+per-rank step times, memory by kind and dtype and communication bytes per step in a section.
 """
 
 from __future__ import annotations
 
 import html
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,19 +76,26 @@ def check_distributed(
 
 
 def run_distributed(
-    request: Any, *, steps: int, log_every: int, progress: bool = True, stop: Any = None
+    request: Any,
+    *,
+    steps: int,
+    log_every: int,
+    progress: bool = True,
+    stop: Any = None,
+    measure: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Train each distinct plan of ``request`` under ``fit_distributed``.
+    """Measure the distinct plans of ``request`` in one torchrun launch.
 
-    Returns a ``Comparison`` (rank-merged records per plan: loss averaged over ranks, the slowest
-    rank's step time; requests with the same resolved plan merged) and label -> the plan's
-    ``DistributedResult``.
+    Returns a ``Comparison`` (the merged measurement with its figures, speedups and verdicts;
+    rank-merged records per plan: loss averaged over ranks, the slowest rank's step time;
+    requests with the same resolved plan merged) and label -> the plan's ``DistributedResult``.
+    ``measure``: a ``MeasureConfig`` (default: the engine's). With ``progress`` each phase (the
+    warm-up of a plan, round r of R) is printed as it starts.
     """
     from precision_nb.core.events import Event
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.compare import Comparison
-    from precision_nb.engine.distributed.launcher import fit_distributed
-    from precision_nb.engine.results import RunResult
+    from precision_nb.engine.distributed.measured import measure_distributed
 
     plans = check_distributed(
         request.distributed,
@@ -103,8 +108,8 @@ def run_distributed(
         fused=request.fused,
     )
     comparison = Comparison()
-    runs: dict[str, Any] = {}
-    labels: dict[str, str] = {}  # resolved plan -> label of the run that trained it
+    distinct: dict[str, Any] = {}
+    labels: dict[str, str] = {}  # resolved plan -> label of the run that trains it
     for mode, dplan in plans.items():
         key = repr(dplan.precision.plan)
         if key in labels:
@@ -121,23 +126,61 @@ def run_distributed(
                 )
             )
             continue
-        label = labels[key] = mode
-        comparison.merged[mode] = label
-        if progress:
-            print(f"precision_nb: {dplan.summary()}: training {steps} steps", flush=True)
-        result = fit_distributed(
-            request.workload,
-            distributed=request.distributed,
-            preset=request.preset,
-            device=request.device,
-            precision=_precision(mode, request.loss_scale_lab),
-            optimizer=OptimizerConfig(fused=request.fused),
-            steps=steps,
-            log_every=log_every,
-            accumulation=request.accumulation,
-            stop=stop,
+        labels[key] = comparison.merged[mode] = mode
+        distinct[mode] = _precision(mode, request.loss_scale_lab)
+    first = plans[next(iter(distinct))]
+    if progress:
+        print(
+            f"precision_nb: {first.request.strategy} x{first.request.nproc}: one torchrun launch "
+            f"measures {', '.join(distinct)} ({steps} steps each after a warm-up)",
+            flush=True,
         )
-        runs[label] = result
+    measured = measure_distributed(
+        request.workload,
+        plans=distinct,
+        distributed=request.distributed,
+        preset=request.preset,
+        device=request.device,
+        optimizer=OptimizerConfig(fused=request.fused),
+        measure=measure,
+        callbacks=[_PrintPhases()] if progress else [],
+        stop=stop,
+        steps=steps,
+        log_every=log_every,
+        accumulation=request.accumulation,
+    )
+    _fill(comparison, measured, {label: plans[label] for label in distinct})
+    return comparison, measured.results
+
+
+class _PrintPhases:
+    """Prints each phase of a distributed measurement as rank 0 starts it."""
+
+    def on_phase(self, text: str) -> None:
+        print(f"precision_nb: distributed: {text}", flush=True)
+
+
+def _global_workload(workload: Mapping[str, Any], nproc: int) -> dict[str, Any]:
+    """Rank 0's workload facts scaled to the whole run: each rank trains 1/nproc of the global
+    batch, so samples and FLOPs per step and the peak (one per rank) are nproc times a rank's;
+    the MFU (FLOP/s over peak) stays a rank's."""
+    out = dict(workload, nproc=nproc, rank_batch_size=workload.get("batch_size"))
+    for key in ("batch_size", "flops_per_step", "peak_flops_per_s"):
+        if isinstance(out.get(key), (int, float)):
+            out[key] = out[key] * nproc
+    if out.get("peak_source"):
+        out["peak_source"] = f"{out['peak_source']}; x{nproc} ranks"
+    return out
+
+
+def _fill(comparison: Any, measured: Any, plans: Mapping[str, Any]) -> None:
+    """The comparison of a distributed measurement: runs, figures, method, drift of the loss."""
+    from precision_nb.engine.compare import plan_figures
+    from precision_nb.engine.distributed.measured import STEP_RULE
+    from precision_nb.engine.results import RunResult
+
+    for label, result in measured.results.items():
+        dplan = plans[label]
         rank0 = (result.ranks[0].result or {}) if result.ranks else {}
         comparison.results[label] = RunResult(
             label=label,
@@ -147,31 +190,56 @@ def run_distributed(
             device=dplan.rank_device,
             records=[{**r, "run": label} for r in result.records],
             scale_history=list(rank0.get("scale_history", [])),
-            workload=dict(rank0.get("workload", {})),
+            workload=_global_workload(rank0.get("workload", {}), len(result.ranks)),
             stopped=result.stopped,
             steps=int(rank0.get("steps", 0)),
             seconds=result.seconds,
             final_loss=result.final_loss,
         )
-        comparison.stopped = comparison.stopped or result.stopped
-        if comparison.stopped:
-            break
-    return comparison, runs
+    m = measured.measurement
+    comparison.measurement = m
+    comparison.stopped = measured.stopped
+    comparison.events.extend(m.events)
+    results = comparison.results
+    base = next((k for k, r in results.items() if r.plan.mode == "fp32"), None)
+    comparison.figures, more = plan_figures(m, results, base)
+    comparison.events.extend(more)
+    comparison.method = {**m.method(), "distributed step time": STEP_RULE}
+    comparison.failures = {k: str(t.failed) for k, t in m.plans.items() if t.failed}
+    ref = results[base].final_loss if base is not None else None
+    for label, result in results.items():
+        loss = result.final_loss
+        diff = None if ref is None or loss is None else loss - ref
+        # parameters stay on the ranks (sharded under FSDP2): their drift is not measured here
+        comparison.drift[label] = {"final_loss_diff": diff, "param_rel_diff": None}
 
 
 def rank_step_table(label: str, result: Any) -> list[dict[str, Any]]:
-    """Per rank: logged intervals, median and IQR of the step time (seconds), final loss."""
+    """Per rank: its own step times' median and IQR (seconds) and its final loss.
+
+    From the rank's measured steps (``timed_steps``, the rounds of a distributed profile), else
+    from its logged intervals (a ``fit_distributed`` result); ``timing`` says which."""
+    from precision_nb.engine.stats import spread
+
+    timed = getattr(result, "timed_steps", None) or {}
     rows = []
     for rank in result.ranks:
-        times = [float(r["step_time_s"]) for r in rank.records if r.get("step_time_s")]
-        q = statistics.quantiles(times, n=4) if len(times) >= 2 else [float("nan")] * 3
+        if timed:
+            times, how = list(timed.get(rank.rank, [])), "measured steps of the rounds"
+        else:
+            times = [float(r["step_time_s"]) for r in rank.records if r.get("step_time_s")]
+            how = "logged intervals"
+        sp = spread(times)
         rows.append(
             {
                 "plan": label,
                 "rank": rank.rank,
-                "logged_intervals": len(times),
-                "median_step_time_s": statistics.median(times) if times else float("nan"),
-                "step_time_iqr_s": q[2] - q[0],
+                "timing": how,
+                "steps_timed": sp.n,
+                "median_step_time_s": sp.median,
+                "step_time_q1_s": sp.q1,
+                "step_time_q3_s": sp.q3,
+                "step_time_iqr_s": sp.iqr,
                 "final_loss": rank.records[-1]["loss"] if rank.records else None,
             }
         )
@@ -207,9 +275,11 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
     tables = _tables(runs)
     parts = [
         '<section class="distributed"><h2>Distributed: per rank</h2>',
-        "<p>Each plan trained once under torchrun, one process per rank, the plans one after "
-        "another (not interleaved): the step times are single-run figures (median and IQR over "
-        "the logged intervals of each rank). Communication: mean bytes per optimizer step of "
+        "<p>All plans ran in one torchrun launch, one process per rank, and were measured as in "
+        "one process (warm-up apart, its end agreed by the ranks; rounds with the plan order "
+        "rotated); the speedups and verdicts of this report use the slowest rank's time of each "
+        "step. Step time here: each rank's own median and IQR (inclusive quartiles) over its "
+        "timed steps. Communication: mean bytes per optimizer step of "
         "every collective each rank issued, by op and dtype (full buffer of each call; setup "
         "collectives before the first step left out). Memory: bytes each rank holds by kind and "
         "dtype, read from the tensors.</p>",

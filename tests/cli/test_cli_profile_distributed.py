@@ -1,4 +1,5 @@
-"""`precision-nb profile --nproc 2`: each plan trained by torchrun on 2 CPU processes (gloo)."""
+"""`precision-nb profile --nproc 2`: the plans measured in one torchrun launch of 2 CPU processes
+(gloo)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,14 @@ def test_ddp_profile_reports_per_rank_steps_memory_and_bf16_all_reduce(tmp_path,
         assert (rank, "fp32") not in reduce
     summary = _rows(out / "summary.csv")
     assert [r["run"] for r in summary] == ["bf16"] and float(summary[0]["median_step_time_s"]) > 0
+    # measured like one process: a warm-up apart (agreed by the ranks), then rounds (2 steps: 2)
+    assert int(float(summary[0]["rounds"])) == 2 and int(float(summary[0]["warmup_steps"])) >= 1
+    assert "agreed" in summary[0]["warmup_rule"]
+    assert all(
+        r["timing"] == "measured steps of the rounds" and r["steps_timed"] == "2" for r in steps
+    )
     text = (out / "report.html").read_text(encoding="utf-8")
+    assert "distributed step time" in text and "slowest rank" in text
     assert '<section class="distributed">' in text and "ddp x2 on cpu over gloo" in text
     assert "inspection" not in text  # per-rank memory comes from the run
 

@@ -159,6 +159,7 @@ class _Follower:
 
 def measure_distributed(
     model: str,
+    batches: str | None = None,
     *,
     plans: Mapping[str, PrecisionConfig],
     distributed: Distributed,
@@ -170,8 +171,10 @@ def measure_distributed(
     stop: Any = None,
     **train_options: Any,
 ) -> MeasuredRuns:
-    """Measure ``plans`` (label -> precision request) on a built-in workload ``model`` at
-    ``preset`` in one torchrun launch of ``distributed.nproc`` ranks; see the module docstring.
+    """Measure ``plans`` (label -> precision request) on ``model`` in one torchrun launch of
+    ``distributed.nproc`` ranks; see the module docstring. ``model``: a built-in workload name (at
+    ``preset``) or ``"package.module:factory"`` with ``batches="package.module:function"``, as
+    for ``fit_distributed``.
 
     ``train_options`` are ``TrainConfig`` fields (``steps``: measured steps per plan, split over
     ``measure.rounds``). ``callbacks`` get rank 0's records (``on_log``, each with its ``run``
@@ -187,7 +190,7 @@ def measure_distributed(
     run_dir = Path(tempfile.mkdtemp(prefix="precision_nb_dist_"))
     try:
         first, spec_path = write_spec(
-            model, distributed=distributed, preset=preset, device=device,
+            model, batches, distributed=distributed, preset=preset, device=device,
             precision=plans[labels[0]], optimizer=opt, run_dir=run_dir, **train_options,
         )  # fmt: skip
         resolved = {

@@ -128,8 +128,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         default=None,
-        help="train each plan on N processes launched by torchrun (docs/distributed.md); "
-        "default: one process, interleaved measurement",
+        help="measure the plans on N processes, all in one torchrun launch, by the same "
+        "interleaved method (the slowest rank's time per step; docs/distributed.md); "
+        "default: one process",
     )
     parser.add_argument(
         "--strategy",

@@ -33,9 +33,9 @@ import torch.distributed as dist
 from precision_nb.engine.distributed.counting import CommCounter, counting_group
 from precision_nb.engine.distributed.parallel import observe_compute, wrap_model
 from precision_nb.engine.distributed.worker import (
+    CommObserver,
     RankLog,
-    _build,
-    _Observer,
+    build_model,
     init_rank,
     make_trainer,
     memory_probe,
@@ -80,7 +80,7 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
     """Measure every plan of ``spec["plans"]`` on this rank; see the module docstring."""
     rank, world, device = init_rank(spec)
     train = train_config(spec)
-    model, batches, info = _build(spec, device, train.seed)
+    model, batches, info = build_model(spec, device, train.seed)
     info = dict(info, rank=rank, nproc=world)
     initial = copy.deepcopy(model).cpu()
     count = bool(spec["plan"]["count_collectives"])
@@ -103,7 +103,8 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
         observe_compute(wrapped, p.compute)
         p.trainer, p.params = trainer, [q for q in wrapped.parameters() if q.requires_grad]
         memory_probe(trainer, p.params, p.memory)
-        return trainer.start(steps=steps, callbacks=[_Observer(log, p.counter, label)], stop=stop)
+        observer = CommObserver(log, p.counter, label)
+        return trainer.start(steps=steps, callbacks=[observer], stop=stop)
 
     def on_warmup(label: str, warm: Any) -> None:
         if warm is None:

@@ -84,7 +84,7 @@ class RankLog:
         self._file.close()
 
 
-class _Observer:
+class CommObserver:
     """Trainer callback: collective bytes per logged interval, live records to the rank log
     (each line tagged with ``plan`` when one launch runs several plans)."""
 
@@ -109,7 +109,10 @@ class _Observer:
         self.log.write("record", record=record, comm=rows, **self.tag)
 
 
-def _build(spec: dict[str, Any], device: torch.device, seed: int | None) -> tuple[Any, Any, dict]:
+def build_model(
+    spec: dict[str, Any], device: torch.device, seed: int | None
+) -> tuple[Any, Any, dict]:
+    """The model, its global batches and workload info, as the spec names them."""
     from precision_nb.engine.trainer import prepare
 
     m = spec["model"]
@@ -191,7 +194,7 @@ def run(spec: dict[str, Any], log: RankLog) -> None:
     counter = CommCounter() if plan["count_collectives"] else None
     group = counting_group(counter) if counter is not None else dist.group.WORLD
     train = train_config(spec)
-    model, batches, info = _build(spec, device, train.seed)
+    model, batches, info = build_model(spec, device, train.seed)
     info = dict(info, rank=rank, nproc=world)
     wrapped = wrap_model(model, plan, group, device)
     compute: dict[str, Any] = {}
@@ -200,7 +203,7 @@ def run(spec: dict[str, Any], log: RankLog) -> None:
     memory: dict[str, Any] = {}
     params = [p for p in wrapped.parameters() if p.requires_grad]
     memory_probe(trainer, params, memory)
-    observer = _Observer(log, counter)
+    observer = CommObserver(log, counter)
     try:
         result = trainer.fit(callbacks=[observer])
     finally:

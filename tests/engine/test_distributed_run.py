@@ -156,10 +156,10 @@ def test_a_killed_rank_ends_the_run_and_leaves_no_process_behind() -> None:
 
 
 def test_bad_requests_are_refused_before_any_process_starts(monkeypatch) -> None:
-    from precision_nb.engine.distributed import torchrun
+    from precision_nb.engine.distributed import process
 
     started = []
-    monkeypatch.setattr(torchrun.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(process.subprocess, "Popen", lambda *a, **k: started.append(a))
     with pytest.raises(ValueError, match="not divisible by distributed.nproc=3"):
         fit_distributed("mlp", distributed=Distributed("ddp", 3), device="cpu")
     with pytest.raises(ValueError, match="not divisible"):

@@ -28,7 +28,7 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.parallel import batch_samples, check_divisible
 from precision_nb.engine.distributed.results import DistributedResult, read_rank_log
-from precision_nb.engine.distributed.torchrun import (
+from precision_nb.engine.distributed.process import (
     exit_codes,
     failure,
     free_port,
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-#: The earlier private name of :func:`~precision_nb.engine.distributed.torchrun.stopped_not_failed`.
+#: The earlier private name of :func:`~precision_nb.engine.distributed.process.stopped_not_failed`.
 _stopped_not_failed = stopped_not_failed
 
 

@@ -32,7 +32,7 @@ from precision_nb.engine.distributed.results import (
     rank_lines,
     read_rank_log,
 )
-from precision_nb.engine.distributed.torchrun import failure, run_torchrun, stopped_not_failed
+from precision_nb.engine.distributed.process import failure, run_torchrun, stopped_not_failed
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
 from precision_nb.engine.measure import warmup_event as _warmup_event
 

@@ -10,8 +10,9 @@ The layer's own cost is also measured where model noise cannot hide it: 1-elemen
 through each group, interleaved in blocks; the difference per call, divided by the plain DDP
 step time (one all-reduce per step for these models), is the implied per-step ratio.
 
-**Start-up.** ``fit_distributed`` of the tiny MLP for one step: the seconds from launching
-torchrun until every rank enters its fit loop, and the whole call.
+**Start-up.** ``fit_distributed`` of the tiny MLP for one step, ``--startup-runs`` times: the
+seconds from launching torchrun until every rank enters its fit loop, and the whole call; the
+median and the range over the runs are printed (the machine's load moves them).
 
     python benchmarks/bench_distributed.py             # mlp small, 2 ranks
     python benchmarks/bench_distributed.py --quick     # fewer rounds (a smoke run)
@@ -147,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--calls", type=int, default=4000, help="all-reduce calls per group")
-    p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps")
+    p.add_argument("--startup-runs", type=int, default=3, help="start-up measurements")
+    p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps, 1 start-up run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.block, args.calls = 6, 5, 400
+        args.rounds, args.block, args.calls, args.startup_runs = 6, 5, 400, 1
     if args.worker:
         worker(args)
         return 0
@@ -165,10 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("counting layer")]
     print("\n".join(lines) if lines else f"overhead run failed:\n{done.stderr[-3000:]}")
-    up, total = startup()
+    runs = [startup() for _ in range(args.startup_runs)]
+    ups, totals = [r[0] for r in runs], [r[1] for r in runs]
     print(
-        f"start-up, 2 CPU ranks, mlp tiny: {up:.1f} s from launch to every rank's fit loop, "
-        f"{total:.1f} s for the whole 1-step fit_distributed call (one measurement)"
+        f"start-up, 2 CPU ranks, mlp tiny: {statistics.median(ups):.1f} s from launch to every "
+        f"rank's fit loop (range {min(ups):.1f}-{max(ups):.1f} s), "
+        f"{statistics.median(totals):.1f} s for the whole 1-step fit_distributed call (range "
+        f"{min(totals):.1f}-{max(totals):.1f} s); medians of {len(runs)} runs, target < 15 s"
     )
     return 0 if lines and done.returncode == 0 else 1
 

@@ -2,11 +2,12 @@
 gather every rank's records.
 
 The calling process (a notebook kernel, a script, the CLI) is the launcher, never a rank. It picks a
-free port on the rendezvous host (loopback by default), runs ``python -m torch.distributed.run``
-with ``--max-restarts 0``, reads the ranks' JSON-line logs while they train (rank 0's records go to
-the callbacks as they are logged), and at the end makes sure no worker outlives the run: torchrun
-is stopped with SIGTERM (which it forwards), then its process group and any worker it recorded
-are killed by id.
+free port on the rendezvous host (loopback by default), runs torchrun through
+``python -m precision_nb.engine.distributed.torchrun`` (torch's ``torch.distributed.run`` with its
+stores listening on that host only) with ``--max-restarts 0``, reads the ranks' JSON-line logs
+while they train (rank 0's records go to the callbacks as they are logged), and at the end makes
+sure no worker outlives the run: torchrun is stopped with SIGTERM (which it forwards), then its
+process group and any worker it recorded are killed by id.
 """
 
 from __future__ import annotations
@@ -117,11 +118,15 @@ def _model_spec(
     return spec, batches
 
 
+def _endpoint(host: str) -> str:
+    return f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
+
+
 def _command(nproc: int, host: str, spec_path: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "precision_nb.engine.distributed.torchrun",
         "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{free_port(host)}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(host)}", f"--local-addr={host}",
         "--max-restarts=0", "--monitor-interval=0.1",
         "-m", "precision_nb.engine.distributed.worker", str(spec_path),
     ]  # fmt: skip

@@ -130,12 +130,14 @@ def fit_target(session: Any, selection: Any, explanation: Any, plan: Any, live: 
 
 def as_run_result(result: Any) -> Any:
     """The rank-merged records of a ``DistributedResult`` as a ``RunResult`` (rank 0's scale
-    history and events), which the panel's charts, summary and figures read."""
+    history, events and training seconds: start-up apart), which the panel's charts, summary,
+    status line, figures and plotting budget read."""
     from precision_nb.core.events import Event
     from precision_nb.engine.results import RunResult
 
     dplan = result.plan
     rank0 = (result.ranks[0].result or {}) if result.ranks else {}
+    startup = result.startup_s or 0.0  # the training seconds leave the start-up out
     label = str(result.records[0]["run"]) if result.records else dplan.precision.plan.mode
     events = [
         Event(e["kind"], e["message"], e.get("data") or {})
@@ -154,7 +156,7 @@ def as_run_result(result: Any) -> Any:
         workload=dict(rank0.get("workload", {})),
         stopped=result.stopped,
         steps=int(rank0.get("steps", 0)),
-        seconds=result.seconds,
+        seconds=float(rank0.get("seconds") or max(0.0, result.seconds - startup)),
         final_loss=result.final_loss,
     )
 

@@ -153,7 +153,7 @@ class Panel(AnalysisMixin, PanelReadout):
         self.dist_controls = DistributedControls()
         self.outputs = PanelOutputs(widgets.VBox([self.controls.box(), self.dist_controls.box]))
         self.widget = self.outputs.widget
-        planner = DistributedPlanner(self.dist_controls, user)
+        planner = DistributedPlanner(self.dist_controls)
         self._plan = LivePlan(self._resolver, self.controls, self.outputs, planner)
         for name in OUTPUT_WIDGETS:
             setattr(self, name, getattr(self.outputs, name))
@@ -174,7 +174,7 @@ class Panel(AnalysisMixin, PanelReadout):
             running=weak_callback(self._is_running),
             on_window=weak_callback(self._on_scale_window),
         )
-        planner.train_config = self.session.train_config
+        planner.session = self.session  # the user model, dropped on close
         self.outputs.insert_before(self.outputs.plan_html, self.analysis.box)
         self.outputs.insert_before(self.analysis.box, self.session.per_rank.box)
         self.inspect_button = self.analysis.button

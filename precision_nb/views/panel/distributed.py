@@ -238,16 +238,20 @@ def distributed_plan_html(plan: DistributedPlan) -> str:
 class DistributedPlanner:
     """Resolves the controls' request for a selection and checks it can start.
 
-    ``user_model`` is the panel's :class:`~.session.UserModel` (None: a built-in workload).
+    ``session`` (set by the panel) gives the user's model (``session.user_model``: None for a
+    built-in workload; dropped when the panel closes) and the runs' ``train_config``.
     ``resolve`` raises the library's ``ValueError`` / ``RuntimeError``; results are cached per
     request and selection, so a control change stays cheap.
     """
 
-    def __init__(self, controls: DistributedControls, user_model: Any) -> None:
+    def __init__(self, controls: DistributedControls) -> None:
         self.controls = controls
-        self.user_model = user_model
+        self.session: Any = None
         self._cache: dict[Any, DistributedPlan | BaseException] = {}
-        self.train_config: Callable[[Any], Any] | None = None  # the session's, set by the panel
+
+    @property
+    def user_model(self) -> Any:
+        return None if self.session is None else self.session.user_model
 
     plan_html = staticmethod(distributed_plan_html)
 
@@ -263,7 +267,6 @@ class DistributedPlanner:
             model = f"model, {user.batches_path!r}, factory={user.factory!r}"
             if user.loss_fn_path is not None:
                 model += f", loss_fn={user.loss_fn_path!r}"
-        assert self.train_config is not None, "the panel sets train_config"
         notes = []
         if user is not None:
             notes.append("model: your nn.Module; its weights are loaded into factory()'s model")
@@ -273,7 +276,7 @@ class DistributedPlanner:
             notes.append(f"Resolved for simulated hardware ({explanation.capabilities.name}).")
         return fit_code(
             model=model, precision=explanation.config, distributed=plan.request, device=device,
-            train=self.train_config(selection),
+            train=self.session.train_config(selection),
             optimizer=explanation.optimizer or OptimizerConfig(fused=selection.fused),
             note="\n".join(notes),
         )  # fmt: skip

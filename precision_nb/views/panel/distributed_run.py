@@ -38,8 +38,21 @@ _MEMORY_NOTE = (
 _COMM_NOTE = (
     "bytes from the counting layer: every collective each rank issued, the full buffer of each "
     "call, mean per optimizer step over the logged steps; collectives before the first step "
-    "(setup) are left out. Time spent communicating is not measured."
+    "(setup) are left out. In flight: host clock from each call to its work's completion, "
+    "summed per step; collectives overlap compute and wait for the slowest rank, so this is how "
+    "long communication was under way, not time added to the step; 'timed' is the share of "
+    "calls whose completion could be observed (none: not measured)."
 )
+
+
+def _in_flight(seconds: float | None) -> str:
+    return "not measured" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _share(share: float | None) -> str:
+    return "" if share is None else f"{share:.0%}"
+
+
 _STARTUP_NOTE = (
     "wall clock from launching torchrun to the last rank entering its training loop (one run; "
     "mostly imports, longer on a busy machine)"
@@ -255,9 +268,11 @@ class DistributedView:
         out.append("<b>Communication per optimizer step</b>")
         if comm:
             rows = [
-                [str(r["rank"]), r["op"], r["dtype"], f"{r['bytes_per_step']:,.0f}"] for r in comm
-            ]
-            head = ["rank", "op", "dtype", "bytes per step"]
+                [str(r["rank"]), r["op"], r["dtype"], f"{r['bytes_per_step']:,.0f}",
+                 _in_flight(r.get("in_flight_s_per_step")), _share(r.get("timed_share"))]
+                for r in comm
+            ]  # fmt: skip
+            head = ["rank", "op", "dtype", "bytes per step", "in flight per step (ms)", "timed"]
             out.append(_table("pnb-dist-comm", head, rows))
         else:
             counted = getattr(result.plan.request, "count_collectives", True)

@@ -27,7 +27,7 @@ TIMEOUT = 300
 def _torchrun_alive() -> bool:
     for child in psutil.Process().children(recursive=True):
         try:
-            if "torch.distributed.run" in " ".join(child.cmdline()):
+            if "precision_nb.engine.distributed.torchrun" in " ".join(child.cmdline()):
                 return True
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

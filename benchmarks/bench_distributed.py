@@ -10,8 +10,14 @@ The layer's own cost is also measured where model noise cannot hide it: 1-elemen
 through each group, interleaved in blocks; the difference per call, divided by the plain DDP
 step time (one all-reduce per step for these models), is the implied per-step ratio.
 
-**Start-up.** ``fit_distributed`` of the tiny MLP for one step: the seconds from launching
-torchrun until every rank enters its fit loop, and the whole call.
+**Time in flight.** The counting layer's seconds from a collective's call to its completion,
+against a hand-timed loop: each synchronous 4 MB all-reduce through the counting group is also
+timed with the host clock around the call (which returns once the work is done); the median
+ratio (layer's figure / hand-timed) over the calls, with its IQR.
+
+**Start-up.** ``fit_distributed`` of the tiny MLP for one step, ``--startup-runs`` times: the
+seconds from launching torchrun until every rank enters its fit loop, and the whole call; the
+median and the range over the runs are printed (the machine's load moves them).
 
     python benchmarks/bench_distributed.py             # mlp small, 2 ranks
     python benchmarks/bench_distributed.py --quick     # fewer rounds (a smoke run)
@@ -104,13 +110,46 @@ def per_call_overhead(calls: int, block: int = 100) -> tuple[float, float]:
     return statistics.median(times["counted"]), statistics.median(times["plain"])
 
 
+def in_flight_check(calls: int, numel: int = 1 << 20) -> list[float]:
+    """Per call: the counting layer's in-flight seconds of one synchronous 4 MB all-reduce
+    divided by the seconds of the same call timed by hand around it (host clock)."""
+    counter = CommCounter()
+    counted = counting_group(counter)
+    t = torch.ones(numel)
+    ratios = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        dist.all_reduce(t, group=counted)
+        by_hand = time.perf_counter() - t0
+        dist.barrier()  # the completion callback has run once the next collective starts
+        rows = counter.take()
+        if rows and rows[0]["timed_calls"] == 1:
+            ratios.append(rows[0]["seconds"] / by_hand)
+    return ratios
+
+
+def median_iqr(values: list[float]) -> str:
+    """'median (IQR q1-q3' of the values (the caller closes the parenthesis)."""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{statistics.median(values):.3f} (IQR {q[0]:.3f}-{q[2]:.3f}"
+
+
 def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ratios, per_step = paired_rounds(args.preset, args.rounds, args.block, rank, world)
     counted_s, plain_s = per_call_overhead(args.calls)
     step_s = paired_rounds.last_plain_step_s  # type: ignore[attr-defined]
+    flight = in_flight_check(max(10, args.calls // 50))
     if rank == 0:
+        if flight:
+            print(
+                "counting layer, time in flight of a 4 MB all-reduce / hand-timed call: "
+                f"{median_iqr(flight)}, {len(flight)} calls)",
+                flush=True,
+            )
+        else:
+            print("counting layer, time in flight: no timed call (no future)", flush=True)
         extra = counted_s - plain_s
         print(
             f"counting layer, per collective call: {extra * 1e6:+.1f} us ({counted_s * 1e6:.1f} vs "
@@ -119,11 +158,10 @@ def worker(args: argparse.Namespace) -> None:
             f"{1 + max(extra, 0.0) / step_s:.4f}",
             flush=True,
         )
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         print(
             f"counting layer, mlp {args.preset}, {world} ranks, gloo: counted / plain DDP step = "
-            f"{statistics.median(ratios):.3f} (IQR {q[0]:.3f}-{q[2]:.3f}, {len(ratios)} paired "
-            f"rounds of {args.block} steps); {per_step} bytes counted per step",
+            f"{median_iqr(ratios)}, {len(ratios)} paired rounds of {args.block} steps); "
+            f"{per_step} bytes counted per step",
             flush=True,
         )
     dist.destroy_process_group()
@@ -147,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block", type=int, default=10)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--calls", type=int, default=4000, help="all-reduce calls per group")
-    p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps")
+    p.add_argument("--startup-runs", type=int, default=3, help="start-up measurements")
+    p.add_argument("--quick", action="store_true", help="6 rounds of 5 steps, 1 start-up run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.rounds, args.block, args.calls = 6, 5, 400
+        args.rounds, args.block, args.calls, args.startup_runs = 6, 5, 400, 1
     if args.worker:
         worker(args)
         return 0
@@ -165,10 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("counting layer")]
     print("\n".join(lines) if lines else f"overhead run failed:\n{done.stderr[-3000:]}")
-    up, total = startup()
+    runs = [startup() for _ in range(args.startup_runs)]
+    ups, totals = [r[0] for r in runs], [r[1] for r in runs]
     print(
-        f"start-up, 2 CPU ranks, mlp tiny: {up:.1f} s from launch to every rank's fit loop, "
-        f"{total:.1f} s for the whole 1-step fit_distributed call (one measurement)"
+        f"start-up, 2 CPU ranks, mlp tiny: {statistics.median(ups):.1f} s from launch to every "
+        f"rank's fit loop (range {min(ups):.1f}-{max(ups):.1f} s), "
+        f"{statistics.median(totals):.1f} s for the whole 1-step fit_distributed call (range "
+        f"{min(totals):.1f}-{max(totals):.1f} s); medians of {len(runs)} runs, target < 15 s"
     )
     return 0 if lines and done.returncode == 0 else 1
 

@@ -36,6 +36,9 @@ _EXPORTS: dict[str, str] = {
     "load_config": "precision_nb.core.config",
     "Distributed": "precision_nb.core.distributed",
     "explain_distributed": "precision_nb.core.distributed",
+    "CLUSTER_PRESETS": "precision_nb.core.distributed",
+    "expected_comm_bytes": "precision_nb.core.distributed",
+    "ring_seconds": "precision_nb.core.distributed",
     # engine
     "Trainer": "precision_nb.engine.trainer",
     "TrainConfig": "precision_nb.engine.trainer",
@@ -50,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "precision_nb.engine.compare",
     "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",
+    "DistributedError": "precision_nb.engine.distributed.results",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",

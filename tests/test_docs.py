@@ -325,14 +325,14 @@ def test_public_names_the_readme_uses_are_exported() -> None:
 EXAMPLES = blocks(README, "python")
 
 
-def test_readme_has_a_short_example_each_for_the_panel_fit_and_profile() -> None:
-    calls = ["pnb.Panel(", "pnb.fit(", "pnb.profile("]
+def test_readme_has_a_short_example_each_for_the_panel_fit_profile_and_distributed() -> None:
+    calls = ["pnb.Panel(", "pnb.fit(", "pnb.profile(", "pnb.Distributed("]
     assert len(EXAMPLES) == len(calls)
     for code, call in zip(EXAMPLES, calls, strict=True):
         assert call in code and len(code.strip().splitlines()) <= 12, code
 
 
-@pytest.mark.parametrize("code", EXAMPLES, ids=["panel", "fit", "profile"])
+@pytest.mark.parametrize("code", EXAMPLES, ids=["panel", "fit", "profile", "distributed"])
 def test_readme_example_runs(code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # the profile example writes profile-out/ here
     namespace: dict[str, object] = {"__name__": "readme_example"}
@@ -343,6 +343,10 @@ def test_readme_example_runs(code: str, tmp_path: Path, monkeypatch: pytest.Monk
     assert any(value is not None for value in produced), "the example produced nothing"
     if "prof" in namespace:
         assert set(namespace["prof"].verdicts) == {"fp32", "bf16"}
+    if "pnb.Distributed(" in code:
+        comm = namespace["result"].comm_table()
+        assert {row["rank"] for row in comm} == {0, 1}
+        assert any(row["dtype"] == "bf16" for row in comm), comm
 
 
 # -- the newcomer's next step ------------------------------------------------------------------

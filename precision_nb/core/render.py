@@ -104,6 +104,30 @@ def _cpu_facts_html(e: Explanation) -> str:
     return f'<ul class="pnb-cpu-facts">{items}</ul>'
 
 
+def decisions_html(decisions: Sequence[Any], warnings: Sequence[str]) -> str:
+    """HTML of the numbered decisions (fallbacks marked) and the warnings: the table every
+    explanation, single-device or distributed, shows."""
+    esc = html.escape
+    out = [
+        "<table><caption>Decisions, in order</caption>"
+        "<thead><tr><th>#</th><th>decision</th><th>outcome</th><th>why</th>"
+        "</tr></thead><tbody>"
+    ]
+    for i, d in enumerate(decisions, 1):
+        cls = ' class="pnb-fallback"' if d.fallback else ""
+        tag = " (fallback)" if d.fallback else ""
+        out.append(
+            f"<tr{cls}><td>{i}</td><td>{esc(d.field)}</td><td><code>{esc(d.outcome)}</code>"
+            f"{tag}</td><td>{esc(d.reason)}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    if warnings:
+        out.append("<ul>")
+        out.extend(f'<li class="pnb-warning">&#9888; {esc(w)}</li>' for w in warnings)
+        out.append("</ul>")
+    return "".join(out)
+
+
 def explanation_html(e: Explanation) -> str:
     """HTML: plan, decisions (fallbacks marked), warnings, every rule (the current one marked)."""
     esc = html.escape
@@ -115,22 +139,8 @@ def explanation_html(e: Explanation) -> str:
         f"<b>Hardware:</b> {esc(caps.name)}{' (simulated)' if caps.simulated else ''}"
         f" &mdash; {esc(caps.description)}</p>",
         _cpu_facts_html(e),
-        "<table><caption>Decisions, in order</caption>"
-        "<thead><tr><th>#</th><th>decision</th><th>outcome</th><th>why</th>"
-        "</tr></thead><tbody>",
     ]
-    for i, d in enumerate(e.decisions, 1):
-        cls = ' class="pnb-fallback"' if d.fallback else ""
-        tag = " (fallback)" if d.fallback else ""
-        out.append(
-            f"<tr{cls}><td>{i}</td><td>{esc(d.field)}</td><td><code>{esc(d.outcome)}</code>"
-            f"{tag}</td><td>{esc(d.reason)}</td></tr>"
-        )
-    out.append("</tbody></table>")
-    if e.warnings:
-        out.append("<ul>")
-        out.extend(f'<li class="pnb-warning">&#9888; {esc(w)}</li>' for w in e.warnings)
-        out.append("</ul>")
+    out.append(decisions_html(e.decisions, e.warnings))
     out.append(
         "<table><caption>Resolution rules (listed, implied, opt-in lab; see "
         f"<code>{esc(RULES_DOC)}</code>)</caption>"

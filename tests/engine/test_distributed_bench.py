@@ -20,9 +20,11 @@ def test_paired_rounds_time_both_groups_and_count_the_all_reduce(tmp_path) -> No
     try:
         ratios, per_step = bench.paired_rounds("tiny", rounds=2, block=2, rank=0, world=1)
         counted_s, plain_s = bench.per_call_overhead(calls=20, block=5)
+        flight = bench.in_flight_check(calls=3, numel=1000)
     finally:
         dist.destroy_process_group()
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
     assert counted_s > 0 and plain_s > 0
+    assert len(flight) == 3 and all(r > 0 for r in flight)  # every call timed, read back
     params = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
     assert per_step == 4 * params  # one fp32 all-reduce of every gradient per step

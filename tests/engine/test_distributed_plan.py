@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -172,3 +174,50 @@ def test_a_rank_interrupted_by_a_requested_stop_is_stopped_not_failed() -> None:
     _stopped_not_failed([interrupted, failed])
     assert interrupted.error is None and interrupted.finished and interrupted.stopped
     assert failed.error == {"type": "RuntimeError", "message": "boom"} and not failed.finished
+
+
+class _Work:
+    def __init__(self, future) -> None:
+        self._future = future
+
+    def get_future(self):
+        if self._future is None:
+            raise RuntimeError("this work has no future")
+        return self._future
+
+
+def test_comm_counter_times_a_call_until_its_work_completes_and_keeps_untimed_apart() -> None:
+    c = CommCounter()
+    future = torch.futures.Future()
+    keys = c.add(
+        "all_gather", [torch.zeros(4), torch.zeros(4), torch.zeros(2, dtype=torch.bfloat16)]
+    )
+    c.track(keys, _Work(future), time.perf_counter() - 0.5)  # called half a second ago
+    untimed = c.add("reduce_scatter", [torch.zeros(3)])
+    c.track(untimed, _Work(None), time.perf_counter())
+    future.set_result(None)  # the work completes: the callback adds its seconds
+    rows = {(r["op"], r["dtype"]): r for r in c.take()}
+    fp32, bf16 = rows["all_gather", "fp32"], rows["all_gather", "bf16"]
+    assert (fp32["calls"], fp32["timed_calls"], bf16["timed_calls"]) == (2, 2, 1)
+    assert fp32["seconds"] == pytest.approx(2 * bf16["seconds"])  # split by tensor count
+    assert fp32["seconds"] + bf16["seconds"] >= 0.5
+    scatter = rows["reduce_scatter", "fp32"]
+    assert (scatter["calls"], scatter["timed_calls"], scatter["seconds"]) == (1, 0, 0.0)
+
+
+def test_comm_table_reports_seconds_in_flight_only_for_timed_calls() -> None:
+    from precision_nb.engine.distributed.results import DistributedResult
+
+    def row(op, steps, nbytes, calls, seconds, timed):
+        return {"op": op, "dtype": "fp32", "steps": steps, "bytes_per_step": nbytes / steps,
+                "calls": calls, "seconds": seconds, "timed_calls": timed}  # fmt: skip
+
+    rank = RankResult(0)
+    rank.comm = [row("all_reduce", 2, 80, 2, 0.4, 2), row("all_reduce", 3, 120, 3, 0.2, 3),
+                 row("reduce_scatter", 5, 50, 5, 0.0, 0)]  # fmt: skip
+    table = {r["op"]: r for r in DistributedResult(plan=None, ranks=[rank]).comm_table()}
+    assert table["all_reduce"]["bytes_per_step"] == pytest.approx(40.0)
+    assert table["all_reduce"]["in_flight_s_per_step"] == pytest.approx(0.6 / 5)
+    assert table["all_reduce"]["timed_share"] == 1.0
+    assert table["reduce_scatter"]["in_flight_s_per_step"] is None
+    assert table["reduce_scatter"]["timed_share"] == 0.0

@@ -7,8 +7,14 @@ import subprocess
 import sys
 
 import precision_nb
-from precision_nb.core.distributed import Distributed
+from precision_nb.core.distributed import (
+    CLUSTER_PRESETS,
+    Distributed,
+    expected_comm_bytes,
+    ring_seconds,
+)
 from precision_nb.engine.amp_step import AmpStep
+from precision_nb.engine.distributed.results import DistributedError
 from precision_nb.engine.results import FitError, LossScaleFloorError
 from precision_nb.engine.session import FitSession
 
@@ -17,6 +23,10 @@ NAMES = {
     "AmpStep": AmpStep,
     "LossScaleFloorError": LossScaleFloorError,
     "Distributed": Distributed,
+    "CLUSTER_PRESETS": CLUSTER_PRESETS,
+    "expected_comm_bytes": expected_comm_bytes,
+    "ring_seconds": ring_seconds,
+    "DistributedError": DistributedError,
 }
 
 

@@ -6,10 +6,19 @@ created with ``dist.new_group``, so DDP (whose C++ reducer calls the group throu
 ``ProcessGroup`` trampoline), FSDP2 and plain ``dist.*`` calls all go through it. Bytes follow the
 convention of NCCL's tests: the size of the full buffer a collective works on (the reduced tensor
 for all-reduce, the gathered output for all-gather, the unsharded input for reduce-scatter).
+
+Time in flight: each collective's seconds from the call to the completion of its work (the host
+clock at the call, and when the work's future completes), summed by op and dtype. Collectives run
+asynchronously and overlap compute (DDP's bucketed all-reduces during backward, FSDP2's
+prefetched all-gathers), so this is how long communication was under way, not time it added to
+the step. A work whose completion cannot be observed (no future) is counted as untimed, never
+guessed.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,29 +36,68 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class CommCounter:
-    """Bytes and calls by (op, dtype) since the last :meth:`take`."""
+    """Bytes, calls and seconds in flight by (op, dtype) since the last :meth:`take`."""
 
     def __init__(self) -> None:
-        self._totals: dict[tuple[str, torch.dtype], list[int]] = {}
+        self._totals: dict[tuple[str, torch.dtype], list[float]] = {}
+        self._lock = threading.Lock()  # completions arrive on the backend's threads
 
-    def add(self, op: str, tensors: Iterable[torch.Tensor]) -> None:
-        totals = self._totals
-        for t in tensors:
-            key = (op, t.dtype)
-            slot = totals.get(key)
-            if slot is None:
-                slot = totals[key] = [0, 0]
-            slot[0] += t.numel() * t.element_size()
-            slot[1] += 1
+    def _slot(self, key: tuple[str, torch.dtype]) -> list[float]:
+        slot = self._totals.get(key)
+        if slot is None:
+            slot = self._totals[key] = [0, 0, 0.0, 0]  # bytes, tensors, seconds, timed tensors
+        return slot
+
+    def add(self, op: str, tensors: Iterable[torch.Tensor]) -> dict[tuple[str, torch.dtype], int]:
+        """Count the buffer; returns how many of its tensors fell under each (op, dtype)."""
+        keys: dict[tuple[str, torch.dtype], int] = {}
+        with self._lock:
+            for t in tensors:
+                key = (op, t.dtype)
+                slot = self._slot(key)
+                slot[0] += t.numel() * t.element_size()
+                slot[1] += 1
+                keys[key] = keys.get(key, 0) + 1
+        return keys
+
+    def track(self, keys: dict[tuple[str, torch.dtype], int], work: Any, t0: float) -> None:
+        """Add the seconds from ``t0`` until ``work`` completes, when its future allows it (a call
+        over several dtypes splits its seconds by tensor count)."""
+        if not keys or work is None:
+            return
+        try:
+            future = work.get_future()
+        except (RuntimeError, AttributeError):  # counted as untimed: no completion to observe
+            return
+        total = sum(keys.values())
+
+        def done(_: Any) -> None:
+            elapsed = time.perf_counter() - t0
+            with self._lock:
+                for key, n in keys.items():
+                    slot = self._slot(key)
+                    slot[2] += elapsed * n / total
+                    slot[3] += n
+
+        future.add_done_callback(done)
 
     def take(self) -> list[dict[str, Any]]:
-        """Rows ``{op, dtype, bytes, calls}`` counted so far; the counts start again at zero."""
-        rows = [
-            {"op": op, "dtype": dtype_name(dt), "bytes": b, "calls": c}
-            for (op, dt), (b, c) in sorted(self._totals.items(), key=lambda kv: kv[0][0])
+        """Rows ``{op, dtype, bytes, calls, seconds, timed_calls}`` counted so far; the counts
+        start again at zero. ``calls`` counts tensors (a coalesced call counts each of its
+        tensors); ``seconds`` sums the time in flight of the ``timed_calls``."""
+        with self._lock:
+            totals, self._totals = self._totals, {}
+        return [
+            {
+                "op": op,
+                "dtype": dtype_name(dt),
+                "bytes": int(b),
+                "calls": int(c),
+                "seconds": s,
+                "timed_calls": int(n),
+            }
+            for (op, dt), (b, c, s, n) in sorted(totals.items(), key=lambda kv: kv[0][0])
         ]
-        self._totals = {}
-        return rows
 
 
 def _flat(lists: Iterable[Iterable[torch.Tensor]]) -> list[torch.Tensor]:
@@ -81,8 +129,11 @@ _METHODS: dict[str, tuple[str, Callable[..., Iterable[torch.Tensor]]]] = {
 
 def _forwarder(name: str, op: str, pick: Callable[..., Iterable[torch.Tensor]]) -> Callable:
     def method(self: CountingGroup, *args: Any) -> Any:
-        self.counter.add(op, pick(*args))
-        return getattr(self.inner, name)(*args)
+        keys = self.counter.add(op, pick(*args))
+        t0 = time.perf_counter()
+        work = getattr(self.inner, name)(*args)
+        self.counter.track(keys, work, t0)
+        return work
 
     method.__name__ = name
     method.__doc__ = f"Count the buffer as {op!r}, then call the real group's {name}."

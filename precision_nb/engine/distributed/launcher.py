@@ -2,11 +2,11 @@
 gather every rank's records.
 
 The calling process (a notebook kernel, a script, the CLI) is the launcher, never a rank. It picks a
-free port on the rendezvous host (loopback by default), runs ``python -m torch.distributed.run``
-with ``--max-restarts 0``, reads the ranks' JSON-line logs while they train (rank 0's records go to
-the callbacks as they are logged), and at the end makes sure no worker outlives the run: torchrun
-is stopped with SIGTERM (which it forwards), then its process group and any worker it recorded
-are killed by id.
+free port on the rendezvous host (loopback by default), runs torchrun (its stores bound to that
+host, see :mod:`~precision_nb.engine.distributed.process`) with ``--max-restarts 0``, reads the
+ranks' JSON-line logs while they train (rank 0's records go to the callbacks as they are logged),
+and at the end makes sure no worker outlives the run: torchrun is stopped with SIGTERM (which it
+forwards), then its process group and any worker it recorded are killed by id.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from precision_nb.core.distributed import Distributed, DistributedPlan, explain_
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.parallel import batch_samples, check_divisible
-from precision_nb.engine.distributed.results import DistributedResult, read_rank_log
 from precision_nb.engine.distributed.process import (
     exit_codes,
     failure,
@@ -36,6 +35,7 @@ from precision_nb.engine.distributed.process import (
     run_torchrun,
     stopped_not_failed,
 )
+from precision_nb.engine.distributed.results import DistributedResult, read_rank_log
 from precision_nb.engine.distributed.worker import import_path
 from precision_nb.engine.trainer import make_train_config
 from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload

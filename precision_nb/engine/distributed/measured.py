@@ -26,13 +26,13 @@ from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.launcher import plan_spec, write_spec
+from precision_nb.engine.distributed.process import failure, run_torchrun, stopped_not_failed
 from precision_nb.engine.distributed.results import (
     DistributedResult,
     RankResult,
     rank_lines,
     read_rank_log,
 )
-from precision_nb.engine.distributed.process import failure, run_torchrun, stopped_not_failed
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
 from precision_nb.engine.measure import warmup_event as _warmup_event
 

@@ -1,8 +1,9 @@
 """torchrun as a subprocess: start it on a spec, follow it, stop it, and describe a failure.
 
-:func:`run_torchrun` picks a free port on the rendezvous host (loopback by default), runs
-``python -m torch.distributed.run`` with ``--max-restarts 0``, calls ``poll()`` while the ranks
-train (the launcher follows their JSON-line logs there) and at the end makes sure no worker
+:func:`run_torchrun` picks a free port on the rendezvous host (loopback by default), runs torchrun
+through ``python -m precision_nb.engine.distributed.torchrun`` (torch's ``torch.distributed.run``
+with its stores listening on that host only) with ``--max-restarts 0``, calls ``poll()`` while the
+ranks train (the launcher follows their JSON-line logs there) and at the end makes sure no worker
 outlives the run: torchrun is stopped with SIGTERM (which it forwards), then its process group and
 any worker it recorded are killed by id. :func:`failure` turns a failed run into a
 ``DistributedError`` naming the rank that failed first.
@@ -63,11 +64,15 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
+def _endpoint(host: str) -> str:
+    return f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
+
+
 def _command(nproc: int, host: str, spec_path: Path) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "precision_nb.engine.distributed.torchrun",
         "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{free_port(host)}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(host)}", f"--local-addr={host}",
         "--max-restarts=0", "--monitor-interval=0.1",
         "-m", "precision_nb.engine.distributed.worker", str(spec_path),
     ]  # fmt: skip

@@ -130,15 +130,30 @@ class DistributedResult:
         return self.records[-1]["loss"] if self.records else None
 
     def comm_table(self) -> list[dict[str, Any]]:
-        """Mean bytes per step by rank, op and dtype over the logged steps (setup excluded)."""
-        rows: dict[tuple[int, str, str], list[float]] = {}
+        """Per rank, op and dtype over the logged steps (setup excluded): mean bytes per step,
+        calls per step, and the mean seconds in flight per step (call to completion, summed over
+        the collectives; they overlap compute) with the share of calls that were timed."""
+        rows: dict[tuple[int, str, str], dict[str, float]] = {}
         for r in self.ranks:
             for row in r.comm:
                 key = (r.rank, row["op"], row["dtype"])
-                rows.setdefault(key, []).extend([row["bytes_per_step"]] * row["steps"])
+                acc = rows.setdefault(key, dict.fromkeys(("steps", "bytes", "calls", "s", "t"), 0))
+                acc["steps"] += row["steps"]
+                acc["bytes"] += row["bytes_per_step"] * row["steps"]
+                acc["calls"] += row.get("calls", 0)
+                acc["s"] += row.get("seconds", 0.0)
+                acc["t"] += row.get("timed_calls", 0)
         return [
-            {"rank": k[0], "op": k[1], "dtype": k[2], "bytes_per_step": statistics.fmean(v)}
-            for k, v in sorted(rows.items())
+            {
+                "rank": k[0],
+                "op": k[1],
+                "dtype": k[2],
+                "bytes_per_step": a["bytes"] / a["steps"],
+                "calls_per_step": a["calls"] / a["steps"],
+                "in_flight_s_per_step": a["s"] / a["steps"] if a["t"] else None,
+                "timed_share": a["t"] / a["calls"] if a["calls"] else None,
+            }
+            for k, a in sorted(rows.items())
         ]
 
     def memory_table(self) -> list[dict[str, Any]]:

@@ -103,7 +103,12 @@ class CommObserver:
         self.last_step = int(record["step"])
         rows = self.counter.take() if self.counter else []
         for row in rows:
-            row.update(step=record["step"], steps=steps, bytes_per_step=row["bytes"] / steps)
+            row.update(
+                step=record["step"],
+                steps=steps,
+                bytes_per_step=row["bytes"] / steps,
+                seconds_per_step=row["seconds"] / steps,
+            )
         self.comm.extend(rows)
         record["comm_bytes_per_step"] = sum(r["bytes_per_step"] for r in rows)
         self.log.write("record", record=record, comm=rows, **self.tag)

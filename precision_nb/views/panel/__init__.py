@@ -4,7 +4,9 @@
 and their checks), ``controls`` (input widgets), ``plan_resolver`` (the cached plan of a selection
 and the live plan shown), ``outputs`` (output widgets), ``session`` (background runs, the plotting
 budget, what is drawn after a run), ``run`` (the worker thread and the throttled engine callback),
-``code`` (the code a plan corresponds to) and ``live_charts`` (SVG charts during a run).
+``code`` (the code a plan corresponds to), ``live_charts`` (SVG charts during a run),
+``distributed`` (the Distributed section) and ``distributed_run`` (a distributed run and its
+per-rank view).
 """
 
 from __future__ import annotations

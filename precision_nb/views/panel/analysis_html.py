@@ -15,7 +15,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["memory_chart_svg", "numerics_html", "ops_html"]
+__all__ = ["memory_chart_svg", "numerics_html", "ops_html", "stacked_bars_svg"]
 
 KIND_COLORS = {
     "parameters": "#1f77b4",
@@ -54,30 +54,32 @@ def _uncounted(rows: Sequence[Mapping[str, Any]], prefix: str) -> int | None:
     return None
 
 
-def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
-    """Stacked bars (kind, dtype) per plan; the allocator peak marked ``|`` where measured."""
-    if not inspections:
-        return ""
-    bars = {label: (_segments(data.memory), data) for label, data in inspections.items()}
-    peaks = {label: _uncounted(bars[label][1].memory, "allocator peak") for label in bars}
+def stacked_bars_svg(
+    bars: Mapping[str, Sequence[tuple[str, str, int]]],
+    peaks: Mapping[str, int | None] | None = None,
+    *,
+    css: str = "pnb-memory-chart",
+) -> str:
+    """One horizontal bar per label, stacked by (kind, dtype, bytes) segments (low-precision
+    dtypes lighter, bytes on hover), a ``|`` where ``peaks`` gives one; then the kinds' legend."""
+    peaks = peaks or {}
     top = max(
-        [sum(b for _, _, b in segs) for (segs, _), _ in bars.values()]
+        [sum(b for _, _, b in segs) for segs in bars.values()]
         + [p for p in peaks.values() if p]
         + [1]
     )
     height = BAR_H * len(bars) + 30
     parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' class='pnb-memory-chart' width='"
+        f"<svg xmlns='http://www.w3.org/2000/svg' class='{css}' width='"
         f"{LABEL_W + CHART_W + 90}' height='{height}' style='font-family:sans-serif;"
         "background:#fff'>"
     ]
     kinds_seen: dict[str, None] = {}
-    for row, (label, ((segs, measured), _data)) in enumerate(bars.items()):
+    for row, (label, segs) in enumerate(bars.items()):
         y = 4 + row * BAR_H
-        name = label + ("" if measured else " (expected)")
         parts.append(
             f"<text x='{LABEL_W - 4}' y='{y + 14}' font-size='11' text-anchor='end'>"
-            f"{html.escape(name)}</text>"
+            f"{html.escape(label)}</text>"
         )
         x = float(LABEL_W)
         for kind, dtype, nbytes in segs:
@@ -94,7 +96,7 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
             x += width
         total = sum(b for _, _, b in segs)
         parts.append(f"<text x='{x + 4:.1f}' y='{y + 14}' font-size='10'>{_mib(total)}</text>")
-        peak = peaks[label]
+        peak = peaks.get(label)
         if peak:
             px = LABEL_W + peak / top * CHART_W
             parts.append(
@@ -106,8 +108,20 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
         f"<span style='color:{KIND_COLORS.get(k, '#7f7f7f')}'>&#9632;</span> {html.escape(k)}"
         for k in kinds_seen
     )
-    parts.append("</svg>")
-    rss = {label: _uncounted(d.memory, "process memory") for label, (_, d) in bars.items()}
+    return "".join(parts) + f"</svg><div style='font-size:12px'>{legend}</div>"
+
+
+def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
+    """Stacked bars (kind, dtype) per plan; the allocator peak marked ``|`` where measured."""
+    if not inspections:
+        return ""
+    bars, peaks = {}, {}
+    for label, data in inspections.items():
+        segs, measured = _segments(data.memory)
+        name = label + ("" if measured else " (expected)")
+        bars[name] = segs
+        peaks[name] = _uncounted(data.memory, "allocator peak")
+    rss = {label: _uncounted(d.memory, "process memory") for label, d in inspections.items()}
     notes = [
         "One instrumented training step per plan on a copy of the model (outside the timed "
         "steps). Low-precision dtypes are drawn lighter; hover a segment for its bytes."
@@ -118,10 +132,7 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
         shown = ", ".join(f"{k} {_mib(v)}" for k, v in rss.items() if v)
         notes.append(f"Process memory (host RSS; the whole process, not model memory): {shown}.")
     note = " ".join(html.escape(n) for n in notes)
-    return (
-        "".join(parts) + f"<div style='font-size:12px'>{legend}</div><div style='font-size:12px'>"
-        f"<i>{note}</i></div>"
-    )
+    return stacked_bars_svg(bars, peaks) + f"<div style='font-size:12px'><i>{note}</i></div>"
 
 
 def _rows_table(css: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import ipywidgets as widgets
+
 from precision_nb.core.capabilities import read_capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
@@ -30,6 +32,12 @@ from precision_nb.views.panel.controls import (
     Controls,
     Selection,
 )
+from precision_nb.views.panel.distributed import (
+    DIST_CONTROLS,
+    DistributedControls,
+    DistributedPlanner,
+)
+from precision_nb.views.panel.distributed_run import user_inputs
 from precision_nb.views.panel.outputs import (
     OUTPUT_WIDGETS,
     PanelOutputs,
@@ -42,6 +50,12 @@ from precision_nb.views.panel.run import Job, check_train_options
 from precision_nb.views.panel.session import RunSession, UserModel
 
 __all__ = ["Panel"]
+
+COMPARE_ONE_PROCESS = (
+    "Compare is off with a distributed strategy: comparisons run on one process here. For plans "
+    "compared on several processes use pnb.profile(..., compare=(...), distributed="
+    "pnb.Distributed(...)) (docs/distributed.md), or set the strategy to none."
+)
 
 
 def _workload_presets() -> dict[str, tuple[str, ...]]:
@@ -91,6 +105,8 @@ class Panel(AnalysisMixin, PanelReadout):
         train_options: dict[str, Any] | None = None,
         plot_budget: float = 0.025,
         refresh_interval_s: float = 0.5,
+        distributed: Any = None,
+        factory: str | None = None,
     ) -> None:
         if (model is None) != (batches is None):
             missing = "batches" if batches is None else "model"
@@ -116,6 +132,15 @@ class Panel(AnalysisMixin, PanelReadout):
                 "model on your batches"
             )
         train_options = check_train_options(train_options)
+        if factory is not None and (model is None or not isinstance(factory, str)):
+            raise ValueError(
+                f"factory={short_repr(factory)}: allowed: None, or with model=... an import path "
+                "'package.module:function' returning the model for torchrun's workers"
+            )
+        user = None
+        if model is not None:
+            batches, batches_path, loss_fn, loss_path = user_inputs(batches, loss_fn)
+            user = UserModel(model, batches, loss_fn, factory, batches_path, loss_path)
         self._capabilities = read_capabilities()
         self._resolver = PlanResolver(self._capabilities, optimizer or OptimizerConfig())
         self._applying = False
@@ -125,14 +150,16 @@ class Panel(AnalysisMixin, PanelReadout):
         self.controls = Controls(
             device_options(self._capabilities), workloads, user_model=model is not None
         )
-        self.outputs = PanelOutputs(self.controls.box())
+        self.dist_controls = DistributedControls()
+        self.outputs = PanelOutputs(widgets.VBox([self.controls.box(), self.dist_controls.box]))
         self.widget = self.outputs.widget
-        self._plan = LivePlan(self._resolver, self.controls, self.outputs)
+        planner = DistributedPlanner(self.dist_controls)
+        self._plan = LivePlan(self._resolver, self.controls, self.outputs, planner)
         for name in OUTPUT_WIDGETS:
             setattr(self, name, getattr(self.outputs, name))
         self.session = RunSession(
             self.outputs,
-            user_model=None if model is None else UserModel(model, batches, loss_fn),
+            user_model=user,
             optimizer_for=self._resolver.optimizer_for,
             log_every=log_every,
             train_options=train_options,
@@ -147,7 +174,9 @@ class Panel(AnalysisMixin, PanelReadout):
             running=weak_callback(self._is_running),
             on_window=weak_callback(self._on_scale_window),
         )
+        planner.session = self.session  # the user model, dropped on close
         self.outputs.insert_before(self.outputs.plan_html, self.analysis.box)
+        self.outputs.insert_before(self.analysis.box, self.session.per_rank.box)
         self.inspect_button = self.analysis.button
         self.analysis.button.on_click(weak_callback(self._on_inspect_click))
         self.analysis.accordion.observe(weak_callback(self._on_view_opened), "selected_index")
@@ -173,7 +202,9 @@ class Panel(AnalysisMixin, PanelReadout):
             initial["workload"] = workload if workload is not None else DEFAULT_WORKLOAD
             initial["preset"] = preset if preset is not None else "tiny"
         self.controls.apply(self.controls.normalise(**initial))
+        self.dist_controls.apply(self.dist_controls.normalise({"distributed": distributed}))
         self.controls.observe(weak_callback(self._on_control_change))
+        self.dist_controls.observe(weak_callback(self._on_control_change))
         self.refresh()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -187,6 +218,7 @@ class Panel(AnalysisMixin, PanelReadout):
 
     def refresh(self) -> None:
         """Re-resolve the plan from the controls and update every view of it (also the code)."""
+        self.dist_controls.update_enabled()
         self._plan.refresh()
         self._update_buttons()
         self.analysis.plan_changed()
@@ -198,6 +230,7 @@ class Panel(AnalysisMixin, PanelReadout):
             running=self.running,
             block_reason=self._plan.block_reason(),
             has_result=self.session.source is not None,
+            compare_reason=None if self._plan.distributed is None else COMPARE_ONE_PROCESS,
         )
 
     def _on_run_click(self, _button: Any) -> None:
@@ -229,7 +262,9 @@ class Panel(AnalysisMixin, PanelReadout):
                 return None
             self.outputs.show_error(None)
             assert self._plan.explanation is not None
-            job = self.session.start(kind, selection, self._plan.explanation)
+            job = self.session.start(
+                kind, selection, self._plan.explanation, self._plan.distributed
+            )
             self._update_buttons()
             job.start()
             return job
@@ -246,9 +281,13 @@ class Panel(AnalysisMixin, PanelReadout):
             if error is None:  # else the error box already says why
                 self.outputs.show_error(reason, "input")
             if isinstance(error, ValueError):
-                raise ValueError(f"{reason} {error}") from error
+                message = reason if str(error) in reason else f"{reason} {error}"
+                raise ValueError(message) from error
             raise RuntimeError(reason)
         selection = self.controls.selection()
+        if kind == "compare" and self._plan.distributed is not None:
+            self.outputs.show_error(COMPARE_ONE_PROCESS, "input")
+            raise RuntimeError(COMPARE_ONE_PROCESS)
         if kind == "compare" and not selection.compare_plans:
             message = "Compare needs at least one plan ticked in the Compare list."
             self.outputs.show_error(message)
@@ -270,6 +309,8 @@ class Panel(AnalysisMixin, PanelReadout):
         """
         self._check_open()
         try:
+            dist = {k: controls.pop(k) for k in list(controls) if k in DIST_CONTROLS}
+            dist_values = self.dist_controls.normalise(dist) if dist else {}
             values = self.controls.normalise(**controls)
             device = values.get("device")
             if device is not None and not device.startswith(SIM_PREFIX):
@@ -282,6 +323,7 @@ class Panel(AnalysisMixin, PanelReadout):
         self._applying = True  # apply every value, then resolve once
         try:
             self.controls.apply(values)
+            self.dist_controls.apply(dist_values)
         finally:
             self._applying = False
         self.refresh()
@@ -313,7 +355,8 @@ class Panel(AnalysisMixin, PanelReadout):
             raise TimeoutError(f"the {kind} did not finish within {timeout} s (it goes on)")
         if job.error is not None:
             raise job.error
-        return self.session.source
+        distributed = self.session.per_rank.result  # as pnb.fit(..., distributed=...) returns
+        return distributed if distributed is not None else self.session.source
 
     def stop(self) -> None:
         """End the current run between steps; every record made so far is kept."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CodeSpec", "plan_code"]
+__all__ = ["CodeSpec", "fit_code", "plan_code"]
 
 _DTYPE_NAMES = {
     "fp16": "torch.float16",
@@ -131,5 +131,51 @@ def plan_code(spec: CodeSpec) -> str:
     lines += [
         "",
         'print(f"final loss {loss.item() * accumulation:.4f}")',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fit_code(
+    *, model: str, precision: Any, distributed: Any, device: str, optimizer: Any, train: Any,
+    note: str = "",
+) -> str:  # fmt: skip
+    """The ``pnb.fit(..., distributed=pnb.Distributed(...))`` call a distributed panel run makes.
+
+    ``model`` is the first arguments as source text (``'"mlp", preset="tiny"'``); ``precision``
+    (``PrecisionConfig``), ``distributed`` (``Distributed``), ``optimizer`` (``OptimizerConfig``)
+    and ``train`` (``TrainConfig``) are written with their fields other than the defaults.
+    """
+    from dataclasses import fields
+
+    def changed(value: Any, skip: tuple[str, ...] = ()) -> list[str]:
+        return [
+            f"{f.name}={getattr(value, f.name)!r}"
+            for f in fields(value)
+            if f.name not in skip and getattr(value, f.name) != f.default
+        ]
+
+    def call(name: str, value: Any, first: tuple[str, ...] = ()) -> str:
+        args = [repr(getattr(value, f)) for f in first] + changed(value, first)
+        return f"pnb.{name}({', '.join(args)})"
+
+    lines = [
+        "# The same run in code: torchrun starts the ranks; this process launches them.",
+        *[f"# {part}" for part in note.splitlines() if part],
+        "import precision_nb as pnb",
+        "",
+        "result = pnb.fit(",
+        f"    {model},",
+        f"    device={device!r},",
+        f"    precision={call('PrecisionConfig', precision, ('mode',))},",
+    ]
+    if changed(optimizer):
+        lines.append(f"    optimizer={call('OptimizerConfig', optimizer)},")
+    lines.append(f"    distributed={call('Distributed', distributed, ('strategy', 'nproc'))},")
+    lines += [f"    {arg}," for arg in changed(train, ("progress", "label"))]
+    lines += [
+        ")",
+        "print(result.final_loss, result.startup_s)",
+        "print(result.memory_table())  # bytes per rank by kind and dtype",
+        "print(result.comm_table())  # bytes per step by rank, op and dtype",
     ]
     return "\n".join(lines) + "\n"

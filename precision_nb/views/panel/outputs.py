@@ -89,6 +89,9 @@ class PanelOutputs:
     """
 
     CHART_INTERVAL_S = 0.5
+    COMPARE_TOOLTIP = "Run the plans ticked under Compare on the same seed, overlaid"
+    CODE_TITLE = "<b>Copy as code</b> &mdash; plain PyTorch (no precision_nb) reproducing this plan"
+    FIT_CODE_TITLE = "<b>Copy as code</b> &mdash; the precision_nb call the Run button makes"
 
     def __init__(self, controls_box: widgets.Widget) -> None:
         self.badge = widgets.HTML()
@@ -100,7 +103,7 @@ class PanelOutputs:
             description="Compare",
             button_style="info",
             icon="columns",
-            tooltip="Run the plans ticked under Compare on the same seed, overlaid",
+            tooltip=self.COMPARE_TOOLTIP,
         )
         self.stop_button = widgets.Button(
             description="Stop", button_style="danger", icon="stop", disabled=True
@@ -140,9 +143,7 @@ class PanelOutputs:
         self.warmups: dict[str, Any] = {}  # its warm-ups, label -> Warmup (None while going)
         self.scale_window: tuple[int, int] | None = None  # safe fp16 window (log2), if known
 
-        code_title = widgets.HTML(
-            "<b>Copy as code</b> &mdash; plain PyTorch (no precision_nb) reproducing this plan"
-        )
+        self.code_title = widgets.HTML(self.CODE_TITLE)
         self.widget = widgets.VBox(
             [
                 widgets.HBox([title, self.badge]),
@@ -159,7 +160,7 @@ class PanelOutputs:
                 self.results_html,
                 self.events_html,
                 self.plan_html,
-                code_title,
+                self.code_title,
                 self.code_area,
             ]
         )
@@ -189,10 +190,19 @@ class PanelOutputs:
         self.error_box.value = f"<div style='{_ERROR_STYLE}'>{html.escape(message)}</div>"
         self.error_box.layout.display = None
 
-    def set_buttons(self, *, running: bool, block_reason: str | None, has_result: bool) -> None:
+    def set_buttons(
+        self,
+        *,
+        running: bool,
+        block_reason: str | None,
+        has_result: bool,
+        compare_reason: str | None = None,
+    ) -> None:
+        """``compare_reason``: why Compare alone is off (Run stays available)."""
         blocked = running or block_reason is not None
         self.run_button.disabled = blocked
-        self.compare_button.disabled = blocked
+        self.compare_button.disabled = blocked or compare_reason is not None
+        self.compare_button.tooltip = compare_reason or self.COMPARE_TOOLTIP
         self.stop_button.disabled = not running
         self.figure_button.disabled = running or not has_result
         if running:
@@ -200,12 +210,18 @@ class PanelOutputs:
         elif block_reason is not None:
             style = "color:#856404"
             self.run_reason.value = f"<span style='{style}'>{html.escape(block_reason)}</span>"
+        elif compare_reason is not None:
+            style = "color:#856404"
+            self.run_reason.value = f"<span style='{style}'>{html.escape(compare_reason)}</span>"
         else:
             self.run_reason.value = ""
 
     # ------------------------------------------------------------------ plan
 
-    def show_plan(self, plan_html: str, badge_html: str, simulated: bool, code: str) -> None:
+    def show_plan(
+        self, plan_html: str, badge_html: str, simulated: bool, code: str, fit_code: bool = False
+    ) -> None:
+        """``fit_code``: ``code`` is the precision_nb call (a distributed run), not plain torch."""
         self.plan_html.value = plan_html
         self.badge.value = badge_html
         if simulated:
@@ -213,6 +229,7 @@ class PanelOutputs:
         else:
             self.badge.remove_class("pnb-simulated")
         self.code_area.value = code
+        self.code_title.value = self.FIT_CODE_TITLE if fit_code else self.CODE_TITLE
 
     def clear_plan(self) -> None:
         self.plan_html.value = ""

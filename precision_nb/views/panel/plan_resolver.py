@@ -193,11 +193,20 @@ class LivePlan:
     ``explanation`` is None and ``error`` the exception while the selection cannot be resolved.
     """
 
-    def __init__(self, resolver: PlanResolver, controls: Controls, outputs: PanelOutputs) -> None:
+    def __init__(
+        self,
+        resolver: PlanResolver,
+        controls: Controls,
+        outputs: PanelOutputs,
+        planner: Any = None,
+    ) -> None:
         self.resolver = resolver
         self.controls = controls
         self.outputs = outputs
+        # resolves the Distributed section's request (a DistributedPlanner), if the panel has one
+        self.planner = planner
         self.explanation: Explanation | None = None
+        self.distributed: Any = None  # the DistributedPlan of a strategy, else None
         self.error: BaseException | None = None
         self.refresh_seconds = 0.0
 
@@ -215,22 +224,40 @@ class LivePlan:
             self.refresh_seconds = time.perf_counter() - start
             return
         explanation = resolved.explanation
-        self.explanation, self.error = explanation, None
+        self.explanation, self.error, self.distributed = explanation, None, None
         self.controls.update_enabled(
             lab_applies=resolved.lab_applies, lab_reason=resolved.lab_reason
         )
+        plan_html, code = explanation._repr_html_(), code_for(explanation, selection)
+        if self.planner is not None:
+            try:
+                self.distributed = self.planner.resolve(
+                    selection, explanation, self.resolver.optimizer_for(selection)
+                )
+            except (ValueError, RuntimeError) as exc:
+                self.error = exc
+            if self.distributed is not None:
+                plan_html = self.planner.plan_html(self.distributed) + plan_html
+                code = self.planner.code(self.distributed, selection, explanation)
         self.outputs.show_plan(
-            explanation._repr_html_(),
+            plan_html,
             badge_html(explanation),
             explanation.simulated,
-            code_for(explanation, selection),
+            code,
+            fit_code=self.distributed is not None,
         )
-        if self.outputs.error_source == "selection":
+        if self.error is not None:
+            self.outputs.show_error(
+                f"Cannot use this distributed request: {self.error}", "selection"
+            )
+        elif self.outputs.error_source == "selection":
             self.outputs.show_error(None)
         self.refresh_seconds = time.perf_counter() - start
 
     def block_reason(self) -> str | None:
         """Why Run cannot start with this selection (None when it can)."""
+        if self.error is not None and self.explanation is not None:
+            return f"Run is disabled: the distributed request cannot run here: {self.error}"
         if self.error is not None:
             return "Run is disabled: the selection cannot be resolved (see the message above)."
         if self.explanation is not None and self.explanation.simulated:

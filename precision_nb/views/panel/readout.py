@@ -96,7 +96,12 @@ class PanelReadout:
     @property
     def records_frame(self) -> Any:
         """Every record of the last run or comparison as a pandas DataFrame (live while running)."""
-        return self.session.records_frame()
+        from precision_nb.views.report.tables import to_frame
+
+        session = self.session
+        if session.source is None and session.live is not None:
+            return to_frame(session.live.snapshot()[0])
+        return to_frame(session.source if session.source is not None else [])
 
     @property
     def results(self) -> Any:
@@ -111,10 +116,53 @@ class PanelReadout:
     @property
     def summary(self) -> Any:
         """One row per plan of the last run or comparison (views.report.tables.summary)."""
-        return self.session.summary()
+        from precision_nb.views.report.tables import summary
+
+        return summary(self.session.source if self.session.source is not None else [])
 
     @property
     def figures(self) -> dict[str, Any]:
         """Fresh matplotlib Figures of the last run: loss, loss_scale, throughput, memory,
         dashboard (empty dict before any run)."""
-        return self.session.figures()
+        source = self.session.source
+        if source is None:
+            return {}
+        from precision_nb.views.report import figures as f
+
+        return {
+            "loss": f.loss_figure(source),
+            "loss_scale": f.loss_scale_figure(source),
+            "throughput": f.throughput_figure(source),
+            "memory": f.memory_figure(source),
+            "dashboard": f.dashboard_figure(source),
+        }
+
+    # ------------------------------------------------------------------ distributed
+
+    @property
+    def distributed(self) -> Any:
+        """The ``Distributed`` request of the Distributed section (None: strategy "none", or a
+        request the library refuses, ``panel.error`` saying why). Assigning calls
+        ``set(distributed=...)``."""
+        plan = self._plan.distributed
+        return None if plan is None else plan.request
+
+    @distributed.setter
+    def distributed(self, value: Any) -> None:
+        self.set(distributed=value)
+
+    distributed_plan = _forward(
+        "_plan.distributed", "The DistributedPlan of the selection (None without a strategy)."
+    )
+    distributed_result = _forward(
+        "session.per_rank.result",
+        "The last distributed run's DistributedResult (every rank's records; a failed run's "
+        "too), or None.",
+    )
+
+    @property
+    def rank_tables(self) -> dict[str, Any]:
+        """The per-rank view's tables as DataFrames: ``steps`` (step time median and IQR, final
+        loss), ``memory`` (bytes by kind and dtype), ``comm`` (bytes per step by op and dtype);
+        empty before a distributed run."""
+        return self.session.per_rank.tables()

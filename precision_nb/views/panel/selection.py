@@ -180,7 +180,9 @@ def normalise(
         else:
             raise ValueError(
                 f"{short_repr(name)} is not a panel control; allowed: device, mode, dtype, fused, "
-                "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans"
+                "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans; "
+                "distributed, strategy, nproc, comm_hook, backend, param_dtype, reduce_dtype, "
+                "output_dtype"
             )
     preset = out.get("preset")
     if "preset" in out and not user_model:

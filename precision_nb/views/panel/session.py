@@ -25,6 +25,7 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation
 from precision_nb.views.panel.controls import COMPARE_CHOICES, Selection
+from precision_nb.views.panel.distributed_run import DistributedView, fit_target
 from precision_nb.views.panel.outputs import PanelOutputs, panel_png
 from precision_nb.views.panel.run import Job, LiveCallback, describe_failure
 
@@ -40,6 +41,9 @@ class UserModel:
     model: Any
     batches: Any
     loss_fn: Any = None
+    factory: str | None = None  # import paths for distributed runs (docs/distributed.md)
+    batches_path: str | None = None
+    loss_fn_path: str | None = None
 
 
 def figure_fits_budget(
@@ -87,6 +91,7 @@ class RunSession:
         self.lock = threading.Lock()
         self.job: Job | None = None
         self.source: Any = None  # the last RunResult or Comparison
+        self.per_rank = DistributedView()  # a distributed run's result, shown per rank
         self.live: LiveCallback | None = None
         self.last_live: LiveCallback | None = None
         self.last_exception: BaseException | None = None
@@ -102,9 +107,13 @@ class RunSession:
 
     # ------------------------------------------------------------------ starting
 
-    def start(self, kind: str, selection: Selection, explanation: Explanation) -> Job:
-        """Start a run (``kind="run"``) or comparison in the background (call under ``lock``)."""
+    def start(
+        self, kind: str, selection: Selection, explanation: Explanation, distributed: Any = None
+    ) -> Job:
+        """Start a run (``kind="run"``; with a ``DistributedPlan``, under torchrun) or a
+        comparison in the background (call under ``lock``)."""
         self.last_exception = None
+        self.per_rank.clear()
         live = LiveCallback(
             steps=selection.steps,
             runs=1 if kind == "run" else max(1, len(selection.compare_plans)),
@@ -120,7 +129,11 @@ class RunSession:
         self.outputs.reset_for_run(
             live.steps * live.runs, measured=kind == "compare", warmups=live.warmups
         )
-        if kind == "run":
+        if kind == "run" and distributed is not None:
+
+            def target(stop: threading.Event) -> Any:
+                return fit_target(self, selection, explanation, distributed, live, stop)
+        elif kind == "run":
 
             def target(stop: threading.Event) -> Any:
                 return self._fit(selection, explanation, live, stop)
@@ -183,7 +196,7 @@ class RunSession:
         if self.job is not None and not self.job.running:
             self.job = None
 
-    def _run_options(self, selection: Selection, live: Any, stop: Any) -> dict[str, Any]:
+    def run_options(self, selection: Selection, live: Any, stop: Any) -> dict[str, Any]:
         """The keyword arguments a panel run and a panel comparison share."""
         return dict(
             device=selection.device,
@@ -196,7 +209,7 @@ class RunSession:
     def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
         from precision_nb.engine.trainer import fit
 
-        common = self._run_options(selection, live, stop)
+        common = self.run_options(selection, live, stop)
         common["precision"] = explanation.config
         user = self.user_model
         if user is not None:
@@ -211,7 +224,7 @@ class RunSession:
             PrecisionConfig(mode=COMPARE_CHOICES[name][0], loss_scale_lab=COMPARE_CHOICES[name][1])
             for name in selection.compare_plans
         ]
-        common = self._run_options(selection, live, stop)
+        common = self.run_options(selection, live, stop)
         user = self.user_model
         if user is not None:
             return compare(
@@ -264,8 +277,8 @@ class RunSession:
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
                 self.outputs.show_error(describe_failure(job.error, batch_hint=hint), "run")
                 self.outputs.progress.bar_style = "danger"
-            self.source = source
-            if source is None and live is not None and live.records:
+            self.source = self.per_rank.take(source, job.error)  # a DistributedResult: merged
+            if self.source is None and live is not None and live.records:
                 self.source = list(live.records)
             if live is not None and live.draw_error is not None and job.error is None:
                 self.outputs.show_error(
@@ -375,31 +388,3 @@ class RunSession:
         self.frame_cost_s = time.perf_counter() - start
         self.outputs.show_figure(png, "")
         return png
-
-    def summary(self) -> Any:
-        from precision_nb.views.report.tables import summary
-
-        return summary(self.source if self.source is not None else [])
-
-    def figures(self) -> dict[str, Any]:
-        """Fresh matplotlib Figures of the last run by name (empty before any run)."""
-        source = self.source
-        if source is None:
-            return {}
-        from precision_nb.views.report import figures as f
-
-        return {
-            "loss": f.loss_figure(source),
-            "loss_scale": f.loss_scale_figure(source),
-            "throughput": f.throughput_figure(source),
-            "memory": f.memory_figure(source),
-            "dashboard": f.dashboard_figure(source),
-        }
-
-    def records_frame(self) -> Any:
-        """Every record of the last run as a DataFrame (the live records while one is going)."""
-        from precision_nb.views.report.tables import to_frame
-
-        if self.source is None and self.live is not None:
-            return to_frame(self.live.snapshot()[0])
-        return to_frame(self.source if self.source is not None else [])

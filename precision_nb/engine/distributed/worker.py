@@ -253,4 +253,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The rank's log is closed and its process group destroyed: leave without the interpreter's
+    # teardown, where torch's C++ destructors can abort on a race between their threads
+    # ("terminate called without an active exception", seen on a loaded machine), which would
+    # turn a finished rank into a failed run.
+    os._exit(status)

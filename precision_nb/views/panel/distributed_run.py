@@ -256,11 +256,11 @@ class DistributedView:
                 f"{len(times)} logged interval(s)</p>"
             )
         rows = [
-            [str(r["rank"]), str(r["logged_intervals"]), _seconds(r["median_step_time_s"]),
+            [str(r["rank"]), str(r["steps_timed"]), _seconds(r["median_step_time_s"]),
              _seconds(r["step_time_iqr_s"]), _seconds(r["final_loss"])]
             for r in tables["steps"].to_dict("records")
         ]  # fmt: skip
-        head = ["rank", "logged intervals", "median step time (s)", "IQR (s)", "final loss"]
+        head = ["rank", "logged intervals timed", "median step time (s)", "IQR (s)", "final loss"]
         out += ["<b>Step time and final loss</b>", _table("pnb-dist-steps", head, rows)]
         out.append(_note(_STEP_NOTE))
         out.append(self._memory_html(result))

@@ -92,7 +92,8 @@ def test_per_rank_view_lists_memory_comm_and_step_time_of_both_ranks(ddp_run) ->
     all_reduce = comm[comm["op"] == "all_reduce"]
     assert set(all_reduce["rank"]) == {0, 1} and set(all_reduce["dtype"]) == {"bf16"}
     assert list(tables["steps"]["rank"]) == [0, 1]
-    assert list(tables["steps"]["logged_intervals"]) == [STEPS, STEPS]
+    assert list(tables["steps"]["steps_timed"]) == [STEPS, STEPS]
+    assert set(tables["steps"]["timing"]) == {"logged intervals"}
 
     shown = html.unescape(panel.session.per_rank.html.value)
     assert panel.session.per_rank.box.layout.display != "none"

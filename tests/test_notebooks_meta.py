@@ -27,6 +27,7 @@ NAMES = (
     "04_memory_and_ops.ipynb",
     "05_numerics_and_fp8.ipynb",
     "06_checklist.ipynb",
+    "07_distributed.ipynb",
 )
 CHECK = "# NBVAL_CHECK_OUTPUT"
 RAISES_TAG = "raises-exception"

@@ -208,16 +208,22 @@ def test_comm_counter_times_a_call_until_its_work_completes_and_keeps_untimed_ap
 def test_comm_table_reports_seconds_in_flight_only_for_timed_calls() -> None:
     from precision_nb.engine.distributed.results import DistributedResult
 
-    def row(op, steps, nbytes, calls, seconds, timed):
-        return {"op": op, "dtype": "fp32", "steps": steps, "bytes_per_step": nbytes / steps,
-                "calls": calls, "seconds": seconds, "timed_calls": timed}  # fmt: skip
+    def row(op, step, steps, nbytes, calls, seconds, timed):
+        return {"op": op, "dtype": "fp32", "step": step, "steps": steps,
+                "bytes_per_step": nbytes / steps, "calls": calls, "seconds": seconds,
+                "timed_calls": timed}  # fmt: skip
 
     rank = RankResult(0)
-    rank.comm = [row("all_reduce", 2, 80, 2, 0.4, 2), row("all_reduce", 3, 120, 3, 0.2, 3),
-                 row("reduce_scatter", 5, 50, 5, 0.0, 0)]  # fmt: skip
+    rank.comm = [row("all_reduce", 2, 2, 80, 2, 0.4, 2), row("broadcast", 2, 2, 8, 2, 0.1, 2),
+                 row("all_reduce", 5, 3, 120, 3, 0.2, 3),
+                 row("reduce_scatter", 5, 3, 30, 3, 0.0, 0)]  # fmt: skip
     table = {r["op"]: r for r in DistributedResult(plan=None, ranks=[rank]).comm_table()}
     assert table["all_reduce"]["bytes_per_step"] == pytest.approx(40.0)
     assert table["all_reduce"]["in_flight_s_per_step"] == pytest.approx(0.6 / 5)
     assert table["all_reduce"]["timed_share"] == 1.0
+    # an op issued in one interval only is averaged over all 5 logged steps, not its 2
+    assert table["broadcast"]["bytes_per_step"] == pytest.approx(8 / 5)
+    assert table["broadcast"]["calls_per_step"] == pytest.approx(2 / 5)
+    assert table["reduce_scatter"]["bytes_per_step"] == pytest.approx(30 / 5)
     assert table["reduce_scatter"]["in_flight_s_per_step"] is None
     assert table["reduce_scatter"]["timed_share"] == 0.0

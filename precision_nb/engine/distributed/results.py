@@ -132,13 +132,18 @@ class DistributedResult:
     def comm_table(self) -> list[dict[str, Any]]:
         """Per rank, op and dtype over the logged steps (setup excluded): mean bytes per step,
         calls per step, and the mean seconds in flight per step (call to completion, summed over
-        the collectives; they overlap compute) with the share of calls that were timed."""
+        the collectives; they overlap compute) with the share of calls that were timed.
+
+        The means are over every logged step of the rank, including the intervals in which an op
+        was not issued (DDP's one-time bucket rebuild after its first step, say)."""
         rows: dict[tuple[int, str, str], dict[str, float]] = {}
+        steps: dict[int, float] = {}
         for r in self.ranks:
+            intervals = {row.get("step", i): row["steps"] for i, row in enumerate(r.comm)}
+            steps[r.rank] = sum(intervals.values())
             for row in r.comm:
                 key = (r.rank, row["op"], row["dtype"])
-                acc = rows.setdefault(key, dict.fromkeys(("steps", "bytes", "calls", "s", "t"), 0))
-                acc["steps"] += row["steps"]
+                acc = rows.setdefault(key, dict.fromkeys(("bytes", "calls", "s", "t"), 0))
                 acc["bytes"] += row["bytes_per_step"] * row["steps"]
                 acc["calls"] += row.get("calls", 0)
                 acc["s"] += row.get("seconds", 0.0)
@@ -148,9 +153,9 @@ class DistributedResult:
                 "rank": k[0],
                 "op": k[1],
                 "dtype": k[2],
-                "bytes_per_step": a["bytes"] / a["steps"],
-                "calls_per_step": a["calls"] / a["steps"],
-                "in_flight_s_per_step": a["s"] / a["steps"] if a["t"] else None,
+                "bytes_per_step": a["bytes"] / steps[k[0]],
+                "calls_per_step": a["calls"] / steps[k[0]],
+                "in_flight_s_per_step": a["s"] / steps[k[0]] if a["t"] else None,
                 "timed_share": a["t"] / a["calls"] if a["calls"] else None,
             }
             for k, a in sorted(rows.items())

@@ -117,7 +117,7 @@ class CommObserver:
 def build_model(
     spec: dict[str, Any], device: torch.device, seed: int | None
 ) -> tuple[Any, Any, dict]:
-    """The model, its global batches and workload info, as the spec names them."""
+    """The model, its global batches and workload info, as the run file (spec.json) names them."""
     from precision_nb.engine.trainer import prepare
 
     m = spec["model"]
@@ -154,7 +154,7 @@ def make_trainer(
     wrapped: Any, batches: Any, device: torch.device, spec: dict[str, Any], **kw: Any
 ) -> Any:
     """The engine's Trainer on this rank's slice of every global batch; ``kw``: ``precision``
-    (a dict, default the spec's), ``train`` (a TrainConfig) and ``workload_info``."""
+    (a dict, default: the run file's), ``train`` (a TrainConfig) and ``workload_info``."""
     from precision_nb.engine.trainer import Trainer
 
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -8,7 +8,7 @@ median over rounds is printed with its interquartile range (how much the machine
 
 The layer's own cost is also measured where model noise cannot hide it: 1-element all-reduces
 through each group, interleaved in blocks; the difference per call, divided by the plain DDP
-step time (one all-reduce per step for these models), is the implied per-step ratio.
+step time times the collective calls DDP makes per step (counted), is the implied per-step ratio.
 
 **Time in flight.** The counting layer's seconds from a collective's call to its completion,
 against a hand-timed loop: each synchronous 4 MB all-reduce through the counting group is also
@@ -89,7 +89,9 @@ def paired_rounds(
         ratios.append(t["counted"] / t["plain"])
         plain.append(t["plain"])
     paired_rounds.last_plain_step_s = statistics.median(plain)  # type: ignore[attr-defined]
-    per_step = sum(row["bytes"] for row in counter.take()) // (rounds * block)
+    rows = counter.take()
+    per_step = sum(row["bytes"] for row in rows) // (rounds * block)
+    paired_rounds.calls_per_step = sum(r["calls"] for r in rows) / (rounds * block)  # type: ignore[attr-defined]
     return ratios, per_step
 
 
@@ -140,6 +142,7 @@ def worker(args: argparse.Namespace) -> None:
     ratios, per_step = paired_rounds(args.preset, args.rounds, args.block, rank, world)
     counted_s, plain_s = per_call_overhead(args.calls)
     step_s = paired_rounds.last_plain_step_s  # type: ignore[attr-defined]
+    calls = paired_rounds.calls_per_step  # type: ignore[attr-defined]
     flight = in_flight_check(max(10, args.calls // 50))
     if rank == 0:
         if flight:
@@ -154,8 +157,8 @@ def worker(args: argparse.Namespace) -> None:
         print(
             f"counting layer, per collective call: {extra * 1e6:+.1f} us ({counted_s * 1e6:.1f} vs "
             f"{plain_s * 1e6:.1f} us for a 1-element all-reduce, medians of interleaved blocks); "
-            f"with 1 all-reduce per DDP step of {step_s * 1e3:.1f} ms the implied ratio is "
-            f"{1 + max(extra, 0.0) / step_s:.4f}",
+            f"with {calls:g} collective call(s) per DDP step of {step_s * 1e3:.1f} ms the implied "
+            f"ratio is {1 + calls * max(extra, 0.0) / step_s:.4f}",
             flush=True,
         )
         print(

@@ -28,3 +28,4 @@ def test_paired_rounds_time_both_groups_and_count_the_all_reduce(tmp_path) -> No
     assert len(flight) == 3 and all(r > 0 for r in flight)  # every call timed, read back
     params = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
     assert per_step == 4 * params  # one fp32 all-reduce of every gradient per step
+    assert bench.paired_rounds.calls_per_step >= 1  # DDP issues at least one call per step

@@ -90,6 +90,9 @@ class RunResult:
             "label": self.label,
             "plan": self.plan.to_dict() if hasattr(self.plan, "to_dict") else str(self.plan),
             "device": self.device,
+            "optimizer_outcome": (
+                self.optimizer_outcome.to_dict() if self.optimizer_outcome is not None else None
+            ),
             "records": [dict(r) for r in self.records],
             "scale_history": [dict(h) for h in self.scale_history],
             "events": [e.to_dict() for e in self.events],

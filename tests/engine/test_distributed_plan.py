@@ -227,3 +227,15 @@ def test_comm_table_reports_seconds_in_flight_only_for_timed_calls() -> None:
     assert table["reduce_scatter"]["bytes_per_step"] == pytest.approx(30 / 5)
     assert table["reduce_scatter"]["in_flight_s_per_step"] is None
     assert table["reduce_scatter"]["timed_share"] == 0.0
+
+
+def test_rank0_optimizer_outcome_comes_back_from_the_rank_result() -> None:
+    from precision_nb.core.optim import FusedOutcome
+    from precision_nb.engine.distributed.results import DistributedResult, rank0_optimizer_outcome
+
+    outcome = FusedOutcome(requested=None, probed=False, used=False, reason="probe false off CUDA")
+    rank = RankResult(0)
+    rank.result = {"optimizer_outcome": outcome.to_dict()}
+    assert rank0_optimizer_outcome(DistributedResult(plan=None, ranks=[rank])) == outcome
+    rank.result = {}  # a rank that left no outcome: None, not a guess
+    assert rank0_optimizer_outcome(DistributedResult(plan=None, ranks=[rank])) is None

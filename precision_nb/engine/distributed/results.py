@@ -190,3 +190,13 @@ class DistributedError(FitError):
         super().__init__(message, None)
         self.result = result  # type: ignore[assignment]
         self.rank = rank
+
+
+def rank0_optimizer_outcome(result: DistributedResult) -> Any:
+    """Rank 0's fused AdamW outcome (a ``FusedOutcome``; every rank builds its optimizer the same
+    way), or None when rank 0 left no result."""
+    from precision_nb.core.optim import FusedOutcome
+
+    rank0 = (result.ranks[0].result or {}) if result.ranks else {}
+    data = rank0.get("optimizer_outcome")
+    return FusedOutcome(**data) if isinstance(data, dict) else None

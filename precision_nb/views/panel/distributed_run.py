@@ -146,6 +146,7 @@ def as_run_result(result: Any) -> Any:
     history, events and training seconds: start-up apart), which the panel's charts, summary,
     status line, figures and plotting budget read."""
     from precision_nb.core.events import Event
+    from precision_nb.engine.distributed.results import rank0_optimizer_outcome
     from precision_nb.engine.results import RunResult
 
     dplan = result.plan
@@ -161,7 +162,7 @@ def as_run_result(result: Any) -> Any:
         label=label,
         plan=dplan.precision.plan,
         explanation=dplan.precision,
-        optimizer_outcome=None,
+        optimizer_outcome=rank0_optimizer_outcome(result),
         device=str(dplan.precision.device),
         records=list(result.records),
         scale_history=list(rank0.get("scale_history", [])),

@@ -177,6 +177,7 @@ def _fill(comparison: Any, measured: Any, plans: Mapping[str, Any]) -> None:
     """The comparison of a distributed measurement: runs, figures, method, drift of the loss."""
     from precision_nb.engine.compare import plan_figures
     from precision_nb.engine.distributed.measured import STEP_RULE
+    from precision_nb.engine.distributed.results import rank0_optimizer_outcome
     from precision_nb.engine.results import RunResult
 
     for label, result in measured.results.items():
@@ -186,7 +187,7 @@ def _fill(comparison: Any, measured: Any, plans: Mapping[str, Any]) -> None:
             label=label,
             plan=dplan.precision.plan,
             explanation=dplan.precision,
-            optimizer_outcome=None,
+            optimizer_outcome=rank0_optimizer_outcome(result),
             device=dplan.rank_device,
             records=[{**r, "run": label} for r in result.records],
             scale_history=list(rank0.get("scale_history", [])),

@@ -126,6 +126,34 @@ class DistributedResult:
     timed_steps: dict[int, list[float]] = field(default_factory=dict)
 
     @property
+    def rank0(self) -> dict[str, Any]:
+        """Rank 0's own result (``RunResult.to_dict``), empty when it left none."""
+        return (self.ranks[0].result or {}) if self.ranks else {}
+
+    def run_result(self, **fields: Any) -> Any:
+        """The rank-merged records as a ``RunResult``: the plan and its explanation, rank 0's
+        fused AdamW outcome, scale history, steps and workload, the merged records and final
+        loss; ``fields`` replace any of them (a label, the device, rank 0's events, ...)."""
+        from precision_nb.engine.results import RunResult
+
+        precision, rank0 = self.plan.precision, self.rank0
+        values: dict[str, Any] = {
+            "label": str(self.records[0]["run"]) if self.records else precision.plan.mode,
+            "plan": precision.plan,
+            "explanation": precision,
+            "optimizer_outcome": rank0_optimizer_outcome(self),
+            "device": str(precision.device),
+            "records": list(self.records),
+            "scale_history": list(rank0.get("scale_history", [])),
+            "workload": dict(rank0.get("workload", {})),
+            "stopped": self.stopped,
+            "steps": int(rank0.get("steps", 0)),
+            "seconds": self.seconds,
+            "final_loss": self.final_loss,
+        }
+        return RunResult(**{**values, **fields})
+
+    @property
     def final_loss(self) -> float | None:
         return self.records[-1]["loss"] if self.records else None
 
@@ -197,6 +225,5 @@ def rank0_optimizer_outcome(result: DistributedResult) -> Any:
     way), or None when rank 0 left no result."""
     from precision_nb.core.optim import FusedOutcome
 
-    rank0 = (result.ranks[0].result or {}) if result.ranks else {}
-    data = rank0.get("optimizer_outcome")
+    data = result.rank0.get("optimizer_outcome")
     return FusedOutcome(**data) if isinstance(data, dict) else None

@@ -146,32 +146,17 @@ def as_run_result(result: Any) -> Any:
     history, events and training seconds: start-up apart), which the panel's charts, summary,
     status line, figures and plotting budget read."""
     from precision_nb.core.events import Event
-    from precision_nb.engine.distributed.results import rank0_optimizer_outcome
-    from precision_nb.engine.results import RunResult
 
-    dplan = result.plan
-    rank0 = (result.ranks[0].result or {}) if result.ranks else {}
+    rank0 = result.rank0
     startup = result.startup_s or 0.0  # the training seconds leave the start-up out
-    label = str(result.records[0]["run"]) if result.records else dplan.precision.plan.mode
     events = [
         Event(e["kind"], e["message"], e.get("data") or {})
         for e in rank0.get("events", [])
         if isinstance(e, dict) and "kind" in e and "message" in e
     ]
-    return RunResult(
-        label=label,
-        plan=dplan.precision.plan,
-        explanation=dplan.precision,
-        optimizer_outcome=rank0_optimizer_outcome(result),
-        device=str(dplan.precision.device),
-        records=list(result.records),
-        scale_history=list(rank0.get("scale_history", [])),
+    return result.run_result(
         events=events,
-        workload=dict(rank0.get("workload", {})),
-        stopped=result.stopped,
-        steps=int(rank0.get("steps", 0)),
         seconds=float(rank0.get("seconds") or max(0.0, result.seconds - startup)),
-        final_loss=result.final_loss,
     )
 
 

@@ -177,25 +177,14 @@ def _fill(comparison: Any, measured: Any, plans: Mapping[str, Any]) -> None:
     """The comparison of a distributed measurement: runs, figures, method, drift of the loss."""
     from precision_nb.engine.compare import plan_figures
     from precision_nb.engine.distributed.measured import STEP_RULE
-    from precision_nb.engine.distributed.results import rank0_optimizer_outcome
-    from precision_nb.engine.results import RunResult
 
     for label, result in measured.results.items():
         dplan = plans[label]
-        rank0 = (result.ranks[0].result or {}) if result.ranks else {}
-        comparison.results[label] = RunResult(
+        comparison.results[label] = result.run_result(
             label=label,
-            plan=dplan.precision.plan,
-            explanation=dplan.precision,
-            optimizer_outcome=rank0_optimizer_outcome(result),
             device=dplan.rank_device,
             records=[{**r, "run": label} for r in result.records],
-            scale_history=list(rank0.get("scale_history", [])),
-            workload=_global_workload(rank0.get("workload", {}), len(result.ranks)),
-            stopped=result.stopped,
-            steps=int(rank0.get("steps", 0)),
-            seconds=result.seconds,
-            final_loss=result.final_loss,
+            workload=_global_workload(result.rank0.get("workload", {}), len(result.ranks)),
         )
     m = measured.measurement
     comparison.measurement = m

@@ -281,9 +281,10 @@ def _launch(
         stopped_not_failed(ranks)
     result = run.result(plan, ranks)
     if run.failed(ranks):
+        error = failure(result, run)  # reads the nodes' markers in run_dir
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)  # records and log tail are in the error
-        raise failure(result, run)
+        raise error
     if result.missing_ranks:
         log.warning(
             "ranks %s left no log in %s (another node's folder?): the merged records average "

@@ -218,8 +218,8 @@ def measure_distributed(
             stopped_not_failed(ranks)
     results = {label: run.result(resolved[label], per_plan[label]) for label in labels}
     if run.failed(everything) or any(run.failed(ranks) for ranks in per_plan.values()):
-        shutil.rmtree(run_dir, ignore_errors=True)
         error = failure(run.result(first, everything), run)
+        shutil.rmtree(run_dir, ignore_errors=True)
         error.results = results  # type: ignore[attr-defined]
         raise error
     paths = {r.rank: run_dir / f"rank{r.rank}.jsonl" for r in everything}

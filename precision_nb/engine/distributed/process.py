@@ -222,7 +222,7 @@ def _describe(r: RankResult, exit_code: int | None) -> str:
         return f"was killed by signal {name} (exit code {exit_code}) and left no error"
     if not r.finished:
         return f"ended without a result (exit code {exit_code})"
-    return "finished"
+    return "stopped between steps (its result is kept)" if r.stopped else "finished"
 
 
 def root_cause(ranks: list[RankResult], codes: dict[int, int]) -> int | None:
@@ -274,9 +274,15 @@ def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
     return f"its torchrun agent exited with code {code}: {last}"
 
 
+def _missing_nodes(run: TorchrunRun, req: Distributed) -> list[int]:
+    """Nodes whose agent left no marker in the run folder (never started on it)."""
+    joined = read_markers(run.run_dir)
+    return [k for k in range(req.nnodes) if k not in joined]
+
+
 def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> str:
     joined = read_markers(run.run_dir)
-    missing = [k for k in range(req.nnodes) if k not in joined]
+    missing = _missing_nodes(run, req)
     started = ", ".join(
         f"node {k} ({m.get('host')})" for k, m in sorted(joined.items()) if k < req.nnodes
     )
@@ -315,13 +321,21 @@ def failure(result: DistributedResult, run: TorchrunRun) -> DistributedError:
     agent = _first_failed_agent(run)
     trouble = agent_trouble(agent, run.endpoint) if agent is not None else None
     root = root_cause(result.ranks, codes)
-    own = root is not None and not _stop_error(by_rank[root]) if root in by_rank else False
+    own = root in by_rank and not _stop_error(by_rank[root])
     node: int | None = None
     lines = [run.headline or f"distributed run failed (torchrun exit code {run.returncode})"]
-    if agent is not None and trouble is not None and (not own or by_rank[root].node == agent.node):
+    # A signal to a node's agent or a rendezvous that never completed comes first: the other
+    # nodes' ranks then fail on the lost connection. Otherwise a rank's own error is the cause.
+    outside = agent is not None and (
+        (agent.returncode or 0) < 0
+        or "SignalException" in agent.log_text
+        or "RendezvousTimeoutError" in agent.log_text
+    )
+    if agent is not None and trouble is not None and (outside or not own):
         node, root = agent.node, None
         if "RendezvousTimeoutError" in agent.log_text and req is not None:
             lines[0] += f": {_rendezvous_failure(run, req)}"
+            node = (_missing_nodes(run, req) or [agent.node])[0]
         else:
             lines[0] += f": node {agent.node}: {trouble}"
     elif root is not None and root in by_rank:
@@ -334,8 +348,11 @@ def failure(result: DistributedResult, run: TorchrunRun) -> DistributedError:
             lines.append(f"  {_who(r, multinode)}: {len(r.records)} record(s) kept; {state}")
     for a in run.agents:
         if multinode and a.node != node and a.returncode not in (0, None) and not a.stopped:
-            lines.append(f"  node {a.node}: {agent_trouble(a, run.endpoint) or 'a rank failed'}")
-    lines.append("every rank's records are in error.result.ranks")
+            trouble_of = agent_trouble(a, run.endpoint)
+            if trouble_of is not None:
+                lines.append(f"  node {a.node}: {trouble_of}")
+    if result.ranks:
+        lines.append("every rank's records are in error.result.ranks")
     result.error = lines[0]
     return DistributedError("\n".join(lines), result, root, node)
 
@@ -408,7 +425,7 @@ def run_torchrun(
         for command in commands:
             name = "torchrun.log" if req.nnodes == 1 else f"torchrun-node{command.node}.log"
             agents.append(_start(command, run_dir / name, env))
-        while any(a.proc.poll() is None for a in agents):
+        while [a.proc.poll() for a in agents].count(None):  # polls (and reaps) every agent
             now = time.time()
             for a in agents:
                 if a.t_end is None and a.proc.returncode is not None:

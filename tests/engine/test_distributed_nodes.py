@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,6 +142,23 @@ def test_gather_writes_the_report_a_one_node_run_gets(one_node, two_nodes, tmp_p
     assert "Distributed: per rank" in html and "not an interleaved measurement" in html
     assert cli(["gather", str(tmp_path / "nothing-here")]) == 2
     assert "no spec.json there" in capsys.readouterr().err
+
+
+def test_gather_names_what_is_missing_or_unfinished_in_a_folder(two_nodes, tmp_path) -> None:
+    copy = tmp_path / "run"
+    shutil.copytree(two_nodes.run_dir, copy)
+    lines = (copy / "rank1.jsonl").read_text(encoding="utf-8").splitlines()
+    (copy / "rank1.jsonl").write_text("\n".join(lines[:3]) + "\n", encoding="utf-8")
+    with pytest.raises(DistributedError, match=r"has not finished: rank 1 \(node \d\)") as info:
+        gather(copy)
+    assert len(info.value.result.ranks[0].records) == STEPS  # what was found is kept
+    (copy / "rank1.jsonl").unlink()
+    (copy / "node1.json").unlink()
+    with pytest.raises(DistributedError, match="rank.s. 1 of 2 left no log") as info:
+        gather(copy)
+    assert "no agent of node(s) 1 started on this folder" in str(info.value)
+    with pytest.raises(ValueError, match="holds the rank logs of an earlier run"):
+        write_spec("mlp", distributed=Distributed("ddp", 1, nnodes=2), device="cpu", run_dir=copy)
 
 
 def _normalized(command: str, port: str) -> list[str]:

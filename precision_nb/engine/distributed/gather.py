@@ -134,7 +134,15 @@ def gather(run_dir: str | Path) -> DistributedResult:
     result = run.result(plan, ranks)
     if not run.failed(ranks) and not result.missing_ranks:
         return result
-    if run.failed(ranks):
+    going = [r for r in ranks if not r.finished and r.error is None]
+    if going and not any(r.error for r in ranks):
+        names = ", ".join(f"rank {r.rank} (node {r.node})" for r in going)
+        result.error = (
+            f"the run in {str(folder)!r} has not finished: {names} left no result yet (still "
+            "running, or killed without a trace); gather again once every node's torchrun ended"
+        )
+        error = DistributedError(result.error, result, going[0].rank, going[0].node)
+    elif run.failed(ranks):
         error = failure(result, run)
     else:
         result.error = f"{run.headline}: {_missing(result, folder)}"

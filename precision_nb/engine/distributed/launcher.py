@@ -165,6 +165,13 @@ def write_spec(
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_dist_")) if fresh else Path(run_dir)
     folder = folder.expanduser().resolve()  # the ranks (and other nodes) read it from elsewhere
     folder.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(p.name for p in folder.glob("rank*.jsonl"))
+    if earlier:  # no rank of a new run starts before every node has written its run file
+        raise ValueError(
+            f"run_dir: invalid value {str(folder)!r}: it holds the rank logs of an earlier run "
+            f"({', '.join(earlier[:3])}{', ...' if len(earlier) > 3 else ''}); allowed: a new or "
+            "empty folder (gather that run first: precision-nb gather RUN_DIR)"
+        )
     try:
         model_spec, batches_path = _model_spec(model, batches, preset, factory, folder, req)
     except BaseException:

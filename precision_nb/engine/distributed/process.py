@@ -396,6 +396,17 @@ class TorchrunRun:
         return result
 
 
+def _end(agents: list[Agent], spec_path: Path, run_dir: Path) -> None:
+    """Stop the agents still running, then kill their process groups and recorded ranks."""
+    if any(a.proc.poll() is None for a in agents):
+        _stop(agents, grace_s=5.0)
+    now = time.time()
+    ranks = read_ranks(run_dir)
+    for a in agents:
+        _reap(a.proc, ranks, spec_path)
+        a.t_end = a.t_end or now
+
+
 def _combined(agents: list[AgentEnd]) -> tuple[int, str]:
     """One exit code (the first failing agent's, else any non-zero, else 0) and one log."""
     failing = [a for a in agents if a.returncode not in (None, 0)]
@@ -444,12 +455,14 @@ def run_torchrun(
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
         stopped = True
-        _stop(agents)
-    now = time.time()
-    ranks = read_ranks(run_dir)
-    for a in agents:
-        _reap(a.proc, ranks, spec_path)
-        a.t_end = a.t_end or now
+        try:
+            _stop(agents)
+        except KeyboardInterrupt:
+            log.warning("interrupted again: killing every node's torchrun and its ranks now")
+    except BaseException:
+        _end(agents, spec_path, run_dir)  # a callback or a start failed: leave nothing running
+        raise
+    _end(agents, spec_path, run_dir)
     poll()
     ends = [AgentEnd(a.node, a.returncode, a.t_end, a.stopped, a.log_text()) for a in agents]
     code, text = _combined(ends)

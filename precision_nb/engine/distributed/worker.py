@@ -4,8 +4,10 @@ Each rank builds the model (a built-in workload by name and preset, or a ``modul
 import path with an optional saved state dict), trains its slice of every global batch with the
 engine's :class:`~precision_nb.engine.trainer.Trainer` on the model wrapped in DDP or sharded by
 FSDP2, and appends what it records to ``rank<R>.jsonl`` in the run folder, one JSON line each:
-``start``, ``fit_start``, every ``record`` as it is logged (with the collective bytes since the
-previous one), then ``result`` or ``error``. The launcher reads those lines, live and at the end,
+``start`` (with the rank's node and host), ``fit_start``, every ``record`` as it is logged (with
+the collective bytes since the previous one), then ``result`` or ``error``. After joining the
+process group every rank checks that the nodes started what the run file describes
+(:func:`check_world`). The launcher reads those lines, live and at the end,
 so a rank that dies keeps every line it wrote.
 
 A spec with ``plans`` (a distributed profile) runs every plan in this one launch and measures

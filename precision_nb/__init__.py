@@ -54,6 +54,9 @@ _EXPORTS: dict[str, str] = {
     "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",
     "DistributedError": "precision_nb.engine.distributed.results",
+    "write_spec": "precision_nb.engine.distributed.launcher",
+    "node_commands": "precision_nb.engine.distributed.nodes",
+    "gather": "precision_nb.engine.distributed.gather",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",
@@ -66,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "Inspection": "precision_nb.views.report.inspection",
     "numerics": "precision_nb.views.report.numerics",
     "Numerics": "precision_nb.views.report.numerics",
+    "gather_report": "precision_nb.views.report.gather",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -1,12 +1,13 @@
 """The distributed request (:class:`Distributed`) and its resolution with a reason for every field.
 
 ``explain_distributed(distributed, precision, device, hardware)`` resolves the precision plan as on
-one device, then the distributed fields on top of it: strategy (DDP or FSDP2), processes, the
-torch.distributed backend (gloo on CPU, nccl on CUDA), FSDP2's ``MixedPrecisionPolicy`` dtypes
-derived from the plan, DDP's gradient-compression hook and where the rendezvous listens. A request
-this machine cannot run (nccl without CUDA, more processes than GPUs, MPS) raises ``RuntimeError``
-here, before anything starts. What-if presets (``CLUSTER_PRESETS``, e.g. "8xH100 NVLink") resolve
-for hardware that is not here and are labelled simulated.
+one device, then the distributed fields on top of it: strategy (DDP or FSDP2), nodes and
+processes, the torch.distributed backend (gloo on CPU, nccl on CUDA), FSDP2's
+``MixedPrecisionPolicy`` dtypes derived from the plan, DDP's gradient-compression hook and where
+the rendezvous listens. A request this machine cannot run (nccl without CUDA, more processes than
+GPUs, MPS) raises ``RuntimeError`` here, before anything starts. What-if presets
+(``CLUSTER_PRESETS``, e.g. "8xH100 NVLink") resolve for hardware that is not here and are
+labelled simulated.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ STRATEGIES: tuple[str, ...] = ("ddp", "fsdp2")
 COMM_HOOKS: tuple[str, ...] = ("none", "fp16", "bf16")
 BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
 LOOPBACK = "127.0.0.1"
+#: Host names that stay on this machine.
+LOOPBACK_HOSTS: tuple[str, ...] = (LOOPBACK, "localhost", "::1")
+#: torchrun's default port for the c10d rendezvous (used when ``rdzv_port`` is not set).
+TORCHRUN_PORT = 29400
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,12 @@ class Distributed:
     (gloo on CPU, nccl on CUDA), "gloo" or "nccl". ``rdzv_host``: where the rendezvous listens
     (loopback unless another address is asked for). ``count_collectives`` routes collectives
     through a counting layer that records bytes by op and dtype. ``timeout_s`` bounds the run.
+
+    Several nodes: ``nnodes`` torchrun agents of ``nproc`` processes each (``nproc`` is per node;
+    ``world_size`` = nnodes x nproc) join a c10d rendezvous at ``rdzv_host:rdzv_port``, waiting
+    at most ``rdzv_timeout_s`` for every node. ``node_rank=None`` runs every node on this machine
+    (each its own agent); ``node_rank=K`` makes this machine node K only, its agent joining the
+    others at ``rdzv_host:rdzv_port`` (a port is then required: the other nodes must know it).
     """
 
     strategy: str = "ddp"
@@ -57,6 +73,19 @@ class Distributed:
     rdzv_host: str = LOOPBACK
     count_collectives: bool = True
     timeout_s: float = 600.0
+    nnodes: int = 1
+    node_rank: int | None = None
+    rdzv_port: int | None = None
+    rdzv_timeout_s: float = 300.0
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole run: nnodes x nproc."""
+        return self.nnodes * self.nproc
+
+    def nodes_here(self) -> tuple[int, ...]:
+        """The node ranks whose torchrun agent runs on this machine."""
+        return tuple(range(self.nnodes)) if self.node_rank is None else (self.node_rank,)
 
     def __post_init__(self) -> None:
         strategy = self.strategy.strip().lower() if isinstance(self.strategy, str) else None
@@ -93,6 +122,28 @@ class Distributed:
                 "allowed: true, false"
             )
         validate.number("distributed.timeout_s", self.timeout_s, minimum=0.0, strict=True)
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        validate.positive_int("distributed.nnodes", self.nnodes, maximum=4096)
+        rank = self.node_rank
+        if rank is not None and not (
+            isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < self.nnodes
+        ):
+            raise ValueError(
+                f"distributed.node_rank: invalid value {validate.short_repr(rank)} with "
+                f"nnodes={self.nnodes}; allowed: None (every node on this machine) or an "
+                f"integer from 0 to {self.nnodes - 1} (this machine is that node)"
+            )
+        if self.rdzv_port is not None:
+            validate.integer("distributed.rdzv_port", self.rdzv_port, 1, 65535)
+        elif self.node_rank is not None and self.nnodes > 1:
+            raise ValueError(
+                f"distributed.rdzv_port: invalid value None with node_rank={self.node_rank}; "
+                "allowed: the port (1-65535) where node 0's rendezvous listens, the same on "
+                "every node (only a run with every node on this machine picks a free port)"
+            )
+        validate.number("distributed.rdzv_timeout_s", self.rdzv_timeout_s, minimum=0.0, strict=True)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,6 +166,12 @@ class DistributedPlan:
     decisions: tuple[Decision, ...]
     warnings: tuple[str, ...] = ()
     preset: ClusterPreset | None = None
+    nnodes: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Processes in the whole run: nnodes x nproc."""
+        return self.nnodes * self.nproc
 
     @property
     def simulated(self) -> bool:
@@ -131,8 +188,9 @@ class DistributedPlan:
             else f"comm hook {self.comm_hook}"
         )
         sim = " (simulated)" if self.simulated else ""
+        procs = f"x{self.nproc}" if self.nnodes == 1 else f"{self.nnodes} nodes x{self.nproc}"
         return (
-            f"{self.strategy} x{self.nproc} on {self.rank_device} over {self.backend}{sim}; "
+            f"{self.strategy} {procs} on {self.rank_device} over {self.backend}{sim}; "
             f"plan {self.precision.plan.mode}; {what}"
         )
 
@@ -154,6 +212,8 @@ class DistributedPlan:
             "request": self.request.to_dict(),
             "strategy": self.strategy,
             "nproc": self.nproc,
+            "nnodes": self.nnodes,
+            "world_size": self.world_size,
             "backend": self.backend,
             "rank_device": self.rank_device,
             "param_dtype": self.param_dtype,
@@ -301,12 +361,15 @@ def explain_distributed(
     else:
         rank_device = "cpu"
         cores = os.cpu_count() or 1
+        here = req.nproc * len(req.nodes_here())
         why = f"{req.nproc} CPU processes on this machine's {cores} cores"
-        if req.nproc > cores and not caps.simulated:
-            warnings.append(
-                f"{req.nproc} processes share {cores} cores: step times measure contention"
-            )
+        if here != req.nproc:
+            why = f"{req.nproc} CPU process(es) per node, {here} on this machine's {cores} cores"
+        if here > cores and not caps.simulated:
+            warnings.append(f"{here} processes share {cores} cores: step times measure contention")
     decisions.append(Decision("nproc", str(req.nproc), why))
+    if req.nnodes > 1:
+        decisions.append(Decision("nnodes", str(req.nnodes), _nodes_reason(req)))
     decisions.append(
         Decision(
             "rank device",
@@ -318,8 +381,9 @@ def explain_distributed(
         Decision(
             "batch",
             "global",
-            f"each global batch is split into {req.nproc} equal slices, one per rank: the run "
-            "trains what one process would; a batch not divisible by nproc is refused",
+            f"each global batch is split into {req.world_size} equal slices, one per rank: the "
+            "run trains what one process would; a batch not divisible by "
+            f"{'nproc' if req.nnodes == 1 else 'nnodes x nproc'} is refused",
         )
     )
     param = reduce = output = hook = None
@@ -330,16 +394,7 @@ def explain_distributed(
     else:
         hook = req.comm_hook
         decisions.append(Decision("comm_hook", hook, _HOOK_REASONS[hook]))
-    loopback = req.rdzv_host in (LOOPBACK, "localhost", "::1")
-    decisions.append(
-        Decision(
-            "rendezvous",
-            f"{req.rdzv_host}:<free port>",
-            "loopback: nothing outside this machine can join; a free port is chosen at launch"
-            if loopback
-            else f"{req.rdzv_host} as requested (reachable by other machines on that network)",
-        )
-    )
+    decisions.append(_rendezvous(req))
     return DistributedPlan(
         request=req,
         strategy=req.strategy,
@@ -354,7 +409,38 @@ def explain_distributed(
         decisions=tuple(decisions),
         warnings=tuple(warnings) + expl.warnings,
         preset=cluster,
+        nnodes=req.nnodes,
     )
+
+
+def _nodes_reason(req: Distributed) -> str:
+    each = f"{req.nnodes} torchrun agents of {req.nproc} process(es) each, {req.world_size} ranks"
+    if req.node_rank is None:
+        return (
+            f"{each}; every node runs on this machine, each its own agent joining the c10d "
+            "rendezvous (the multi-node path rehearsed on one machine)"
+        )
+    return (
+        f"{each}; this machine is node {req.node_rank}: its agent joins the other nodes at the "
+        "rendezvous, started there with the same run file"
+    )
+
+
+def _rendezvous(req: Distributed) -> Decision:
+    port = "<free port>" if req.rdzv_port is None else str(req.rdzv_port)
+    where = f"[{req.rdzv_host}]" if ":" in req.rdzv_host else req.rdzv_host
+    if is_loopback(req.rdzv_host):
+        why = "loopback: nothing outside this machine can join"
+    else:
+        why = f"{req.rdzv_host} as requested (reachable by other machines on that network)"
+    if req.rdzv_port is None:
+        why += "; a free port is chosen at launch"
+    if req.nnodes > 1:
+        why += (
+            f"; c10d rendezvous hosted by node 0, waiting up to {req.rdzv_timeout_s:g} s for "
+            f"all {req.nnodes} nodes (rdzv_timeout_s)"
+        )
+    return Decision("rendezvous", f"{where}:{port}", why)
 
 
 def _strategy_reason(strategy: str) -> str:
@@ -371,6 +457,8 @@ def _strategy_reason(strategy: str) -> str:
 
 __all__ = [
     "BACKENDS",
+    "LOOPBACK_HOSTS",
+    "TORCHRUN_PORT",
     "CLUSTER_PRESETS",
     "COMM_HOOKS",
     "STRATEGIES",
@@ -379,5 +467,6 @@ __all__ = [
     "DistributedPlan",
     "expected_comm_bytes",
     "explain_distributed",
+    "is_loopback",
     "ring_seconds",
 ]

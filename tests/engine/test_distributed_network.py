@@ -1,8 +1,9 @@
 """The launcher's torchrun listens on the rendezvous host only (loopback by default).
 
 torch's ``TCPStore`` binds every interface; ``precision_nb.engine.distributed.torchrun`` hands it
-a socket bound to the host it is given. One real 2-rank run checks every listening socket of the
-launcher's child processes while rank 0 trains.
+a socket bound to the host it is given. Real 2-rank runs (one node of two processes, and two nodes
+of one process each: two torchrun agents) check every listening socket of the launcher's child
+processes while rank 0 trains.
 """
 
 from __future__ import annotations
@@ -14,51 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 import torch.distributed as dist
+from dist_runs import STEPS
 
 from precision_nb.core.distributed import Distributed
-from precision_nb.engine.distributed import fit_distributed
-from precision_nb.engine.distributed.process import _command, free_port
+from precision_nb.engine.distributed.process import agent_commands, free_port
 from precision_nb.engine.distributed.torchrun import HostBoundTCPStore, listening_socket
 
 
-def _listening(pids: list[int]) -> list[tuple[int, str, str]]:
-    """(pid, process name, local address) of every listening TCP socket of these processes."""
-    found = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            for conn in proc.net_connections(kind="inet"):
-                if conn.status == psutil.CONN_LISTEN:
-                    found.append((pid, proc.name(), conn.laddr.ip))
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-class SocketProbe:
-    """On rank 0's first record: the listening sockets of every process the launcher started."""
-
-    def __init__(self) -> None:
-        self.sockets: list[tuple[int, str, str]] | None = None
-
-    def on_log(self, record: dict) -> None:
-        if self.sockets is None:
-            children = psutil.Process().children(recursive=True)
-            self.sockets = _listening([c.pid for c in children])
-
-
-def test_every_listening_socket_of_a_run_is_on_loopback() -> None:
-    probe = SocketProbe()
-    result = fit_distributed(
-        "mlp",
-        distributed=Distributed("ddp", 2, timeout_s=120),
-        device="cpu",
-        steps=3,
-        log_every=1,
-        measure_peak=False,
-        callbacks=[probe],
-    )
-    assert len(result.records) == 3
+def _on_loopback_only(probe) -> None:
     assert probe.sockets, "no listening socket seen: the probe would prove nothing"
     names = {name for _, name, _ in probe.sockets}
     assert any("elastic" in n or "python" in n for n in names), names  # torchrun's stores
@@ -66,11 +30,33 @@ def test_every_listening_socket_of_a_run_is_on_loopback() -> None:
     assert not outside, f"listening beyond loopback: {outside}"
 
 
+def test_every_listening_socket_of_a_run_is_on_loopback(one_node) -> None:
+    assert len(one_node.result.records) == STEPS
+    _on_loopback_only(one_node.probe)
+
+
+def test_every_listening_socket_of_a_two_node_run_is_on_loopback(two_nodes) -> None:
+    assert len(two_nodes.result.records) == STEPS
+    agents = [c for c in two_nodes.probe.cmdlines if "distributed.torchrun" in c]
+    assert len(agents) == 2, agents  # both nodes' agents were running when the probe looked
+    _on_loopback_only(two_nodes.probe)
+    # every process the two agents started was seen, the ranks of both nodes among them
+    ranks = [c for c in two_nodes.probe.cmdlines if "distributed.worker" in c and "-u" in c]
+    assert len(ranks) >= 2, two_nodes.probe.cmdlines
+
+
 def test_the_launcher_runs_torchrun_through_the_host_bound_entry_point() -> None:
-    cmd = _command(2, "127.0.0.1", Path("spec.json"))
-    assert cmd[1:3] == ["-m", "precision_nb.engine.distributed.torchrun"]
-    assert "--local-addr=127.0.0.1" in cmd  # the workers' store address is the same host
-    assert any(a.startswith("--rdzv-endpoint=127.0.0.1:") for a in cmd)
+    (cmd,) = agent_commands(Distributed("ddp", 2), Path("spec.json"), 29500)
+    assert cmd.argv[1:3] == ("-m", "precision_nb.engine.distributed.torchrun")
+    assert "--local-addr=127.0.0.1" in cmd.argv  # the workers' store address is the same host
+    assert "--rdzv-endpoint=127.0.0.1:29500" in cmd.argv
+    nodes = agent_commands(Distributed("ddp", 1, nnodes=2), Path("spec.json"), 29500)
+    assert [c.node for c in nodes] == [0, 1]
+    for c in nodes:  # every node of a loopback run listens on loopback, node 0 hosts the store
+        assert "--local-addr=127.0.0.1" in c.argv and f"--node-rank={c.node}" in c.argv
+        conf = next(a for a in c.argv if a.startswith("--rdzv-conf="))
+        assert f"is_host={int(c.node == 0)}" in conf
+        assert c.env.get("GLOO_SOCKET_IFNAME", "").startswith("lo")
 
 
 def test_a_host_bound_store_serves_clients_on_that_host_only() -> None:

@@ -1,7 +1,8 @@
 """Runs of 2 CPU processes under torchrun (gloo): the same training as one process, collective
 bytes by dtype, FSDP2's bf16 compute over fp32 shards, the loss-scale lab, failures and cleanup.
 
-Each test starts one torchrun (a few seconds of start-up); the fp32 DDP run is shared.
+Each test starts one torchrun (a few seconds of start-up); the fp32 DDP run is shared with the
+other distributed tests (the ``one_node`` fixture of tests/engine/conftest.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from dist_runs import STEPS, leftovers
 
 from precision_nb import fit
 from precision_nb.core.distributed import Distributed
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed import DistributedError, fit_distributed
 
-STEPS = 4
 MLP_TINY_PARAMS = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
 
 
@@ -36,26 +37,14 @@ def _run(strategy: str = "ddp", model: str = "mlp", **kw):
     )
 
 
-class Collector:
-    def __init__(self) -> None:
-        self.logged: list[dict] = []
-        self.ended = None
-
-    def on_log(self, record: dict) -> None:
-        self.logged.append(record)
-
-    def on_fit_end(self, result) -> None:
-        self.ended = result
+@pytest.fixture(scope="module")
+def ddp_fp32(one_node):
+    return one_node.result  # tests/engine/dist_runs.py: 2 processes, mlp tiny, STEPS steps
 
 
 @pytest.fixture(scope="module")
-def collector():
-    return Collector()
-
-
-@pytest.fixture(scope="module")
-def ddp_fp32(collector):
-    return _run(callbacks=[collector])
+def collector(one_node):
+    return one_node.collector
 
 
 def _bytes(result, op):
@@ -125,12 +114,7 @@ def test_fp16_loss_scale_lab_skips_the_same_step_on_every_rank() -> None:
 
 
 def _leftovers(run_dir: str) -> list[psutil.Process]:
-    alive = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if run_dir in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
-            alive.append(p)
-    return alive
+    return leftovers(run_dir)
 
 
 def test_a_rank_that_raises_ends_the_run_with_its_error_and_keeps_records() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -31,7 +32,9 @@ from precision_nb.engine.distributed.process import (
     exit_codes,
     failure,
     free_port,
+    read_ranks,
     root_cause,
+    run_nodes,
     run_torchrun,
     stopped_not_failed,
 )
@@ -45,7 +48,9 @@ __all__ = [
     "fit_distributed",
     "free_port",
     "plan_spec",
+    "resolved_on",
     "root_cause",
+    "write_atomic",
     "write_spec",
 ]
 
@@ -55,7 +60,7 @@ _stopped_not_failed = stopped_not_failed
 
 
 def _model_spec(
-    model: Any, batches: Any, preset: str, factory: str | None, run_dir: Path, nproc: int
+    model: Any, batches: Any, preset: str, factory: str | None, run_dir: Path, req: Distributed
 ) -> tuple[dict[str, Any], str | None]:
     """How workers rebuild the model (and batches), checked here before anything starts."""
     how = (
@@ -72,9 +77,8 @@ def _model_spec(
         wl = get_workload(model, preset)
         if batches is not None:
             raise ValueError("batches: must be None with a built-in workload (it brings its own)")
-        check_divisible(
-            wl.info["batch_size"], nproc, f"workload {wl.name!r} at preset {wl.preset!r}"
-        )
+        where = f"workload {wl.name!r} at preset {wl.preset!r}"
+        check_divisible(wl.info["batch_size"], req.nproc, where, req.nnodes)
         return {"workload": wl.name, "preset": wl.preset}, None
     spec: dict[str, Any]
     if isinstance(model, str):
@@ -97,7 +101,7 @@ def _model_spec(
     from precision_nb.engine.batches import BatchSource
 
     first = BatchSource(import_path(batches)()).get(0)
-    check_divisible(batch_samples(first), nproc, f"the first batch of {batches!r}")
+    check_divisible(batch_samples(first), req.nproc, f"the first batch of {batches!r}", req.nnodes)
     return spec, batches
 
 
@@ -159,9 +163,17 @@ def write_spec(
     plan = explain_distributed(req, prec, device, optimizer=opt)  # RuntimeError before start
     fresh = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_dist_")) if fresh else Path(run_dir)
+    folder = folder.expanduser().resolve()  # the ranks (and other nodes) read it from elsewhere
     folder.mkdir(parents=True, exist_ok=True)
+    earlier = sorted(p.name for p in folder.glob("rank*.jsonl"))
+    if earlier:  # no rank of a new run starts before every node has written its run file
+        raise ValueError(
+            f"run_dir: invalid value {str(folder)!r}: it holds the rank logs of an earlier run "
+            f"({', '.join(earlier[:3])}{', ...' if len(earlier) > 3 else ''}); allowed: a new or "
+            "empty folder (gather that run first: precision-nb gather RUN_DIR)"
+        )
     try:
-        model_spec, batches_path = _model_spec(model, batches, preset, factory, folder, req.nproc)
+        model_spec, batches_path = _model_spec(model, batches, preset, factory, folder, req)
     except BaseException:
         if fresh:
             shutil.rmtree(folder, ignore_errors=True)
@@ -177,10 +189,31 @@ def write_spec(
         "optimizer": opt.to_dict(),
         "train": asdict(cfg),
         "plan": plan_spec(plan),
+        "nodes": run_nodes(req),
+        "resolved": resolved_on(plan, device),
     }
     spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    write_atomic(spec_path, json.dumps(spec))
     return plan, spec_path
+
+
+def resolved_on(plan: DistributedPlan, device: Any) -> dict[str, Any]:
+    """What the plan was resolved from, so that it can be resolved again elsewhere (``gather``
+    on a machine without the nodes' devices): the request, the device asked for and the
+    capabilities read where the run file was written."""
+    return {
+        "request": plan.request.to_dict(),
+        "device": str(device),
+        "capabilities": plan.precision.capabilities.to_dict(),
+    }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (a rank on
+    another node reading a shared run file) sees the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def fit_distributed(
@@ -197,6 +230,7 @@ def fit_distributed(
     loss_fn: str | None = None,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
+    run_dir: str | Path | None = None,
     **train_options: Any,
 ) -> DistributedResult:
     """Train on ``distributed.nproc`` processes launched by torchrun; see the module docstring.
@@ -208,6 +242,12 @@ def fit_distributed(
     batch; each rank trains its 1/nproc slice. ``callbacks`` get rank 0's records live
     (``on_log(record)``) and ``on_fit_end(result)``. Raises :class:`DistributedError` (every
     rank's records kept, the failing rank's error in the message) when a rank fails.
+
+    ``run_dir``: the folder of the run file and the ranks' logs; None (a temporary folder,
+    removed afterwards) or a folder that is kept (``gather`` reads it again later). With
+    ``distributed.nnodes > 1`` the launcher starts one torchrun agent per node here, or only node
+    ``distributed.node_rank`` (the other nodes start theirs with the same run file: give a
+    ``run_dir`` every node can read and write, and the result holds every node's ranks).
     """
     plan, spec_path = write_spec(
         model,
@@ -220,13 +260,21 @@ def fit_distributed(
         train=train,
         factory=factory,
         loss_fn=loss_fn,
+        run_dir=run_dir,
         **train_options,
     )
-    return _launch(plan, spec_path, spec_path.parent, list(callbacks), stop)
+    keep = run_dir is not None
+    return _launch(plan, spec_path, spec_path.parent, list(callbacks), stop, keep=keep)
 
 
 def _launch(
-    plan: Any, spec_path: Path, run_dir: Path, callbacks: list[Any], stop: Any
+    plan: Any,
+    spec_path: Path,
+    run_dir: Path,
+    callbacks: list[Any],
+    stop: Any,
+    *,
+    keep: bool = False,
 ) -> DistributedResult:
     rank0 = run_dir / "rank0.jsonl"
     seen = [0]
@@ -235,17 +283,28 @@ def _launch(
         seen[0] = _follow(rank0, seen[0], callbacks)
 
     run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
-    ranks = [read_rank_log(run_dir / f"rank{r}.jsonl", r) for r in range(plan.request.nproc)]
+    ranks = read_ranks(run_dir)
     if run.stopped:
         stopped_not_failed(ranks)
     result = run.result(plan, ranks)
     if run.failed(ranks):
-        shutil.rmtree(run_dir, ignore_errors=True)  # records and log tail are in the error
-        raise failure(result, run.log_text, run.returncode)
+        error = failure(result, run)  # reads the nodes' markers in run_dir
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)  # records and log tail are in the error
+        raise error
+    if result.missing_ranks:
+        log.warning(
+            "ranks %s left no log in %s (another node's folder?): the merged records average "
+            "the %d rank(s) here only; give every node one shared run_dir",
+            result.missing_ranks,
+            run_dir,
+            len(ranks),
+        )
     for cb in callbacks:
         if hasattr(cb, "on_fit_end"):
             cb.on_fit_end(result)
-    shutil.rmtree(run_dir, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 

@@ -26,13 +26,13 @@ from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.launcher import plan_spec, write_spec
-from precision_nb.engine.distributed.process import failure, run_torchrun, stopped_not_failed
-from precision_nb.engine.distributed.results import (
-    DistributedResult,
-    RankResult,
-    rank_lines,
-    read_rank_log,
+from precision_nb.engine.distributed.process import (
+    failure,
+    read_ranks,
+    run_torchrun,
+    stopped_not_failed,
 )
+from precision_nb.engine.distributed.results import DistributedResult, rank_lines
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
 from precision_nb.engine.measure import warmup_event as _warmup_event
 
@@ -211,35 +211,32 @@ def measure_distributed(
     run = run_torchrun(
         first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", callbacks)
     )
-    nproc = first.request.nproc
-    paths = [run_dir / f"rank{r}.jsonl" for r in range(nproc)]
-    everything = [read_rank_log(path, r) for r, path in enumerate(paths)]
-    per_plan: dict[str, list[RankResult]] = {}
-    for label in labels:
-        per_plan[label] = [read_rank_log(path, r, plan=label) for r, path in enumerate(paths)]
+    everything = read_ranks(run_dir)
+    per_plan = {label: read_ranks(run_dir, plan=label) for label in labels}
     if run.stopped:
         for ranks in [everything, *per_plan.values()]:
             stopped_not_failed(ranks)
     results = {label: run.result(resolved[label], per_plan[label]) for label in labels}
     if run.failed(everything) or any(run.failed(ranks) for ranks in per_plan.values()):
+        error = failure(run.result(first, everything), run)
         shutil.rmtree(run_dir, ignore_errors=True)
-        error = failure(run.result(first, everything), run.log_text, run.returncode)
         error.results = results  # type: ignore[attr-defined]
         raise error
-    logs = [rank_lines(path) if path.exists() else [] for path in paths]
+    paths = {r.rank: run_dir / f"rank{r.rank}.jsonl" for r in everything}
+    logs = {rank: rank_lines(path) for rank, path in paths.items()}
     shutil.rmtree(run_dir, ignore_errors=True)
-    lines = [_last(items, "measurement") for items in logs]
-    measurement = merge_measurement(lines, mcfg, labels)
-    out = MeasuredRuns(measurement, results, lines, run.seconds)
+    lines = {rank: _last(items, "measurement") for rank, items in logs.items()}
+    measurement = merge_measurement(list(lines.values()), mcfg, labels)
+    out = MeasuredRuns(measurement, results, list(lines.values()), run.seconds)
     out.stopped = run.stopped or measurement.stopped
-    phases = [_first(items, "phase") for items in logs]
-    if all(p is not None for p in phases):  # launch -> every rank begins the first warm-up
+    phases = [_first(items, "phase") for items in logs.values()]
+    if phases and all(p is not None for p in phases):  # launch -> every rank's first warm-up
         out.startup_s = max(float(p["t"]) for p in phases if p is not None) - run.t0
     for label, result in results.items():
         result.startup_s = out.startup_s
         result.timed_steps = {
             r: [t for block in _plan_of(line, label).get("blocks", []) for t in block]
-            for r, line in enumerate(lines)
+            for r, line in lines.items()
         }
     return out
 

@@ -27,13 +27,22 @@ def batch_samples(batch: Any) -> int | None:
     return None
 
 
-def check_divisible(samples: int | None, nproc: int, where: str = "the global batch") -> None:
-    """``ValueError`` unless ``samples`` splits into ``nproc`` equal slices."""
-    if samples is not None and samples % nproc:
+def check_divisible(
+    samples: int | None, nproc: int, where: str = "the global batch", nnodes: int = 1
+) -> None:
+    """``ValueError`` unless ``samples`` splits into ``nnodes * nproc`` equal slices."""
+    world = nnodes * nproc
+    if samples is not None and samples % world:
+        by = (
+            f"distributed.nproc={nproc}"
+            if nnodes == 1
+            else f"distributed.nnodes x nproc = {nnodes} x {nproc} = {world}"
+        )
         raise ValueError(
-            f"{where} has {samples} samples, not divisible by distributed.nproc={nproc}; "
-            f"allowed: a global batch size that is a multiple of {nproc} (each rank trains "
-            f"batch/nproc samples), e.g. {max(nproc, samples - samples % nproc)}"
+            f"{where} has {samples} samples, not divisible by {by}; "
+            f"allowed: a global batch size that is a multiple of {world} (each rank trains "
+            f"batch/{world if nnodes > 1 else 'nproc'} samples), e.g. "
+            f"{max(world, samples - samples % world)}"
         )
 
 

@@ -1,12 +1,16 @@
-"""torchrun as a subprocess: start it on a spec, follow it, stop it, and describe a failure.
+"""torchrun as subprocesses: start each node's agent on a spec, follow them, stop them, and
+describe a failure.
 
-:func:`run_torchrun` picks a free port on the rendezvous host (loopback by default), runs torchrun
-through ``python -m precision_nb.engine.distributed.torchrun`` (torch's ``torch.distributed.run``
-with its stores listening on that host only) with ``--max-restarts 0``, calls ``poll()`` while the
-ranks train (the launcher follows their JSON-line logs there) and at the end makes sure no worker
-outlives the run: torchrun is stopped with SIGTERM (which it forwards), then its process group and
-any worker it recorded are killed by id. :func:`failure` turns a failed run into a
-``DistributedError`` naming the rank that failed first.
+:func:`run_torchrun` picks a free port on the rendezvous host (loopback by default) unless the
+request names one, runs one torchrun agent per node this machine runs (every node of the request,
+or its ``node_rank`` only) through ``python -m precision_nb.engine.distributed.torchrun`` (torch's
+``torch.distributed.run`` with its stores listening on that host only) with ``--max-restarts 0``,
+calls ``poll()`` while the ranks train (the launcher follows their JSON-line logs there) and at
+the end makes sure no worker outlives the run: a node whose agent fails ends the run on every
+node; the agents are stopped with SIGTERM (which they forward), then their process groups and any
+worker recorded on this machine are killed by id. :func:`failure` turns a failed run into a
+``DistributedError`` naming the node and rank that failed first, or the node whose agent failed
+(killed, interrupted, a rendezvous that never completed).
 """
 
 from __future__ import annotations
@@ -19,14 +23,21 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
-from precision_nb.core.distributed import LOOPBACK, Distributed
+from precision_nb.core.distributed import Distributed, is_loopback
+from precision_nb.engine.distributed.nodes import (
+    NodeCommand,
+    endpoint,
+    loopback_interface,
+    node_command,
+    read_markers,
+)
 from precision_nb.engine.distributed.results import (
     DistributedError,
     DistributedResult,
@@ -36,11 +47,16 @@ from precision_nb.engine.distributed.results import (
 )
 
 __all__ = [
+    "AgentEnd",
     "TorchrunRun",
+    "agent_commands",
+    "agent_trouble",
     "exit_codes",
     "failure",
     "free_port",
+    "read_ranks",
     "root_cause",
+    "run_nodes",
     "run_torchrun",
     "stopped_not_failed",
 ]
@@ -59,23 +75,26 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _loopback_interface() -> str | None:
-    names = [name for _, name in socket.if_nameindex()]
-    return next((n for n in names if n.startswith("lo")), None)
+def run_nodes(req: Distributed) -> dict[str, Any]:
+    """The node layout of a request, as the run file records it (:func:`nodes.spec_nodes`)."""
+    return {
+        "nnodes": req.nnodes,
+        "nproc_per_node": req.nproc,
+        "rdzv_host": req.rdzv_host,
+        "rdzv_port": req.rdzv_port,
+        "rdzv_timeout_s": req.rdzv_timeout_s,
+    }
 
 
-def _endpoint(host: str) -> str:
-    return f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}"
-
-
-def _command(nproc: int, host: str, spec_path: Path) -> list[str]:
+def agent_commands(req: Distributed, spec_path: Path, port: int) -> list[NodeCommand]:
+    """The torchrun command of every node this machine runs (all of them when
+    ``req.node_rank`` is None), with this interpreter."""
+    layout = run_nodes(req)
+    all_here = req.node_rank is None
     return [
-        sys.executable, "-m", "precision_nb.engine.distributed.torchrun",
-        "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={_endpoint(host)}", f"--local-addr={host}",
-        "--max-restarts=0", "--monitor-interval=0.1",
-        "-m", "precision_nb.engine.distributed.worker", str(spec_path),
-    ]  # fmt: skip
+        node_command(layout, node, spec_path, port=port, all_here=all_here)
+        for node in req.nodes_here()
+    ]
 
 
 def _environment(host: str) -> dict[str, str]:
@@ -84,31 +103,72 @@ def _environment(host: str) -> dict[str, str]:
     if env.get("PYTHONPATH"):
         paths.insert(1, env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    lo = _loopback_interface()
-    if host in (LOOPBACK, "localhost", "::1") and lo is not None:
+    lo = loopback_interface()
+    if is_loopback(host) and lo is not None:
         env.setdefault("GLOO_SOCKET_IFNAME", lo)
         env.setdefault("NCCL_SOCKET_IFNAME", lo)
     return env
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
+@dataclass
+class Agent:
+    """One node's torchrun agent: its process, its log, when it ended and whether the launcher
+    stopped it."""
+
+    node: int
+    proc: subprocess.Popen
+    log_path: Path
+    t_end: float | None = None
+    stopped: bool = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+
+def _start(command: NodeCommand, log_path: Path, env: dict[str, str]) -> Agent:
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            list(command.argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, **{k: v for k, v in command.env.items() if k not in os.environ}},
+            start_new_session=True,
+        )
+    return Agent(command.node, proc, log_path)
+
+
+def _stop(agents: list[Agent], grace_s: float = 15.0) -> None:
+    """SIGTERM every running agent (torchrun forwards it to its ranks), then wait for them."""
+    running = [a for a in agents if a.proc.poll() is None]
+    for a in running:
+        a.stopped = True
+        a.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + grace_s
+    for a in running:
         try:
-            proc.wait(grace_s)
+            a.proc.wait(max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            log.warning("torchrun did not stop within %.0f s after SIGTERM; killing it", grace_s)
+            log.warning(
+                "node %d: torchrun did not stop within %.0f s after SIGTERM; killing it",
+                a.node,
+                grace_s,
+            )
 
 
 def _reap(proc: subprocess.Popen, ranks: list[RankResult], spec_path: Path) -> None:
-    """Kill torchrun's process group and any recorded worker still running (by id)."""
+    """Kill torchrun's process group and any recorded worker of this machine still running."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already: nothing to kill
     proc.wait()
+    here = socket.gethostname()
     for r in ranks:
-        if r.pid is None:
+        if r.pid is None or (r.host is not None and r.host != here):
             continue
         try:
             p = psutil.Process(r.pid)
@@ -119,13 +179,35 @@ def _reap(proc: subprocess.Popen, ranks: list[RankResult], spec_path: Path) -> N
             continue
 
 
+def read_ranks(run_dir: Path, plan: str | None = None) -> list[RankResult]:
+    """Every rank whose log is in ``run_dir`` (``rank<R>.jsonl``), by rank; ``plan``: only that
+    plan's lines (:func:`~precision_nb.engine.distributed.results.read_rank_log`)."""
+    found = []
+    for path in Path(run_dir).glob("rank*.jsonl"):
+        digits = path.stem[len("rank") :]
+        if digits.isdigit():
+            found.append((int(digits), path))
+    return [read_rank_log(path, rank, plan=plan) for rank, path in sorted(found)]
+
+
 def exit_codes(log_text: str) -> dict[int, int]:
     """Each failed rank's exit code from torchrun's failure report (negative: killed by signal)."""
     pattern = r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)"
     return {int(r): int(c) for r, c in re.findall(pattern, log_text)}
 
 
+def _signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+
+
+def _stop_error(r: RankResult) -> bool:
+    """The rank's error is the SIGTERM of a run being ended (its own KeyboardInterrupt)."""
+    return r.error is not None and r.error.get("type") == "KeyboardInterrupt"
+
+
 def _describe(r: RankResult, exit_code: int | None) -> str:
+    if r.error is not None and _stop_error(r):
+        return "was stopped when the run ended (SIGTERM)"
     if r.error is not None:
         frames = [
             ln.strip()
@@ -136,43 +218,149 @@ def _describe(r: RankResult, exit_code: int | None) -> str:
         where = f" ({(outside or frames)[-1]})" if frames else ""
         return f"raised {r.error.get('type')}: {r.error.get('message')}{where}"
     if exit_code is not None and exit_code < 0:
-        name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else "?"
+        name = _signal_name(-exit_code)
         return f"was killed by signal {name} (exit code {exit_code}) and left no error"
     if not r.finished:
         return f"ended without a result (exit code {exit_code})"
-    return "finished"
+    return "stopped between steps (its result is kept)" if r.stopped else "finished"
 
 
 def root_cause(ranks: list[RankResult], codes: dict[int, int]) -> int | None:
     """The rank that failed first: one that ended with neither a result nor an error (killed),
-    else the earliest recorded error, else the first rank torchrun reports."""
+    else the earliest recorded error (one of its own before the SIGTERM of a run being ended),
+    else the first rank torchrun reports."""
     killed = [r.rank for r in ranks if not r.finished and r.error is None]
     if killed:
         return min(killed, key=lambda k: (codes.get(k, 0) >= 0, k))
     errors = [r for r in ranks if r.error is not None]
     if errors:
-        return min(errors, key=lambda r: r.error["t"]).rank  # type: ignore[index]
+        first = min(errors, key=lambda r: (_stop_error(r), r.error["t"]))  # type: ignore[index]
+        return first.rank
     return min(codes) if codes else None
 
 
-def failure(result: DistributedResult, log_text: str, returncode: int) -> DistributedError:
-    codes = exit_codes(log_text)
+@dataclass(frozen=True)
+class AgentEnd:
+    """How one node's torchrun agent ended: exit code, when, whether the launcher stopped it."""
+
+    node: int
+    returncode: int | None
+    t_end: float | None
+    stopped: bool
+    log_text: str
+
+
+def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
+    """What went wrong with the agent itself (killed, interrupted, no rendezvous), or None when
+    it failed because a rank failed (the ranks' records tell that)."""
+    code, text = agent.returncode, agent.log_text
+    if code is not None and code < 0:
+        name = _signal_name(-code)
+        return f"its torchrun agent was killed by signal {name} (exit code {code})"
+    got = re.search(r"SignalException: Process \d+ got signal: (\d+)", text)
+    if got:
+        name = _signal_name(int(got.group(1)))
+        ctrl_c = " (Ctrl-C)" if name == "SIGINT" else ""
+        return f"its torchrun agent received {name}{ctrl_c} and stopped its ranks"
+    if "RendezvousTimeoutError" in text:
+        return f"its torchrun agent timed out waiting at the rendezvous {endpoint}"
+    if "RendezvousConnectionError" in text:
+        return f"its torchrun agent could not reach the rendezvous store at {endpoint}"
+    if "--node-rank: invalid value" in text:
+        return next(ln.strip() for ln in text.splitlines() if "--node-rank: invalid value" in ln)
+    if exit_codes(text) or "ChildFailedError" in text:
+        return None
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "no output")
+    return f"its torchrun agent exited with code {code}: {last}"
+
+
+def _missing_nodes(run: TorchrunRun, req: Distributed) -> list[int]:
+    """Nodes whose agent left no marker in the run folder (never started on it)."""
+    joined = read_markers(run.run_dir)
+    return [k for k in range(req.nnodes) if k not in joined]
+
+
+def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> str:
+    joined = read_markers(run.run_dir)
+    missing = _missing_nodes(run, req)
+    started = ", ".join(
+        f"node {k} ({m.get('host')})" for k, m in sorted(joined.items()) if k < req.nnodes
+    )
+    head = (
+        f"the rendezvous at {run.endpoint} did not complete within {req.rdzv_timeout_s:g} s "
+        f"(rdzv_timeout_s) for {req.nnodes} nodes"
+    )
+    if missing:
+        names = ", ".join(str(k) for k in missing)
+        return (
+            f"{head}: node {names} never joined (started: {started or 'none'}); start it with "
+            "its command from precision-nb nodes RUN_DIR; no rank ran"
+        )
+    return (
+        f"{head}: every node's agent started ({started}) but they did not meet: check that each "
+        f"reaches {run.endpoint}; no rank ran"
+    )
+
+
+def _first_failed_agent(run: TorchrunRun) -> AgentEnd | None:
+    failed = [a for a in run.agents if a.returncode not in (None, 0) and not a.stopped]
+    return min(failed, key=lambda a: a.t_end or 0.0) if failed else None
+
+
+def _who(r: RankResult, multinode: bool) -> str:
+    return f"node {r.node}, rank {r.rank}" if multinode and r.node is not None else f"rank {r.rank}"
+
+
+def failure(result: DistributedResult, run: TorchrunRun) -> DistributedError:
+    """A ``DistributedError`` naming what failed first: a rank (its node, its error or signal),
+    else a node's torchrun agent (killed, interrupted, a rendezvous that never completed)."""
+    req = getattr(result.plan, "request", None)
+    multinode = bool(req is not None and req.nnodes > 1)
+    codes = exit_codes(run.log_text)
+    by_rank = {r.rank: r for r in result.ranks}
+    agent = _first_failed_agent(run)
+    trouble = agent_trouble(agent, run.endpoint) if agent is not None else None
     root = root_cause(result.ranks, codes)
-    lines = [f"distributed run failed (torchrun exit code {returncode})"]
-    if root is not None:
-        lines[0] += f": rank {root} {_describe(result.ranks[root], codes.get(root))}"
+    own = root in by_rank and not _stop_error(by_rank[root])
+    node: int | None = None
+    lines = [run.headline or f"distributed run failed (torchrun exit code {run.returncode})"]
+    # A signal to a node's agent or a rendezvous that never completed comes first: the other
+    # nodes' ranks then fail on the lost connection. Otherwise a rank's own error is the cause.
+    outside = agent is not None and (
+        (agent.returncode or 0) < 0
+        or "SignalException" in agent.log_text
+        or "RendezvousTimeoutError" in agent.log_text
+    )
+    if agent is not None and trouble is not None and (outside or not own):
+        node, root = agent.node, None
+        if "RendezvousTimeoutError" in agent.log_text and req is not None:
+            lines[0] += f": {_rendezvous_failure(run, req)}"
+            node = (_missing_nodes(run, req) or [agent.node])[0]
+        else:
+            lines[0] += f": node {agent.node}: {trouble}"
+    elif root is not None and root in by_rank:
+        r = by_rank[root]
+        node = r.node
+        lines[0] += f": {_who(r, multinode)} {_describe(r, codes.get(root))}"
     for r in result.ranks:
         if r.rank != root:
             state = _describe(r, codes.get(r.rank))
-            lines.append(f"  rank {r.rank}: {len(r.records)} record(s) kept; {state}")
-    lines.append("every rank's records are in error.result.ranks")
+            lines.append(f"  {_who(r, multinode)}: {len(r.records)} record(s) kept; {state}")
+    for a in run.agents:
+        if multinode and a.node != node and a.returncode not in (0, None) and not a.stopped:
+            trouble_of = agent_trouble(a, run.endpoint)
+            if trouble_of is not None:
+                lines.append(f"  node {a.node}: {trouble_of}")
+    if result.ranks:
+        lines.append("every rank's records are in error.result.ranks")
     result.error = lines[0]
-    return DistributedError("\n".join(lines), result, root)
+    return DistributedError("\n".join(lines), result, root, node)
 
 
 @dataclass
 class TorchrunRun:
-    """How one torchrun ended: exit code, its log, whether it was stopped, when it started."""
+    """How one launch ended: exit code, the agents' logs, whether it was stopped, when it
+    started; ``agents``: how each node's torchrun agent ended; ``endpoint``: the rendezvous."""
 
     returncode: int
     log_text: str
@@ -180,9 +368,13 @@ class TorchrunRun:
     t0: float
     seconds: float
     run_dir: Path
+    agents: list[AgentEnd] = field(default_factory=list)
+    endpoint: str = ""
+    #: The first line of a failure's message (default: "distributed run failed (exit code)").
+    headline: str = ""
 
     def failed(self, ranks: list[RankResult]) -> bool:
-        """A rank failed (not the SIGTERM of a stop the caller asked for)."""
+        """A rank or an agent failed (not the SIGTERM of a stop the caller asked for)."""
         if self.returncode == 0 and not any(r.error or not r.finished for r in ranks):
             return False
         return not (self.stopped and all(r.finished or r.error is None for r in ranks))
@@ -204,41 +396,79 @@ class TorchrunRun:
         return result
 
 
+def _end(agents: list[Agent], spec_path: Path, run_dir: Path) -> None:
+    """Stop the agents still running, then kill their process groups and recorded ranks."""
+    if any(a.proc.poll() is None for a in agents):
+        _stop(agents, grace_s=5.0)
+    now = time.time()
+    ranks = read_ranks(run_dir)
+    for a in agents:
+        _reap(a.proc, ranks, spec_path)
+        a.t_end = a.t_end or now
+
+
+def _combined(agents: list[AgentEnd]) -> tuple[int, str]:
+    """One exit code (the first failing agent's, else any non-zero, else 0) and one log."""
+    failing = [a for a in agents if a.returncode not in (None, 0)]
+    first = [a for a in failing if not a.stopped] or failing
+    first.sort(key=lambda a: a.t_end or 0.0)
+    code = int(first[0].returncode or 0) if first else 0
+    if len(agents) == 1:
+        return code, agents[0].log_text
+    text = "\n".join(f"--- node {a.node} ---\n{a.log_text}" for a in agents)
+    return code, text
+
+
 def run_torchrun(
     req: Distributed, spec_path: Path, run_dir: Path, stop: Any, poll: Any
 ) -> TorchrunRun:
-    """Run torchrun on ``spec_path`` until it ends, calling ``poll()`` every few ms (to follow the
-    ranks' logs); stop it on ``stop``, Ctrl-C or ``req.timeout_s``; no worker outlives it."""
-    log_path = run_dir / "torchrun.log"
+    """Run the torchrun agent of every node this machine runs (``req.nodes_here()``) on
+    ``spec_path`` until they end, calling ``poll()`` every few ms (to follow the ranks' logs);
+    stop them on ``stop``, Ctrl-C, ``req.timeout_s`` or when one node's agent fails; no worker
+    outlives them."""
+    port = req.rdzv_port if req.rdzv_port is not None else free_port(req.rdzv_host)
+    commands = agent_commands(req, spec_path, port)
+    env = _environment(req.rdzv_host)
     t0 = time.time()
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            _command(req.nproc, req.rdzv_host, spec_path),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_environment(req.rdzv_host),
-            start_new_session=True,
-        )
-    stopped = False
+    agents: list[Agent] = []
+    stopped = ended_early = False
     try:
-        while proc.poll() is None:
-            if stop is not None and stop.is_set() and not stopped:
+        for command in commands:
+            name = "torchrun.log" if req.nnodes == 1 else f"torchrun-node{command.node}.log"
+            agents.append(_start(command, run_dir / name, env))
+        while [a.proc.poll() for a in agents].count(None):  # polls (and reaps) every agent
+            now = time.time()
+            for a in agents:
+                if a.t_end is None and a.proc.returncode is not None:
+                    a.t_end = now
+            if not stopped and stop is not None and stop.is_set():
                 stopped = True
-                _stop(proc)
-            if time.time() - t0 > req.timeout_s and not stopped:
+                _stop(agents)
+            elif not stopped and now - t0 > req.timeout_s:
                 stopped = True
                 log.warning("distributed run timed out after %.0f s; stopping it", req.timeout_s)
-                _stop(proc)
+                _stop(agents)
+            elif not (stopped or ended_early) and any(a.returncode for a in agents):
+                ended_early = True  # one node failed: end the run on every node
+                _stop(agents)
             poll()
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
         stopped = True
-        _stop(proc)
-    ranks = [read_rank_log(run_dir / f"rank{r}.jsonl", r) for r in range(req.nproc)]
-    _reap(proc, ranks, spec_path)
+        try:
+            _stop(agents)
+        except KeyboardInterrupt:
+            log.warning("interrupted again: killing every node's torchrun and its ranks now")
+    except BaseException:
+        _end(agents, spec_path, run_dir)  # a callback or a start failed: leave nothing running
+        raise
+    _end(agents, spec_path, run_dir)
     poll()
-    log_text = log_path.read_text(encoding="utf-8", errors="replace")
-    return TorchrunRun(proc.returncode, log_text, stopped, t0, time.time() - t0, run_dir)
+    ends = [AgentEnd(a.node, a.returncode, a.t_end, a.stopped, a.log_text()) for a in agents]
+    code, text = _combined(ends)
+    run = TorchrunRun(code, text, stopped, t0, time.time() - t0, run_dir, ends)
+    run.endpoint = endpoint(req.rdzv_host, port)
+    return run
 
 
 def stopped_not_failed(ranks: list[Any]) -> None:

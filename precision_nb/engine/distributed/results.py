@@ -3,7 +3,8 @@
 :func:`read_rank_log` turns one rank's JSON lines into a :class:`RankResult` (a rank that died
 keeps the lines it wrote); :class:`DistributedResult` holds them all with the global records (loss
 averaged over ranks: with equal slices, the mean loss of the global batch; step time the slowest
-rank's) and the per-rank communication and memory tables.
+rank's), each node's records merged over its ranks, and the per-rank communication and memory
+tables (each row with its node).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class RankResult:
 
     rank: int
     pid: int | None = None
+    #: The node rank the rank's torchrun agent was started with (None: not recorded).
+    node: int | None = None
+    host: str | None = None
+    local_rank: int | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
     comm_setup: list[dict[str, Any]] = field(default_factory=list)
     comm: list[dict[str, Any]] = field(default_factory=list)
@@ -55,6 +60,9 @@ def read_rank_log(path: Path, rank: int, plan: str | None = None) -> RankResult:
         kind = item.get("kind")
         if kind == "start":
             out.pid, out.t_start = item.get("pid"), item.get("t")
+            where = item.get("node") or {}
+            out.node, out.host = where.get("node"), where.get("host")
+            out.local_rank = where.get("local_rank")
         elif kind == "fit_start":
             out.t_fit_start, out.comm_setup = item.get("t"), item.get("comm_setup", [])
         elif kind == "record":
@@ -157,15 +165,70 @@ class DistributedResult:
     def final_loss(self) -> float | None:
         return self.records[-1]["loss"] if self.records else None
 
+    @property
+    def world_size(self) -> int:
+        """The ranks the run was planned with (nnodes x nproc), else the ranks recorded."""
+        planned = getattr(self.plan, "world_size", None)
+        return int(planned) if isinstance(planned, int) else len(self.ranks)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the planned world that left no log here (another node's, or none started)."""
+        seen = {r.rank for r in self.ranks}
+        return [r for r in range(self.world_size) if r not in seen]
+
+    def nodes(self) -> dict[int, list[RankResult]]:
+        """Node rank -> its ranks (a run that recorded no node: node 0)."""
+        out: dict[int, list[RankResult]] = {}
+        for r in self.ranks:
+            out.setdefault(r.node if r.node is not None else 0, []).append(r)
+        return dict(sorted(out.items()))
+
+    def node_records(self, node: int) -> list[dict[str, Any]]:
+        """The records of one node's ranks merged per step, as :attr:`records` merges all."""
+        return merge_records(self.nodes().get(node, []))
+
+    def node_table(self) -> list[dict[str, Any]]:
+        """Per node: host, ranks, steps logged, its final loss (over its ranks), the median of
+        its slowest rank's logged step times, and ``ready_s``: when its last rank entered its
+        fit loop, in seconds after the first rank of the run started (host clocks)."""
+        first = [r.t_start for r in self.ranks if r.t_start is not None]
+        rows = []
+        for node, ranks in self.nodes().items():
+            merged = merge_records(ranks)
+            times = [float(r["step_time_s"]) for r in merged if r.get("step_time_s")]
+            ready = [r.t_fit_start for r in ranks]
+            known = first and all(t is not None for t in ready)
+            rows.append(
+                {
+                    "node": node,
+                    "host": ranks[0].host,
+                    "ranks": [r.rank for r in ranks],
+                    "steps_logged": len(merged),
+                    "final_loss": merged[-1]["loss"] if merged else None,
+                    "median_step_time_s": statistics.median(times) if times else None,
+                    "ready_s": max(ready) - min(first) if known else None,  # type: ignore[type-var]
+                }
+            )
+        return rows
+
+    def _node_column(self) -> dict[int, dict[str, Any]]:
+        """Rank -> ``{"node": K}`` when the ranks ran on several nodes (else no column)."""
+        if len({r.node for r in self.ranks}) < 2:
+            return {}
+        return {r.rank: {"node": r.node} for r in self.ranks}
+
     def comm_table(self) -> list[dict[str, Any]]:
         """Per rank, op and dtype over the logged steps (setup excluded): mean bytes per step,
         calls per step, and the mean seconds in flight per step (call to completion, summed over
-        the collectives; they overlap compute) with the share of calls that were timed.
+        the collectives; they overlap compute) with the share of calls that were timed. A run
+        over several nodes adds each rank's ``node``.
 
         The means are over every logged step of the rank, including the intervals in which an op
         was not issued (DDP's one-time bucket rebuild after its first step, say)."""
         rows: dict[tuple[int, str, str], dict[str, float]] = {}
         steps: dict[int, float] = {}
+        node = self._node_column()
         for r in self.ranks:
             intervals = {row.get("step", i): row["steps"] for i, row in enumerate(r.comm)}
             steps[r.rank] = sum(intervals.values())
@@ -179,6 +242,7 @@ class DistributedResult:
         return [
             {
                 "rank": k[0],
+                **node.get(k[0], {}),
                 "op": k[1],
                 "dtype": k[2],
                 "bytes_per_step": a["bytes"] / steps[k[0]],
@@ -191,8 +255,9 @@ class DistributedResult:
 
     def memory_table(self) -> list[dict[str, Any]]:
         """Bytes each rank holds by kind (parameters, gradients, optimizer_state) and dtype."""
+        node = self._node_column()
         return [
-            {"rank": r.rank, "kind": kind, "dtype": dtype, "bytes": nbytes}
+            {"rank": r.rank, **node.get(r.rank, {}), "kind": kind, "dtype": dtype, "bytes": nbytes}
             for r in self.ranks
             for kind, by_dtype in sorted(r.memory.items())
             for dtype, nbytes in sorted(by_dtype.items())
@@ -207,17 +272,22 @@ class DistributedResult:
             "startup_s": self.startup_s,
             "stopped": self.stopped,
             "error": self.error,
+            "nodes": self.node_table(),
         }
 
 
 class DistributedError(FitError):
-    """A distributed run failed: ``.rank`` is the failing rank, ``.result`` keeps every rank's
-    records (a :class:`DistributedResult`)."""
+    """A distributed run failed: ``.rank`` is the failing rank, ``.node`` its node (or the node
+    whose torchrun agent failed), ``.result`` keeps every rank's records (a
+    :class:`DistributedResult`)."""
 
-    def __init__(self, message: str, result: DistributedResult, rank: int | None) -> None:
+    def __init__(
+        self, message: str, result: DistributedResult, rank: int | None, node: int | None = None
+    ) -> None:
         super().__init__(message, None)
         self.result = result  # type: ignore[assignment]
         self.rank = rank
+        self.node = node
 
 
 def rank0_optimizer_outcome(result: DistributedResult) -> Any:

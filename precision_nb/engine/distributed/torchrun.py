@@ -11,6 +11,13 @@ listen on a socket bound to the host they are given: with the launcher's
 
 A host that does not resolve, or a port taken, raises ``RuntimeError`` like torch's own store,
 so torchrun's handling of a failed store start is unchanged.
+
+Several nodes: ``--node-rank`` must lie in ``0 .. --nnodes - 1`` (checked before anything starts;
+exit code 2 with the values). torchrun's c10d rendezvous does not use the node rank (it orders
+the agents itself), so this module hands it to the ranks as ``PRECISION_NB_NODE_RANK`` (with
+``PRECISION_NB_NNODES``) and, when torchrun runs the worker module on a run file, records the
+agent's start as ``node<K>.json`` beside that file
+(:mod:`~precision_nb.engine.distributed.nodes`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -73,11 +81,56 @@ def install() -> None:
     c10d_rendezvous_backend.TCPStore = HostBoundTCPStore  # imported by name there
 
 
+class NodeRankError(SystemExit):
+    """``--node-rank`` outside ``0 .. --nnodes - 1``: exit code 2, the message on stderr."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
+def check_node(args: Any) -> tuple[int, int]:
+    """(node rank, largest ``--nnodes``) of torchrun's parsed arguments; :class:`NodeRankError`
+    for a node rank out of range."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    _, max_nodes = parse_min_max_nnodes(str(args.nnodes))
+    node = int(args.node_rank)
+    if not 0 <= node < max_nodes:
+        raise NodeRankError(
+            f"precision_nb torchrun: --node-rank: invalid value {node} with --nnodes="
+            f"{args.nnodes}; allowed: 0 to {max_nodes - 1}"
+        )
+    return node, max_nodes
+
+
+def _announce(args: Any, node: int, nnodes: int) -> None:
+    """Tell the ranks their node, and the run folder that this node's agent started."""
+    from precision_nb.engine.distributed.nodes import NNODES_ENV, NODE_RANK_ENV, write_marker
+
+    os.environ[NODE_RANK_ENV], os.environ[NNODES_ENV] = str(node), str(nnodes)
+    script_args = list(args.training_script_args)
+    if args.module and args.training_script == "precision_nb.engine.distributed.worker":
+        spec = Path(script_args[0]) if script_args else None
+        if spec is not None and spec.parent.is_dir():
+            write_marker(spec.parent, node, nnodes, str(args.nproc_per_node))
+
+
 def main(argv: list[str] | None = None) -> None:
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.errors import record
 
+    args = run.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        node, nnodes = check_node(args)
+    except NodeRankError as exc:
+        print(exc.message, file=sys.stderr)
+        raise
+    _announce(args, node, nnodes)
+    if args.rdzv_backend != "static":
+        args.node_rank = 0  # a label here (see the module docstring), not torchrun's business
     install()
-    run.main(sys.argv[1:] if argv is None else argv)
+    record(run.run)(args)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ Each rank builds the model (a built-in workload by name and preset, or a ``modul
 import path with an optional saved state dict), trains its slice of every global batch with the
 engine's :class:`~precision_nb.engine.trainer.Trainer` on the model wrapped in DDP or sharded by
 FSDP2, and appends what it records to ``rank<R>.jsonl`` in the run folder, one JSON line each:
-``start``, ``fit_start``, every ``record`` as it is logged (with the collective bytes since the
-previous one), then ``result`` or ``error``. The launcher reads those lines, live and at the end,
+``start`` (with the rank's node and host), ``fit_start``, every ``record`` as it is logged (with
+the collective bytes since the previous one), then ``result`` or ``error``. After joining the
+process group every rank checks that the nodes started what the run file describes
+(:func:`check_world`). The launcher reads those lines, live and at the end,
 so a rank that dies keeps every line it wrote.
 
 A spec with ``plans`` (a distributed profile) runs every plan in this one launch and measures
@@ -33,6 +35,7 @@ import torch.distributed as dist
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.counting import CommCounter, counting_group
+from precision_nb.engine.distributed.nodes import node_identity, spec_nodes, world_problems
 from precision_nb.engine.distributed.parallel import (
     RankBatches,
     bytes_by_dtype,
@@ -43,7 +46,16 @@ from precision_nb.engine.distributed.parallel import (
 )
 from precision_nb.engine.train_config import TrainConfig
 
-__all__ = ["RankLog", "import_path", "init_rank", "main", "make_trainer", "run"]
+__all__ = [
+    "RankLog",
+    "check_world",
+    "from_json",
+    "import_path",
+    "init_rank",
+    "main",
+    "make_trainer",
+    "run",
+]
 
 
 def import_path(path: str) -> Any:
@@ -59,7 +71,7 @@ def import_path(path: str) -> Any:
     return obj
 
 
-def _tuples(cls: type, data: dict[str, Any]) -> Any:
+def from_json(cls: type, data: dict[str, Any]) -> Any:
     """A dataclass from JSON data, lists turned back into tuples where the default is a tuple."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     fixed = {}
@@ -134,7 +146,8 @@ def build_model(
 
 
 def init_rank(spec: dict[str, Any]) -> tuple[int, int, torch.device]:
-    """Join the process group of the run; (rank, world size, this rank's device)."""
+    """Join the process group of the run and check that the nodes started what the run file
+    says (``ValueError`` naming the node otherwise); (rank, world size, this rank's device)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(f"cuda:{local}") if spec["device"] == "cuda" else torch.device("cpu")
@@ -142,12 +155,25 @@ def init_rank(spec: dict[str, Any]) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(spec["timeout_s"]))
     dist.init_process_group(spec["plan"]["backend"], timeout=timeout)
+    check_world(spec, world)
     return rank, world, device
+
+
+def check_world(spec: dict[str, Any], world: int) -> None:
+    """Every rank learns every rank's node (one all-gather over the plain group, not counted)
+    and raises ``ValueError`` naming the nodes that differ from the run file's layout."""
+    identities: list[Any] = [None] * world
+    dist.all_gather_object(identities, node_identity())
+    problems = world_problems(spec_nodes(spec), world, identities)
+    if problems:
+        raise ValueError(
+            "the nodes did not start the run the run file describes: " + "; ".join(problems)
+        )
 
 
 def train_config(spec: dict[str, Any]) -> TrainConfig:
     """The run's TrainConfig (no progress bar on the ranks)."""
-    return dataclasses.replace(_tuples(TrainConfig, spec["train"]), progress=False)
+    return dataclasses.replace(from_json(TrainConfig, spec["train"]), progress=False)
 
 
 def make_trainer(
@@ -162,8 +188,8 @@ def make_trainer(
         wrapped,
         RankBatches(batches, rank, world),
         device=device,
-        precision=_tuples(PrecisionConfig, kw.get("precision") or spec["precision"]),
-        optimizer=_tuples(OptimizerConfig, spec["optimizer"]),
+        precision=from_json(PrecisionConfig, kw.get("precision") or spec["precision"]),
+        optimizer=from_json(OptimizerConfig, spec["optimizer"]),
         train=kw["train"],
         loss_fn=import_path(spec["loss_fn"]) if spec.get("loss_fn") else None,
         workload_info=kw["workload_info"],
@@ -233,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     rank = int(os.environ["RANK"])
     log = RankLog(Path(spec["run_dir"]) / f"rank{rank}.jsonl")
-    log.write("start", pid=os.getpid(), rank=rank, argv=args)
+    log.write("start", pid=os.getpid(), rank=rank, argv=args, node=node_identity())
     signal.signal(signal.SIGTERM, _terminate)
     try:
         run(spec, log)

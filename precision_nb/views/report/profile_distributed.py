@@ -21,7 +21,8 @@ __all__ = [
     "write_distributed",
 ]
 
-#: The files a distributed profile adds to the report folder.
+#: The files a distributed profile adds to the report folder (and ``distributed_nodes.csv``, one
+#: row per node, for a run over several nodes).
 DISTRIBUTED_FILES = ("distributed_steps.csv", "distributed_memory.csv", "distributed_comm.csv")
 
 
@@ -65,7 +66,8 @@ def check_distributed(
             "fit_distributed(model, factory='package.module:factory') for your own model"
         )
     info = get_workload(workload, preset).info
-    check_divisible(info["batch_size"], distributed.nproc, f"workload {workload!r} at {preset!r}")
+    where = f"workload {workload!r} at {preset!r}"
+    check_divisible(info["batch_size"], distributed.nproc, where, distributed.nnodes)
     optimizer = OptimizerConfig(fused=fused)
     return {
         mode: explain_distributed(
@@ -220,10 +222,12 @@ def rank_step_table(label: str, result: Any) -> list[dict[str, Any]]:
             times = [float(r["step_time_s"]) for r in rank.records if r.get("step_time_s")]
             how = "logged intervals"
         sp = spread(times)
+        several = len({r.node for r in result.ranks}) > 1
         rows.append(
             {
                 "plan": label,
                 "rank": rank.rank,
+                **({"node": rank.node} if several else {}),
                 "timing": how,
                 "steps_timed": sp.n,
                 "median_step_time_s": sp.median,
@@ -250,7 +254,16 @@ def write_distributed(out: Path, runs: Mapping[str, Any]) -> tuple[dict[str, Pat
     import pandas as pd
 
     files: dict[str, Path] = {}
-    for name, rows in _tables(runs).items():
+    tables = _tables(runs)
+    nodes = [
+        {"plan": label, **row}
+        for label, result in runs.items()
+        if hasattr(result, "node_table")
+        for row in result.node_table()
+    ]
+    if len({row["node"] for row in nodes}) > 1:  # a run over several nodes: one row per node
+        tables["nodes"] = nodes
+    for name, rows in tables.items():
         path = out / f"distributed_{name}.csv"
         pd.DataFrame(rows).to_csv(path, index=False)
         files[path.name] = path
@@ -263,13 +276,21 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
 
     e = html.escape
     tables = _tables(runs)
-    parts = [
-        '<section class="distributed"><h2>Distributed: per rank</h2>',
-        "<p>All plans ran in one torchrun launch, one process per rank, and were measured as in "
+    measured = any(getattr(r, "timed_steps", None) for r in runs.values())
+    how = (
+        "All plans ran in one torchrun launch, one process per rank, and were measured as in "
         "one process (warm-up apart, its end agreed by the ranks; rounds with the plan order "
         "rotated); the speedups and verdicts of this report use the slowest rank's time of each "
         "step. Step time here: each rank's own median and IQR (inclusive quartiles) over its "
-        "timed steps. Communication: mean bytes per optimizer step of "
+        "timed steps."
+        if measured
+        else "A training run, one process per rank (not an interleaved measurement: no "
+        "speedup). Step time here: each rank's own median and IQR (inclusive quartiles) over "
+        "its logged intervals."
+    )
+    parts = [
+        '<section class="distributed"><h2>Distributed: per rank</h2>',
+        f"<p>{how} Communication: mean bytes per optimizer step of "
         "every collective each rank issued, by op and dtype (full buffer of each call; setup "
         "collectives before the first step left out). Memory: bytes each rank holds by kind and "
         "dtype, read from the tensors.</p>",
@@ -279,6 +300,7 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
         summary = plan.summary() if hasattr(plan, "summary") else str(plan)
         start = f"; start-up {result.startup_s:.1f} s" if result.startup_s is not None else ""
         parts.append(f"<h3>{e(label)}</h3><p>{e(summary)}{e(start)}</p>")
+        parts.append(_nodes_html(result))
         for name, title in (("steps", "step time"), ("memory", "memory"), ("comm", "comm")):
             rows = [r for r in tables[name] if r["plan"] == label]
             if not rows:
@@ -292,3 +314,23 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
             parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _nodes_html(result: Any) -> str:
+    """Per node (a run over several): host, ranks, steps, final loss, median step time."""
+    from precision_nb.views.report.html import _fmt
+
+    rows = result.node_table() if hasattr(result, "node_table") else []
+    if len(rows) < 2:
+        return ""
+    e = html.escape
+    cols = list(rows[0])
+    head = "".join(f"<th>{e(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
+    )
+    return (
+        "<p>Per node: its ranks' records merged per step (loss averaged over the node's ranks, "
+        "the slowest rank's step time); median over the logged intervals.</p>"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    )

@@ -1,0 +1,103 @@
+"""Launches shared by the distributed tests (each torchrun launch costs seconds on a loaded
+2-core machine, so one run feeds many assertions) and the probes they carry.
+
+``one_node`` (2 processes on one node) and ``two_nodes`` (the same 2 ranks as two torchrun agents
+of one process each) train the tiny MLP for the same steps on the same batches, each keeping its
+run folder so that it can be gathered again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from precision_nb.core.distributed import Distributed
+from precision_nb.engine.distributed import fit_distributed
+
+STEPS = 4
+
+
+def listening(pids: list[int]) -> list[tuple[int, str, str]]:
+    """(pid, process name, local address) of every listening TCP socket of these processes."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.append((pid, proc.name(), conn.laddr.ip))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+class SocketProbe:
+    """On rank 0's first record: the listening sockets of every process the launcher started,
+    and the command lines of those processes."""
+
+    def __init__(self) -> None:
+        self.sockets: list[tuple[int, str, str]] | None = None
+        self.cmdlines: list[str] = []
+
+    def on_log(self, record: dict) -> None:
+        if self.sockets is None:
+            children = psutil.Process().children(recursive=True)
+            self.sockets = listening([c.pid for c in children])
+            for c in children:
+                try:
+                    self.cmdlines.append(" ".join(c.cmdline()))
+                except psutil.NoSuchProcess:
+                    continue
+
+
+class Collector:
+    """Rank 0's records as the callbacks see them, and the result handed to ``on_fit_end``."""
+
+    def __init__(self) -> None:
+        self.logged: list[dict] = []
+        self.ended = None
+
+    def on_log(self, record: dict) -> None:
+        self.logged.append(record)
+
+    def on_fit_end(self, result) -> None:
+        self.ended = result
+
+
+@dataclass
+class Launch:
+    """A finished run with the callbacks that followed it."""
+
+    result: Any
+    collector: Collector
+    probe: SocketProbe
+    run_dir: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def launch(run_dir: Path, nproc: int, nnodes: int = 1) -> Launch:
+    collector, probe = Collector(), SocketProbe()
+    result = fit_distributed(
+        "mlp",
+        distributed=Distributed("ddp", nproc, nnodes=nnodes, timeout_s=240),
+        device="cpu",
+        steps=STEPS,
+        log_every=1,
+        measure_peak=False,
+        callbacks=[collector, probe],
+        run_dir=run_dir,
+    )
+    return Launch(result, collector, probe, run_dir)
+
+
+def leftovers(marker: str) -> list[psutil.Process]:
+    """Live processes whose command line names ``marker`` (a run folder)."""
+    alive = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.append(p)
+    return alive

@@ -156,21 +156,6 @@ def test_config_that_is_a_directory_says_so(capsys, tmp_path):
     assert code == 2 and "is a directory" in err and "got str" not in err
 
 
-def test_docs_list_every_flag_with_its_parser_default():
-    from precision_nb.cli.main import build_parser
-
-    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
-    text = text.split("## `precision-nb profile`", 1)[1]
-    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["profile"]
-    for action in sub._actions:
-        if not action.option_strings or action.help == "==SUPPRESS==" or action.dest == "help":
-            continue
-        flag = action.option_strings[0]
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{flag}`"))
-        shown = "off" if action.default is False else f"`{action.default}`"
-        assert row.split("|")[2].strip() == shown, flag
-
-
 @pytest.mark.parametrize(
     ("framework", "expected"),
     [

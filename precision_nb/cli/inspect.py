@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from precision_nb.cli.main import HelpFormatter, paragraphs
+from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs
 
 DEFAULT_OUT = "inspect-out"
 DEFAULT_PRECISION = "fp32,bf16"
@@ -113,15 +113,19 @@ def run(args: argparse.Namespace) -> int:
         check_flags(args)
     except ValueError as err:
         return _error(str(err))
+    from precision_nb.core.device import resolve_device
     from precision_nb.core.plan import PrecisionConfig
-    from precision_nb.engine.results import FitError
     from precision_nb.views.report.inspection import inspect, write_inspection
 
     try:
         model, batches, preset = _target(args)
+        resolve_device(args.device, args.simulate)  # absent hardware: exit 2 before any step
         modes = [m.strip() for m in str(args.precision).split(",") if m.strip()]
         requests = [PrecisionConfig(m, loss_scale_lab=args.loss_scale_lab) for m in modes]
-        results = {}
+    except (ValueError, RuntimeError) as err:
+        return _error(str(err))
+    results = {}
+    try:
         for request in requests:
             item = inspect(
                 model,
@@ -136,11 +140,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{request.mode}: same plan as an earlier request, inspected once")
                 continue
             results[label] = item
-    except (ValueError, RuntimeError) as err:
-        if isinstance(err, FitError):
-            print(f"precision-nb inspect: failed: {err}", file=sys.stderr)
-            return 1
+    except ValueError as err:
         return _error(str(err))
+    except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
+        print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
+        return 1
     files = write_inspection(results, args.out)
     for label, item in results.items():
         print(repr(item))

@@ -139,12 +139,16 @@ def test_the_loader_adds_the_current_folder_once(project, tmp_path):
     assert module.__name__ == f"{project}.convnet"
 
 
-def test_a_model_that_raises_on_its_first_call_ends_with_its_own_error(project, tmp_path, capsys):
-    """Not ``ZeroDivisionError``: every plan failing in warm-up leaves no plan to rotate."""
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_model_that_raises_on_its_first_call_is_a_failed_run_with_its_own_error(
+    project, tmp_path, capsys, command
+):
+    """Exit 1 with the model's message in every command (profile once ended in
+    ``ZeroDivisionError``: every plan failing in warm-up left no plan to rotate)."""
     argv = ["--model", f"{project}.convnet:make_broken", "--batches"]
     argv += [f"{project}.convnet:broken_batches"]
-    assert _run("profile", *argv, out=tmp_path / "out") == 1
+    assert _run(command, *argv, out=tmp_path / "out") == 1
     err = capsys.readouterr().err
-    assert "the user's model is broken" in err
+    assert "the user's model is broken" in err and "failed" in err
     assert "ZeroDivisionError" not in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()

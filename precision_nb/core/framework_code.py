@@ -83,10 +83,10 @@ def lightning_code(spec: CodeSpec) -> str:
             '# plugin: Trainer(precision="16-mixed") on a CPU trains "bf16-mixed" instead',
             "# (Lightning warns so).",
         ]
-    if spec.use_scaler and spec.fused:
+    if spec.autocast_enabled and spec.fused:
         lines += [
-            "# With a GradScaler and fused AdamW, Lightning leaves unscaling to the fused step and",
-            "# refuses gradient clipping (gradient_clip_val) with it.",
+            "# Fused AdamW under Lightning's mixed precision: Lightning refuses gradient clipping",
+            "# (Trainer(gradient_clip_val=...)) with an optimizer that unscales in its own step.",
         ]
     lines += [
         "import lightning as L",

@@ -62,11 +62,14 @@ def test_lightning_runs_the_cpu_loss_scale_lab_through_its_precision_plugin() ->
     assert '"16-mixed") on a CPU trains "bf16-mixed" instead' in code.replace("\n# ", " ")
 
 
-def test_lightning_warns_about_clipping_with_fused_adamw_and_a_scaler() -> None:
-    fused = pnb.plan("fp16", simulate="cuda-bf16", fused=True).code("lightning")
-    plain = pnb.plan("fp16", simulate="cuda-bf16", fused=False).code("lightning")
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_lightning_warns_about_clipping_with_fused_adamw_under_mixed_precision(mode) -> None:
+    fused = pnb.plan(mode, simulate="cuda-bf16", fused=True).code("lightning")
+    plain = pnb.plan(mode, simulate="cuda-bf16", fused=False).code("lightning")
+    fp32 = pnb.plan("fp32", simulate="cuda-bf16", fused=True).code("lightning")
     assert "refuses gradient clipping" in fused and "fused=True" in fused
     assert "refuses gradient clipping" not in plain and "fused=False" in plain
+    assert "refuses gradient clipping" not in fp32 and "fused=True" in fp32
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "resolve_device": "precision_nb.core.device",
     "resolve_precision": "precision_nb.core.resolution",
     "explain_precision": "precision_nb.core.resolution",
+    "plan": "precision_nb.core.resolution",
     "Explanation": "precision_nb.core.resolution",
     "MATRIX": "precision_nb.core.resolution",
     "autocast_context": "precision_nb.core.amp",

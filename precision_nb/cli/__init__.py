@@ -1,4 +1,4 @@
-"""The command line: ``precision-nb plan`` and ``precision-nb profile`` (see ``main``).
+"""The command line: ``precision-nb plan``, ``profile`` and ``inspect`` (see ``main``).
 
 ``main`` is loaded on first use, so ``python -m precision_nb.cli.main`` runs without a warning.
 """

@@ -9,9 +9,10 @@ Only argparse is imported at module level; torch, the engine, matplotlib and pan
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Any
+
+from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs
 
 DEFAULT_OUT = "inspect-out"
 DEFAULT_PRECISION = "fp32,bf16"
@@ -21,35 +22,57 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "inspect",
         help="memory by kind and dtype, and which ops ran in which dtype, for one training step",
-        description=(
+        formatter_class=HelpFormatter,
+        description=paragraphs(
             "Run one instrumented training step (on a copy of the model) under each precision "
             "plan and write memory by kind and dtype, the op-by-op dtype trace, figures and an "
             "HTML section into --out. With --simulate, show autocast's documented policy for "
-            "the simulated device instead of a trace."
+            "the simulated device instead of a trace.",
+            "--model and --batches load your own model as for `precision-nb profile`.",
         ),
     )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--workload", help="built-in workload: mlp, transformer (lm), cnn")
     source.add_argument(
-        "--model", metavar="MODULE:FACTORY", help="a callable returning an nn.Module"
+        "--workload", help="built-in workload: mlp, transformer (alias lm), cnn; default: mlp"
     )
-    parser.add_argument("--preset", default=None, help="size preset of --workload")
+    source.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="your own model: package.module:factory, a callable returning an nn.Module (the "
+        "current folder is importable); default: none",
+    )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="size preset: tiny, small, medium, large; default: small for the default workload, "
+        "tiny for a --workload or --model",
+    )
     parser.add_argument(
         "--batches",
-        metavar="MODULE:CALLABLE",
-        help="with --model: a callable returning batches (an iterable or an index -> batch "
-        "callable); required with --model",
+        metavar="MODULE:NAME",
+        help="batches for --model: a list, a DataLoader, a callable of the microbatch index, or "
+        "a callable without arguments returning one of those (the first batch is used); "
+        "default: the name `batches` in the factory's module",
     )
     parser.add_argument(
         "--precision",
         default=DEFAULT_PRECISION,
         metavar="MODES",
-        help=f"comma-separated requests (auto, fp32, bf16, fp16); default {DEFAULT_PRECISION}",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-    parser.add_argument("--simulate", metavar="PRESET", help="capability preset, e.g. cuda-bf16")
-    parser.add_argument("--loss-scale-lab", action="store_true", help="CPU fp16 + GradScaler")
-    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output folder; default {DEFAULT_OUT}")
+    parser.add_argument(
+        "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
+    )
+    parser.add_argument(
+        "--simulate",
+        metavar="PRESET",
+        help="simulated hardware (a `precision-nb plan --simulate` preset): the documented "
+        "autocast policy instead of a trace; default: this machine",
+    )
+    parser.add_argument(
+        "--loss-scale-lab", action="store_true", help="fp16 with a CPU GradScaler on a CPU"
+    )
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.set_defaults(run=run)
     return parser
 
@@ -57,27 +80,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _error(message: str) -> int:
     print(f"precision-nb inspect: error: {message}", file=sys.stderr)
     return 2
-
-
-def load_object(spec: str, field: str) -> Any:
-    """``"package.module:name"`` -> the object; ``ValueError`` naming the field otherwise."""
-    from precision_nb.core.validate import short_repr
-
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"{field}: invalid value {short_repr(spec)}; allowed: MODULE:NAME")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(
-            f"{field}: cannot import module {short_repr(module_name)} ({exc})"
-        ) from exc
-    obj = getattr(module, name, None)
-    if obj is None:
-        raise ValueError(
-            f"{field}: module {short_repr(module_name)} has no attribute {short_repr(name)}"
-        )
-    return obj
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -95,16 +97,12 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    from precision_nb.cli.user_model import user_model
     from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
 
-    if args.model is not None:
-        if args.batches is None:
-            raise ValueError("--batches: required with --model (MODULE:CALLABLE)")
-        factory = load_object(args.model, "--model")
-        batches = load_object(args.batches, "--batches")
-        return factory(), batches(), args.preset or "tiny"
-    if args.batches is not None:
-        raise ValueError("--batches: only with --model (workloads bring their own batches)")
+    model, batches = user_model(args.model, args.batches)
+    if model is not None:
+        return model, batches, args.preset or "tiny"
     name = args.workload or DEFAULT_WORKLOAD
     preset = args.preset or (DEFAULT_PRESET if args.workload is None else "tiny")
     return name, None, preset
@@ -115,15 +113,19 @@ def run(args: argparse.Namespace) -> int:
         check_flags(args)
     except ValueError as err:
         return _error(str(err))
+    from precision_nb.core.device import resolve_device
     from precision_nb.core.plan import PrecisionConfig
-    from precision_nb.engine.results import FitError
     from precision_nb.views.report.inspection import inspect, write_inspection
 
     try:
         model, batches, preset = _target(args)
+        resolve_device(args.device, args.simulate)  # absent hardware: exit 2 before any step
         modes = [m.strip() for m in str(args.precision).split(",") if m.strip()]
         requests = [PrecisionConfig(m, loss_scale_lab=args.loss_scale_lab) for m in modes]
-        results = {}
+    except (ValueError, RuntimeError) as err:
+        return _error(str(err))
+    results = {}
+    try:
         for request in requests:
             item = inspect(
                 model,
@@ -138,11 +140,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{request.mode}: same plan as an earlier request, inspected once")
                 continue
             results[label] = item
-    except (ValueError, RuntimeError) as err:
-        if isinstance(err, FitError):
-            print(f"precision-nb inspect: failed: {err}", file=sys.stderr)
-            return 1
+    except ValueError as err:
         return _error(str(err))
+    except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
+        print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
+        return 1
     files = write_inspection(results, args.out)
     for label, item in results.items():
         print(repr(item))

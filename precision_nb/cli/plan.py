@@ -1,4 +1,4 @@
-"""``precision-nb plan``: print the resolved plan and the decisions behind it.
+"""``precision-nb plan``: print the resolved plan and the decisions behind it, or the plan as code.
 
 Module-level imports stay light (argparse only). Flag values and the ``--config`` file are checked
 before torch loads; the core loads when the command runs. Flags override the values of
@@ -75,6 +75,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", metavar="FILE", help="YAML file: device, precision, optimizer (default: none)"
     )
+    parser.add_argument(
+        "--as",
+        dest="as_framework",
+        metavar="FRAMEWORK",
+        type=framework_arg,
+        help="print the plan as a runnable script instead: pytorch (a plain loop), lightning, "
+        "accelerate or transformers; what does not carry over is said in comments "
+        "(default: the explanation)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument(
         "--verify",
@@ -90,6 +99,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.set_defaults(run=run)
     return parser
+
+
+def framework_arg(value: str) -> str:
+    """argparse type of ``--as``: a key of ``core.plan_code.FRAMEWORKS`` (any case)."""
+    from precision_nb.core.plan_code import framework_name
+
+    try:
+        return framework_name(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("framework: ")) from None
 
 
 def check_flags(args: argparse.Namespace) -> Any:
@@ -157,11 +176,18 @@ def run(args: argparse.Namespace) -> int:
         check = _verify(explanation) if args.verify else None
     except (ValueError, RuntimeError, OSError) as exc:
         return error("plan", exc)
+    code = explanation.code(args.as_framework) if args.as_framework else None
     if args.json:
         data = explanation.to_dict()
         if check is not None:
             data["autocast_check"] = check.to_dict()
+        if code is not None:
+            data["code"] = {"framework": args.as_framework, "text": code}
         print(json.dumps(data, indent=2))
+    elif code is not None:
+        print(code, end="")
+        if check is not None:
+            print(f"# Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
     else:
         print(cli_text(str(explanation)))
         if check is not None:

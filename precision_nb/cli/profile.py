@@ -49,7 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=paragraphs(
             "Train a built-in workload (or your own model, --model) under each requested "
             "precision plan from the same initial weights: a warm-up per plan, then the plans "
-            "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 %% "
+            "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 % "
             "intervals), PNG figures and a self-contained report.html into --out. Requests that "
             "resolve to the same plan run once.",
             "The report is staged inside --out and moved into place only when complete: Ctrl-C "
@@ -281,72 +281,13 @@ def _distributed(args: argparse.Namespace) -> Any:
     )
 
 
-def _load(flag: str, spec: str) -> tuple[Any, Any]:
-    """``package.module:name`` -> (module, object); ``ValueError`` naming the flag otherwise."""
-    import importlib
-    import os
-
-    module_name, sep, name = spec.partition(":")
-    if not sep or not module_name or not name:
-        raise ValueError(f"{flag}: invalid value {spec!r}; allowed: package.module:name")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` does: the current folder is importable
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{flag}: cannot import module {module_name!r}: {err}") from err
-    obj = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{flag}: module {module_name!r} has no attribute {name!r}")
-        obj = getattr(obj, part)
-    return module, obj
-
-
 def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
     """(model, batches) for ``--model`` / ``--batches``; (None, None) for a built-in workload."""
-    import inspect
+    from precision_nb.cli.user_model import user_model
 
-    from torch import nn
-
-    if args.model is None:
-        if args.batches is not None:
-            raise ValueError("--batches: given without --model; built-in workloads bring theirs")
-        return None, None
-    if args.workload != DEFAULT_WORKLOAD:
+    if args.model is not None and args.workload != DEFAULT_WORKLOAD:
         raise ValueError("--model and --workload: give one of them")
-    module, factory = _load("--model", args.model)
-    if not callable(factory):
-        raise ValueError(
-            f"--model: {args.model} is a {type(factory).__name__}; allowed: a callable returning "
-            "an nn.Module"
-        )
-    try:
-        model = factory()
-    except Exception as err:
-        raise ValueError(f"--model: {args.model}() raised {type(err).__name__}: {err}") from err
-    if not isinstance(model, nn.Module):
-        raise ValueError(
-            f"--model: {args.model}() returned {type(model).__name__}; allowed: a torch.nn.Module"
-        )
-    if args.batches is not None:
-        _, batches = _load("--batches", args.batches)
-    elif hasattr(module, "batches"):
-        batches = module.batches
-    else:
-        raise ValueError(
-            f"--batches: not given, and module {module.__name__!r} has no name `batches`; "
-            "pass --batches package.module:name"
-        )
-    if callable(batches) and not hasattr(batches, "__iter__"):
-        required = [
-            p
-            for p in inspect.signature(batches).parameters.values()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        if not required:  # a factory of the batch source
-            batches = batches()
-    return model, batches
+    return user_model(args.model, args.batches)
 
 
 def _print_outcome(output: Any) -> None:

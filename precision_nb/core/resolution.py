@@ -30,6 +30,7 @@ __all__ = [
     "Explanation",
     "MatrixRow",
     "explain_precision",
+    "plan",
     "resolve_precision",
 ]
 
@@ -232,6 +233,16 @@ class Explanation:
     def _repr_html_(self) -> str:
         return render.explanation_html(self)
 
+    def code(
+        self, framework: str = "pytorch", *, steps: int = 20, accumulation: int = 1, seed: int = 0
+    ) -> str:
+        """This plan as a runnable script: ``pytorch`` (a plain loop), ``lightning``,
+        ``accelerate`` or ``transformers``; what does not carry over is said in comments."""
+        from precision_nb.core.plan_code import code_spec, plan_code
+
+        spec = code_spec(self, steps=steps, accumulation=accumulation, seed=seed)
+        return plan_code(spec, framework)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able mapping of everything shown."""
         return {
@@ -287,3 +298,36 @@ def explain_precision(
         optimizer=opt,
         requested_device=requested,
     )
+
+
+def plan(
+    precision: Any = "auto",
+    device: Any = "auto",
+    *,
+    simulate: Capabilities | str | None = None,
+    fused: bool | None = None,
+    loss_scale_lab: bool = False,
+    optimizer: OptimizerConfig | None = None,
+) -> Explanation:
+    """The plan a request resolves to, with every decision behind it (``pnb.plan("bf16")``).
+
+    ``precision``: a mode (``auto``, ``fp32``, ``bf16``, ``fp16``) or a :class:`PrecisionConfig`;
+    ``simulate``: a hardware preset name (``"cuda-bf16"``...) to resolve for a machine you do not
+    have; ``fused``: the AdamW ``fused`` request (None probes); ``loss_scale_lab``: CPU fp16 with a
+    CPU GradScaler. Returns the :class:`Explanation`: ``.plan``, ``.decisions``, ``str()``, and
+    ``.code(framework)`` for the same plan in plain PyTorch, Lightning, Accelerate or
+    Transformers. ``ValueError`` for bad input, ``RuntimeError`` for absent hardware.
+    """
+    from precision_nb.core import validate
+
+    validate.boolean("loss_scale_lab", loss_scale_lab)
+    if fused is not None:
+        validate.boolean("fused", fused)
+    config = _as_config(precision)
+    if loss_scale_lab:
+        config = PrecisionConfig(**{**config.to_dict(), "loss_scale_lab": True})
+    if optimizer is None:
+        optimizer = OptimizerConfig(fused=fused)
+    elif fused is not None:
+        raise ValueError("fused: give it inside optimizer=OptimizerConfig(fused=...), not both")
+    return explain_precision(config, device, capabilities=simulate, optimizer=optimizer)

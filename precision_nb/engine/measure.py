@@ -250,6 +250,8 @@ def run_rounds(
     """
     labels = list(sessions)
     failures: dict[str, BaseException] = {}
+    if not labels:  # every plan failed before its rounds (e.g. in warm-up): nothing to rotate
+        return failures
     for r, size in enumerate(sizes):
         if on_round is not None:
             on_round(r + 1, len(sizes))

@@ -342,6 +342,11 @@ def prepare(
     A workload's model is built right after ``seed_everything(seed)`` and its batches are
     placed on the device the trainer will resolve.
     """
+    if resolve_device(device).type == "meta":  # torch would fail deep inside the first step
+        raise ValueError(
+            "device: 'meta' holds shapes without data, so nothing can train or be measured on "
+            "it; allowed: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or another device with data"
+        )
     info: dict[str, Any] = {}
     if isinstance(model, str):
         model = get_workload(model, preset)

@@ -92,8 +92,8 @@ def chromium_path() -> Path:
         if os.environ.get("CI"):
             pytest.fail(f"CI must have Chromium at {CHROMIUM} (.ci/run installs Debian's chromium)")
         pytest.skip(
-            f"Chromium not found at {CHROMIUM}: install Debian's package "
-            "(apt-get install chromium) or set PRECISION_NB_CHROMIUM to run the browser test"
+            f"Chromium not found at {CHROMIUM}; PRECISION_NB_CHROMIUM can name another one "
+            "(enable: apt-get install -y chromium)"
         )
     return CHROMIUM
 

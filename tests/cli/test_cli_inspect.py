@@ -77,8 +77,8 @@ def test_inspect_a_simulated_device_writes_the_documented_policy(tmp_path):
     ("argv", "message"),
     [
         (["--model", "nomodule_xyz:make", "--batches", "x:y"], "--model: cannot import"),
-        (["--model", "json:loads"], "--batches: required with --model"),
-        (["--workload", "mlp", "--batches", "json:loads"], "--batches: only with --model"),
+        (["--model", "json:loads"], "--model: json:loads() raised TypeError"),
+        (["--workload", "mlp", "--batches", "json:loads"], "--batches: given without --model"),
         (["--workload", "nope"], "--workload: invalid value 'nope'"),
         (["--preset", "huge"], "--preset: invalid value 'huge'"),
         (["--device", "gpu"], "for a GPU: 'cuda', 'cuda:N' or 'mps'"),

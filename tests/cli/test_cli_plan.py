@@ -156,16 +156,35 @@ def test_config_that_is_a_directory_says_so(capsys, tmp_path):
     assert code == 2 and "is a directory" in err and "got str" not in err
 
 
-def test_docs_list_every_flag_with_its_parser_default():
-    from precision_nb.cli.main import build_parser
+@pytest.mark.parametrize(
+    ("framework", "expected"),
+    [
+        ("pytorch", 'torch.autocast(device_type="cuda", dtype=torch.float16)'),
+        ("lightning", 'precision="16-mixed"'),
+        ("accelerate", 'mixed_precision="fp16"'),
+        ("transformers", "fp16=True"),
+    ],
+)
+def test_as_prints_the_plan_as_code(capsys, framework, expected):
+    code, out, err = _run(capsys, "--simulate", "cuda-no-bf16", "--as", framework.upper())
+    assert code == 0 and not err
+    assert expected in out and "simulated hardware (cuda-no-bf16)" in out
+    assert "Precision plan:" not in out  # the script only, ready for `> train.py`
+    compile(out, "<plan --as>", "exec")
 
-    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
-    text = text.split("## `precision-nb profile`", 1)[1]
-    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["profile"]
-    for action in sub._actions:
-        if not action.option_strings or action.help == "==SUPPRESS==" or action.dest == "help":
-            continue
-        flag = action.option_strings[0]
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{flag}`"))
-        shown = "off" if action.default is False else f"`{action.default}`"
-        assert row.split("|")[2].strip() == shown, flag
+
+def test_as_follows_the_flags_and_goes_into_json(capsys):
+    code, out, _ = _run(capsys, "--device", "cpu", "--mode", "fp16", "--loss-scale-lab", "--as",
+                        "accelerate", "--json")  # fmt: skip
+    data = json.loads(out)
+    assert code == 0 and data["code"]["framework"] == "accelerate"
+    assert 'mixed_precision="no"' in data["code"]["text"]
+    assert "loss-scale lab" in data["code"]["text"]
+
+
+def test_as_an_unknown_framework_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--as", "keras"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--as: invalid value 'keras'; allowed: pytorch, lightning, accelerate" in err

@@ -205,6 +205,7 @@ class Panel(AnalysisMixin, PanelReadout):
         self.dist_controls.apply(self.dist_controls.normalise({"distributed": distributed}))
         self.controls.observe(weak_callback(self._on_control_change))
         self.dist_controls.observe(weak_callback(self._on_control_change))
+        self.outputs.code_framework.observe(weak_callback(self._on_control_change), "value")
         self.refresh()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

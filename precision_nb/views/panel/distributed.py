@@ -258,7 +258,7 @@ class DistributedPlanner:
     def code(self, plan: DistributedPlan, selection: Any, explanation: Any) -> str:
         """The ``pnb.fit(..., distributed=...)`` call the Run button makes."""
         from precision_nb.core.optim import OptimizerConfig
-        from precision_nb.views.panel.code import fit_code
+        from precision_nb.core.plan_code import fit_code
 
         user = self.user_model
         if user is None:

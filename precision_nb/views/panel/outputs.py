@@ -20,6 +20,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from precision_nb.core.plan_code import FRAMEWORKS
 from precision_nb.views.panel.live_charts import live_charts_html
 from precision_nb.views.panel.results import (
     COMPARE_LIVE_NOTE,
@@ -91,6 +92,10 @@ class PanelOutputs:
     CHART_INTERVAL_S = 0.5
     COMPARE_TOOLTIP = "Run the plans ticked under Compare on the same seed, overlaid"
     CODE_TITLE = "<b>Copy as code</b> &mdash; plain PyTorch (no precision_nb) reproducing this plan"
+    FRAMEWORK_CODE_TITLE = (
+        "<b>Copy as code</b> &mdash; {name} set up as this plan (what does not carry over is said "
+        "in comments)"
+    )
     FIT_CODE_TITLE = "<b>Copy as code</b> &mdash; the precision_nb call the Run button makes"
 
     def __init__(self, controls_box: widgets.Widget) -> None:
@@ -144,6 +149,11 @@ class PanelOutputs:
         self.scale_window: tuple[int, int] | None = None  # safe fp16 window (log2), if known
 
         self.code_title = widgets.HTML(self.CODE_TITLE)
+        self.code_framework = widgets.Dropdown(
+            options=[(name, key) for key, name in FRAMEWORKS.items()],
+            value="pytorch",
+            description="Framework",
+        )
         self.widget = widgets.VBox(
             [
                 widgets.HBox([title, self.badge]),
@@ -160,7 +170,7 @@ class PanelOutputs:
                 self.results_html,
                 self.events_html,
                 self.plan_html,
-                self.code_title,
+                widgets.HBox([self.code_title, self.code_framework]),
                 self.code_area,
             ]
         )
@@ -219,9 +229,16 @@ class PanelOutputs:
     # ------------------------------------------------------------------ plan
 
     def show_plan(
-        self, plan_html: str, badge_html: str, simulated: bool, code: str, fit_code: bool = False
+        self,
+        plan_html: str,
+        badge_html: str,
+        simulated: bool,
+        code: str,
+        fit_code: bool = False,
+        framework: str = "pytorch",
     ) -> None:
-        """``fit_code``: ``code`` is the precision_nb call (a distributed run), not plain torch."""
+        """``fit_code``: ``code`` is the precision_nb call (a distributed run), not plain torch;
+        otherwise it is the plan in ``framework`` (a key of ``core.plan_code.FRAMEWORKS``)."""
         self.plan_html.value = plan_html
         self.badge.value = badge_html
         if simulated:
@@ -229,7 +246,13 @@ class PanelOutputs:
         else:
             self.badge.remove_class("pnb-simulated")
         self.code_area.value = code
-        self.code_title.value = self.FIT_CODE_TITLE if fit_code else self.CODE_TITLE
+        self.code_framework.disabled = fit_code  # a distributed run: the precision_nb call
+        if fit_code:
+            self.code_title.value = self.FIT_CODE_TITLE
+        elif framework == "pytorch":
+            self.code_title.value = self.CODE_TITLE
+        else:
+            self.code_title.value = self.FRAMEWORK_CODE_TITLE.format(name=FRAMEWORKS[framework])
 
     def clear_plan(self) -> None:
         self.plan_html.value = ""

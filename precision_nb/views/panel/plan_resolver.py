@@ -18,8 +18,8 @@ from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabiliti
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.plan_code import code_spec, fused_flag, plan_code
 from precision_nb.core.resolution import Explanation, explain_precision
-from precision_nb.views.panel.code import CodeSpec, plan_code
 from precision_nb.views.panel.controls import (
     SIM_PREFIX,
     Controls,
@@ -31,7 +31,7 @@ from precision_nb.views.panel.controls import (
 if TYPE_CHECKING:
     from precision_nb.views.panel.outputs import PanelOutputs
 
-__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options"]
+__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "fused_flag"]
 
 _BADGE_REAL = "background:#d4edda;color:#155724"
 _BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"
@@ -54,23 +54,6 @@ def device_options(caps: Capabilities) -> list[DeviceOption]:
         what = sim.device_name or sim.description
         options.append(DeviceOption(SIM_PREFIX + name, f"[simulated] {name} ({what})"))
     return options
-
-
-def fused_flag(explanation: Explanation) -> bool | None:
-    """The AdamW ``fused`` flag the explanation's fused decision amounts to.
-
-    Read from structured fields, not the outcome's wording: a request for fused AdamW holds unless
-    the decision is a fallback; ``fused=False`` is plain AdamW; the probe (``None``) chooses fused
-    only on CUDA (where it is probed, or expected on simulated hardware) and only without a
-    fallback. No fused decision (no optimizer given): the request as it is.
-    """
-    requested = explanation.optimizer.fused
-    decision = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
-    if decision is None:
-        return requested
-    if requested is None:
-        return explanation.plan.device_type == "cuda" and not decision.fallback
-    return bool(requested) and not decision.fallback
 
 
 @dataclass(frozen=True)
@@ -142,33 +125,12 @@ def badge_html(explanation: Explanation) -> str:
     )
 
 
-def code_for(explanation: Explanation, selection: Selection) -> str:
-    """The copy-as-code snippet for this explanation's plan and the selection's loop settings."""
-    plan = explanation.plan
-    opt = explanation.optimizer
-    note = ""
-    if explanation.simulated:
-        note = (
-            f"Resolved for simulated hardware ({explanation.capabilities.name}); "
-            "run it on such a machine."
-        )
-    spec = CodeSpec(
-        device=explanation.device,
-        mode=plan.mode,
-        dtype=plan.mode if plan.autocast_enabled else None,
-        autocast_enabled=plan.autocast_enabled,
-        use_scaler=plan.use_scaler,
-        fused=fused_flag(explanation),
-        lr=opt.lr,
-        betas=tuple(opt.betas),
-        eps=opt.eps,
-        weight_decay=opt.weight_decay,
-        steps=selection.steps,
-        accumulation=selection.accumulation,
-        seed=selection.seed,
-        note=note,
+def code_for(explanation: Explanation, selection: Selection, framework: str = "pytorch") -> str:
+    """The copy-as-code script for this explanation's plan and the selection's loop settings."""
+    spec = code_spec(
+        explanation, steps=selection.steps, accumulation=selection.accumulation, seed=selection.seed
     )
-    return plan_code(spec)
+    return plan_code(spec, framework)
 
 
 def __getattr__(name: str) -> Any:
@@ -228,7 +190,8 @@ class LivePlan:
         self.controls.update_enabled(
             lab_applies=resolved.lab_applies, lab_reason=resolved.lab_reason
         )
-        plan_html, code = explanation._repr_html_(), code_for(explanation, selection)
+        framework = self.outputs.code_framework.value
+        plan_html, code = explanation._repr_html_(), code_for(explanation, selection, framework)
         if self.planner is not None:
             try:
                 self.distributed = self.planner.resolve(
@@ -245,6 +208,7 @@ class LivePlan:
             explanation.simulated,
             code,
             fit_code=self.distributed is not None,
+            framework=framework,
         )
         if self.error is not None:
             self.outputs.show_error(

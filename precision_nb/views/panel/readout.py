@@ -71,8 +71,19 @@ class PanelReadout:
 
     @property
     def code(self) -> str:
-        """The plain PyTorch snippet reproducing the selected plan ("copy as code")."""
+        """The selected plan as code ("copy as code") in :attr:`code_framework`."""
         return self.outputs.code_area.value
+
+    @property
+    def code_framework(self) -> str:
+        """The framework of :attr:`code`: pytorch, lightning, accelerate or transformers."""
+        return str(self.outputs.code_framework.value)
+
+    @code_framework.setter
+    def code_framework(self, value: str) -> None:
+        from precision_nb.core.plan_code import framework_name
+
+        self.outputs.code_framework.value = framework_name(value)  # the code follows at once
 
     @property
     def closed(self) -> bool:

@@ -110,7 +110,7 @@ def _label_of(result: Any) -> str:
 
 def _records_of(source: Any) -> list[Mapping[str, Any]]:
     results = results_of(source)
-    if results:
+    if results or isinstance(getattr(source, "results", None), Mapping):  # none: every plan failed
         out: list[Mapping[str, Any]] = []
         for label, result in results.items():
             for record in result.records:

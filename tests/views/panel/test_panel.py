@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
+from precision_nb.core.plan_code import CodeSpec, plan_code
 from precision_nb.views.panel import Panel
-from precision_nb.views.panel.code import CodeSpec, plan_code
 
 
 @pytest.fixture(scope="module")

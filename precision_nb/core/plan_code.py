@@ -1,0 +1,307 @@
+"""A resolved plan as code: plain PyTorch, PyTorch Lightning, Hugging Face Accelerate, Transformers.
+
+One text generator for the panel's "Copy as code", ``Explanation.code()`` / ``pnb.plan()`` and
+``precision-nb plan --as``. :func:`code_spec` reads what the code needs from an
+:class:`~precision_nb.core.resolution.Explanation` (the plan, the device, the fused AdamW decision,
+simulated hardware); :func:`plan_code` writes a complete script for one framework. Each script
+runs as pasted (a small stand-in model and random data) and states as comments what the framework
+does differently from the plan. The framework texts live in
+:mod:`precision_nb.core.framework_code`; this module has the plain PyTorch loop and the
+``pnb.fit(..., distributed=...)`` call. Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from precision_nb.core.resolution import Explanation
+
+__all__ = [
+    "FRAMEWORKS",
+    "CodeSpec",
+    "code_spec",
+    "fit_code",
+    "framework_name",
+    "fused_flag",
+    "plan_code",
+    "torch_dtype_name",
+]
+
+#: framework key -> the name shown to people.
+FRAMEWORKS: dict[str, str] = {
+    "pytorch": "plain PyTorch",
+    "lightning": "PyTorch Lightning",
+    "accelerate": "Hugging Face Accelerate",
+    "transformers": "Hugging Face Transformers (Trainer)",
+}
+_ALIASES = {"torch": "pytorch", "pl": "lightning", "hf": "transformers", "trainer": "transformers"}
+
+_DTYPE_NAMES = {
+    "fp16": "torch.float16",
+    "float16": "torch.float16",
+    "torch.float16": "torch.float16",
+    "half": "torch.float16",
+    "bf16": "torch.bfloat16",
+    "bfloat16": "torch.bfloat16",
+    "torch.bfloat16": "torch.bfloat16",
+    "fp32": "torch.float32",
+    "float32": "torch.float32",
+    "torch.float32": "torch.float32",
+}
+
+STAND_IN_MODEL = "nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))"
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """Everything the code needs, as plain values.
+
+    ``device`` is the resolved device string (``"cpu"``, ``"cuda:0"``); ``dtype`` a dtype name
+    (``"bf16"``, ``"torch.float16"``...) or None for fp32; ``fused`` the AdamW ``fused`` flag the
+    code passes (None leaves torch's default). ``simulated`` names the simulated hardware preset
+    the plan was resolved for ("" for this machine).
+    """
+
+    device: str
+    mode: str
+    dtype: str | None
+    autocast_enabled: bool
+    use_scaler: bool
+    fused: bool | None
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    steps: int = 20
+    accumulation: int = 1
+    seed: int = 0
+    note: str = ""
+    simulated: str = ""
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def loss_scale_lab(self) -> bool:
+        """fp16 with a GradScaler off CUDA: the CPU loss-scale lab."""
+        return self.use_scaler and self.device_type != "cuda"
+
+
+def torch_dtype_name(dtype: Any) -> str:
+    """``torch.bfloat16`` style name for a dtype object or spelling."""
+    key = str(dtype).strip().lower()
+    try:
+        return _DTYPE_NAMES[key]
+    except KeyError:
+        raise ValueError(
+            f"dtype={dtype!r} has no autocast spelling; allowed: fp16, bf16, fp32 "
+            "(or the torch dtype objects)"
+        ) from None
+
+
+def framework_name(framework: Any) -> str:
+    """The key of :data:`FRAMEWORKS` for ``framework`` (any case; ``torch``, ``pl``, ``hf`` too)."""
+    key = str(framework).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in FRAMEWORKS:
+        raise ValueError(
+            f"framework: invalid value {framework!r}; allowed: {', '.join(FRAMEWORKS)}"
+        )
+    return key
+
+
+def fused_flag(explanation: Explanation) -> bool | None:
+    """The AdamW ``fused`` flag the explanation's fused decision amounts to.
+
+    Read from structured fields, not the outcome's wording: a request for fused AdamW holds unless
+    the decision is a fallback; ``fused=False`` is plain AdamW; the probe (``None``) chooses fused
+    only on CUDA (where it is probed, or expected on simulated hardware) and only without a
+    fallback. No fused decision (no optimizer given): the request as it is.
+    """
+    requested = explanation.optimizer.fused
+    decision = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
+    if decision is None:
+        return requested
+    if requested is None:
+        return explanation.plan.device_type == "cuda" and not decision.fallback
+    return bool(requested) and not decision.fallback
+
+
+def code_spec(
+    explanation: Explanation, *, steps: int = 20, accumulation: int = 1, seed: int = 0
+) -> CodeSpec:
+    """The :class:`CodeSpec` of a resolved plan and the loop settings of the code."""
+    plan = explanation.plan
+    opt = explanation.optimizer
+    for name, value in (("steps", steps), ("accumulation", accumulation)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: invalid value {value!r}; allowed: an integer >= 1")
+    simulated = explanation.capabilities.name if explanation.simulated else ""
+    return CodeSpec(
+        device=explanation.device,
+        mode=plan.mode,
+        dtype=plan.mode if plan.autocast_enabled else None,
+        autocast_enabled=plan.autocast_enabled,
+        use_scaler=plan.use_scaler,
+        fused=fused_flag(explanation),
+        lr=opt.lr,
+        betas=tuple(opt.betas),
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        steps=steps,
+        accumulation=accumulation,
+        seed=seed,
+        simulated=simulated,
+    )
+
+
+def header(spec: CodeSpec, framework: str) -> list[str]:
+    """The comment lines every script starts with: what it reproduces and for which hardware."""
+    lines = [f"# {FRAMEWORKS[framework]}: the precision plan {spec.mode} on {spec.device}."]
+    if spec.simulated:
+        lines.append(
+            f"# Resolved for simulated hardware ({spec.simulated}); run it on such a machine."
+        )
+    lines += [f"# {part}" for part in spec.note.splitlines() if part]
+    return lines
+
+
+def adamw_call(spec: CodeSpec, params: str, prefix: str = "", indent: str = "") -> list[str]:
+    """``PREFIXtorch.optim.AdamW(...)`` with the plan's settings and fused flag, over ``params``."""
+    fused = "" if spec.fused is None else f", fused={spec.fused}"
+    return [
+        f"{indent}{prefix}torch.optim.AdamW(",
+        f"{indent}    {params}, lr={spec.lr!r}, betas={tuple(spec.betas)!r}, eps={spec.eps!r},",
+        f"{indent}    weight_decay={spec.weight_decay!r}{fused},",
+        f"{indent})",
+    ]
+
+
+def tf32_note(spec: CodeSpec) -> list[str]:
+    """TF32 is no part of a plan: say so where it matters (CUDA)."""
+    if spec.device_type != "cuda":
+        return []
+    return [
+        "# TF32: not part of the plan; precision_nb leaves torch's TF32 settings as they are",
+        "# (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32).",
+    ]
+
+
+def plan_code(spec: CodeSpec, framework: str = "pytorch") -> str:
+    """A complete, runnable script for ``spec`` in ``framework`` (a key of :data:`FRAMEWORKS`)."""
+    key = framework_name(framework)
+    if key == "pytorch":
+        return _pytorch(spec)
+    from precision_nb.core import framework_code
+
+    return framework_code.WRITERS[key](spec)
+
+
+def _pytorch(spec: CodeSpec) -> str:
+    """The plain PyTorch training loop (torch only, no precision_nb)."""
+    device_type = spec.device_type
+    lines = header(spec, "pytorch") + tf32_note(spec)
+    lines += [
+        "import torch",
+        "from torch import nn",
+        "",
+        f"torch.manual_seed({spec.seed})",
+        f'device = torch.device("{spec.device}")',
+        "",
+        "# Replace the stand-in model, batches and loss with your own.",
+        f"model = {STAND_IN_MODEL}.to(device)",
+        "batches = [(torch.randn(32, 64), torch.randint(0, 10, (32,))) for _ in range(8)]",
+        "loss_fn = nn.CrossEntropyLoss()",
+        "",
+    ]
+    lines += adamw_call(spec, "model.parameters()", "optimizer = ")
+    if spec.use_scaler:
+        scaler_note = "" if device_type == "cuda" else "  # loss-scale lab: fp16 on CPU"
+        lines.append(f'scaler = torch.amp.GradScaler("{device_type}"){scaler_note}')
+    autocast = ""
+    if spec.autocast_enabled:
+        dtype = torch_dtype_name(spec.dtype)
+        autocast = f'torch.autocast(device_type="{device_type}", dtype={dtype})'
+    else:
+        lines.append("# fp32: no autocast and no loss scaler.")
+    lines += [
+        f"steps, accumulation = {spec.steps}, {spec.accumulation}",
+        "",
+        "model.train()",
+        "for step in range(steps):",
+        "    optimizer.zero_grad(set_to_none=True)",
+        "    for micro in range(accumulation):",
+        "        x, y = batches[(step * accumulation + micro) % len(batches)]",
+        "        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)",
+    ]
+    if spec.autocast_enabled:
+        lines += [
+            f"        with {autocast}:",
+            "            loss = loss_fn(model(x), y) / accumulation",
+        ]
+    else:
+        lines.append("        loss = loss_fn(model(x), y) / accumulation")
+    if spec.use_scaler:
+        lines += [
+            "        scaler.scale(loss).backward()",
+            "    scaler.step(optimizer)  # skipped when a gradient overflowed",
+            "    scaler.update()  # lowers the scale after an overflow, raises it when stable",
+        ]
+    else:
+        lines += [
+            "        loss.backward()",
+            "    optimizer.step()",
+        ]
+    lines += [
+        "",
+        'print(f"final loss {loss.item() * accumulation:.4f}")',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fit_code(
+    *, model: str, precision: Any, distributed: Any, device: str, optimizer: Any, train: Any,
+    note: str = "",
+) -> str:  # fmt: skip
+    """The ``pnb.fit(..., distributed=pnb.Distributed(...))`` call a distributed panel run makes.
+
+    ``model`` is the first arguments as source text (``'"mlp", preset="tiny"'``); ``precision``
+    (``PrecisionConfig``), ``distributed`` (``Distributed``), ``optimizer`` (``OptimizerConfig``)
+    and ``train`` (``TrainConfig``) are written with their fields other than the defaults.
+    """
+
+    def changed(value: Any, skip: tuple[str, ...] = ()) -> list[str]:
+        return [
+            f"{f.name}={getattr(value, f.name)!r}"
+            for f in fields(value)
+            if f.name not in skip and getattr(value, f.name) != f.default
+        ]
+
+    def call(name: str, value: Any, first: tuple[str, ...] = ()) -> str:
+        args = [repr(getattr(value, f)) for f in first] + changed(value, first)
+        return f"pnb.{name}({', '.join(args)})"
+
+    lines = [
+        "# The same run in code: torchrun starts the ranks; this process launches them.",
+        *[f"# {part}" for part in note.splitlines() if part],
+        "import precision_nb as pnb",
+        "",
+        "result = pnb.fit(",
+        f"    {model},",
+        f"    device={device!r},",
+        f"    precision={call('PrecisionConfig', precision, ('mode',))},",
+    ]
+    if changed(optimizer):
+        lines.append(f"    optimizer={call('OptimizerConfig', optimizer)},")
+    lines.append(f"    distributed={call('Distributed', distributed, ('strategy', 'nproc'))},")
+    lines += [f"    {arg}," for arg in changed(train, ("progress", "label"))]
+    lines += [
+        ")",
+        "print(result.final_loss, result.startup_s)",
+        "print(result.memory_table())  # bytes per rank by kind and dtype",
+        "print(result.comm_table())  # bytes per step by rank, op and dtype",
+    ]
+    return "\n".join(lines) + "\n"

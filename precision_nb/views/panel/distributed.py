@@ -1,7 +1,7 @@
 """The panel's Distributed section: strategy, processes, comm hook and FSDP2 dtypes, as widgets
 and as values, and the request they make checked by the library before any run.
 
-:class:`DistributedControls` holds the widgets (a small accordion, closed until opened), turns
+:class:`DistributedControls` holds the widgets (the Distributed tab's controls), turns
 them into a :class:`~precision_nb.core.distributed.Distributed` request (``None`` for strategy
 "none": the single-process path) and enables only the fields the chosen strategy uses, saying why
 the others are off. :class:`DistributedPlanner` resolves that request with
@@ -71,7 +71,8 @@ def _dtype_value(name: str, value: Any) -> str:
 
 
 class DistributedControls:
-    """The Distributed section's widgets (``box``) and the request they describe."""
+    """The Distributed section's widgets (``box``), the request they describe and the tab's
+    ``title`` (``"Distributed: ddp x2"`` once a strategy is chosen)."""
 
     def __init__(self) -> None:
         style = {"description_width": "110px"}
@@ -105,11 +106,8 @@ class DistributedControls:
         )
         self.note = widgets.HTML()
         self.extras: dict[str, Any] = {}
-        self.box = widgets.Accordion(
-            children=[widgets.VBox([self.strategy, *self.fields, self.note])],
-            selected_index=None,
-        )
-        self.box.set_title(0, "Distributed (torchrun): none")
+        self.title = "Distributed"  # the tab's title: the strategy and nproc once chosen
+        self.box = widgets.VBox([self.strategy, *self.fields, self.note])
         for name in _DEFAULTS:
             getattr(self, name).add_class(f"pnb-dist-{name.replace('_', '-')}")
         self.note.add_class("pnb-dist-note")
@@ -215,8 +213,9 @@ class DistributedControls:
                 widget.disabled = hook_used and widget.value == "auto"
             notes.append(_WHY_OFF["fsdp"] if hook_used else _WHY_OFF["comm_hook"])
         self.note.value = "".join(f"<small>{html.escape(n)}</small><br>" for n in notes)
-        title = "none" if strategy == "none" else f"{strategy} x{self.nproc.value}"
-        self.box.set_title(0, f"Distributed (torchrun): {title}")
+        self.title = (
+            "Distributed" if strategy == "none" else f"Distributed: {strategy} x{self.nproc.value}"
+        )
 
 
 def distributed_plan_html(plan: DistributedPlan) -> str:

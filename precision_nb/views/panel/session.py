@@ -57,10 +57,12 @@ class RunSession:
     """Owns the panel's runs: one job at a time, the last result, the plotting budget.
 
     ``optimizer_for(selection)`` gives the optimizer config of a selection; ``log_every`` (None:
-    ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig;
-    ``on_released()`` is called (in the worker thread) once a job no longer counts as running, so
-    the panel can re-enable its buttons. Nothing here refers to the panel itself, so a panel
-    nobody references is collected even while its session's worker thread runs.
+    ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig.
+    Two hooks, set by the panel's builder: ``on_released()`` is called (in the worker thread) once
+    a job no longer counts as running, so the panel can re-enable its buttons; ``after_run(source,
+    training_s, plotted_s)`` after a run that left a result (the panel's inspections, within the
+    budget). Nothing here refers to the panel itself, so a panel nobody references is collected
+    even while its session's worker thread runs.
     """
 
     def __init__(
@@ -71,10 +73,8 @@ class RunSession:
         optimizer_for: Callable[[Selection], OptimizerConfig],
         log_every: int | None,
         train_options: dict[str, Any],
-        on_released: Callable[[], None],
         plot_budget: float,
         refresh_interval_s: float,
-        after_run: Callable[[Any, float, float], None] | None = None,
     ) -> None:
         if not 0 < plot_budget < 1:
             raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
@@ -83,11 +83,10 @@ class RunSession:
         self._optimizer_for = optimizer_for
         self.log_every = log_every
         self.train_options = dict(train_options)
-        self._on_released = on_released
         self.plot_budget = plot_budget
         self.refresh_interval_s = refresh_interval_s
-        # after_run(source, training_s, plotted_s): the panel's inspections (within the budget)
-        self.after_run = after_run
+        self.on_released: Callable[[], None] | None = None
+        self.after_run: Callable[[Any, float, float], None] | None = None
         self.lock = threading.Lock()
         self.job: Job | None = None
         self.source: Any = None  # the last RunResult or Comparison
@@ -145,12 +144,16 @@ class RunSession:
         job = Job(
             target=target,
             on_done=self._finish,
-            on_released=lambda _job: self._on_released(),
+            on_released=self._released,
             kind=kind,
             context=selection,
         )
         self.job = job
         return job
+
+    def _released(self, _job: Job) -> None:
+        if self.on_released is not None:
+            self.on_released()
 
     def train_config(self, selection: Selection) -> Any:
         from precision_nb.engine.trainer import TrainConfig
@@ -322,9 +325,18 @@ class RunSession:
         seconds = sum(r.seconds for r in results_of(source).values())
         table = summary(source) if not frame.empty else None
         # measured figures only when the interleaved measurement made them (not bare records)
-        self.outputs.measured = getattr(source, "measurement", None) is not None
+        measurement = getattr(source, "measurement", None)
+        self.outputs.measured = measurement is not None
         events = list(getattr(source, "events", []) or [])
-        self.outputs.show_final(frame, table, events, word=word, seconds=seconds)
+        self.outputs.show_final(
+            frame,
+            table,
+            events,
+            word=word,
+            seconds=seconds,
+            figures=getattr(source, "figures", None) or {},
+            method=None if measurement is None else measurement.method(),
+        )
         return None if frame.empty else frame
 
     def training_seconds(self, live: Any) -> tuple[float, float]:

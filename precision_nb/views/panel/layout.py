@@ -1,7 +1,8 @@
 """The panel's layout: a compact header above tabs, and the typed index of its widgets.
 
-The header holds what every tab needs: the device badge and the request with the plan it resolves
-to (one line), Run / Compare / Stop, the progress, why Run is disabled and the error box. The
+The header holds what every tab needs: the device badge with the request and the plan it
+resolves to (one line), Run / Compare / Stop with the progress (one line), the error box and
+why Run is disabled. The
 tabs: **Plan** (the controls, the explanation with its matrix, copy as code), **Live** (live
 numbers and charts, the status line, the events, the matplotlib figure), **Compare** (verdict
 first, then the table), **Memory**, **Ops**, **Numerics** (one instrumented step each) and
@@ -34,16 +35,23 @@ ANALYSIS_TABS = ("Memory", "Ops", "Numerics")
 # Scoped to the panel's root: tables scroll inside their tab instead of squeezing their columns,
 # and the tabs' labels stay on one line.
 _STYLE = """<style>
+.pnb-panel .jupyter-widget-html,.pnb-panel .widget-html{min-width:0}
+.pnb-panel .jupyter-widget-html-content,.pnb-panel .widget-html-content{min-width:0;
+  line-height:1.45}
 .pnb-panel .pnb-table-wrap{overflow-x:auto;max-width:100%}
 .pnb-panel table.pnb-table{border-collapse:collapse;font-size:12px;margin:4px 0}
 .pnb-panel table.pnb-table th,.pnb-panel table.pnb-table td{padding:2px 8px;
   border-bottom:1px solid #ddd;white-space:nowrap;text-align:right}
+.pnb-panel table.pnb-table th{background:#f4f4f4;font-weight:600;white-space:normal;
+  vertical-align:bottom}
 .pnb-panel table.pnb-table th:first-child,.pnb-panel table.pnb-table td:first-child{
   text-align:left}
 .pnb-panel table.pnb-table td.pnb-text{white-space:normal;text-align:left;min-width:12em}
-.pnb-panel table.pnb-table th{background:#f4f4f4;font-weight:600}
-.pnb-panel .lm-TabBar-tabLabel,.pnb-panel .p-TabBar-tabLabel{white-space:nowrap}
+.pnb-panel .pnb-charts{display:grid;gap:6px;
+  grid-template-columns:repeat(auto-fit,minmax(200px,1fr))}
+.pnb-panel .pnb-charts svg{width:100%;height:auto}
 .pnb-panel .pnb-header{border-bottom:1px solid #ccc;padding-bottom:4px;margin-bottom:4px}
+.pnb-panel .pnb-progress-label{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 </style>"""
 
 
@@ -134,16 +142,15 @@ def build_layout(
     """Arrange the parts' widgets into the header and the tabs; returns every widget by name."""
     o, a = outputs, analysis
     title = widgets.HTML("<b style='font-size:1.1em'>precision_nb</b>")
-    buttons = widgets.HBox(
-        [o.run_button, o.compare_button, o.stop_button],
-        layout=widgets.Layout(margin="0 0 0 auto", flex="0 0 auto"),
-    )
     line = widgets.HBox(
-        [title, o.badge, o.headline, buttons],
+        [title, o.badge, o.headline],
         layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
     )
-    progress = widgets.HBox([o.progress, o.progress_label], layout=widgets.Layout(width="100%"))
-    header = widgets.VBox([widgets.HTML(_STYLE), line, progress, o.run_reason, o.error_box])
+    toolbar = widgets.HBox(
+        [o.run_button, o.compare_button, o.stop_button, o.progress, o.progress_label],
+        layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
+    )
+    header = widgets.VBox([widgets.HTML(_STYLE), line, toolbar, o.error_box, o.run_reason])
     header.add_class("pnb-header")
 
     pages = {

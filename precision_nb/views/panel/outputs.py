@@ -80,7 +80,7 @@ class PanelOutputs:
     def __init__(self) -> None:
         button = widgets.Layout(width="auto")
         self.badge = widgets.HTML()
-        self.headline = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", margin="0 8px"))
+        self.headline = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", margin="0 0 0 8px"))
         self.run_button = widgets.Button(
             description="Run",
             button_style="success",
@@ -102,9 +102,16 @@ class PanelOutputs:
         self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(
-            value=0, min=0, max=1, description="", layout=widgets.Layout(width="240px")
+            value=0,
+            min=0,
+            max=1,
+            description="",
+            layout=widgets.Layout(width="220px", margin="0 8px"),
         )
-        self.progress_label = widgets.Label(value="idle")
+        # takes what is left of the toolbar's line (at least 200 px), cut short with an ellipsis
+        self.progress_label = widgets.Label(
+            value="idle", layout=widgets.Layout(flex="1 1 0%", min_width="200px")
+        )
         self.live_metrics = widgets.HTML()
         self.live_charts = widgets.HTML()
         self.plan_html = widgets.HTML()
@@ -304,7 +311,11 @@ class PanelOutputs:
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
         self.results_html.value = results_html(
-            summary, figures or {}, measured=self.measured, method=method
+            summary,
+            figures or {},
+            measured=self.measured,
+            method=method,
+            charts=live_charts_html(frame.to_dict("records")) if self.measured else "",
         )
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)

@@ -90,7 +90,7 @@ def verdict_lines_html(labels: Sequence[str], figures: Mapping[str, Mapping[str,
         more = f" <i>failed: {html.escape(str(failed))}</i>" if failed else ""
         lines.append(
             f"<div class='pnb-verdict' data-kind='{html.escape(kind, quote=True)}' "
-            f"style='margin:3px 0'>{mark}{html.escape(text)}{more}</div>"
+            f"style='margin:4px 0'>{mark}{html.escape(text)}{more}</div>"
         )
     return f"<div class='pnb-verdicts'>{''.join(lines)}</div>" if lines else ""
 
@@ -122,7 +122,7 @@ def _cell(value: Any) -> str:
         return "" if isinstance(value, float) else str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    return f"{number:.4g}"
+    return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.2e}"
 
 
 def _ms(value: Any) -> str:
@@ -152,7 +152,8 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[in
 
 
 def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
-    """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare."""
+    """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
+    (the rest is under "All columns")."""
     present = {k for r in records for k, v in r.items() if _cell(v)}
     kinds = sorted({str(r["memory_kind"]) for r in records if r.get("memory_kind")})
     rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
@@ -160,17 +161,12 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
     if measured:
         columns.append((SPEEDUP_HEADER, speedup_text))
     columns += [
-        ("step time (ms, median)", lambda r: _ms(r.get("median_step_time_s"))),
-        ("IQR (ms)", lambda r: _ms(r.get("step_time_iqr_s"))),
+        ("step ms, median (IQR)", _step_cell),
         (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
-    ]
-    if "mfu" in present:
-        columns.append(("MFU", lambda r: _cell(r.get("mfu"))))
-    columns += [
         (f"peak MiB ({', '.join(kinds) or 'memory'})", lambda r: _cell(r.get("peak_memory_mib"))),
         ("final loss", lambda r: _cell(r.get("final_loss"))),
         ("Δ loss vs fp32", lambda r: _cell(r.get("final_loss_diff_vs_fp32"))),
-        ("param rel. diff vs fp32", lambda r: _cell(r.get("param_rel_diff_vs_fp32"))),
+        ("weights rel. diff vs fp32", lambda r: _cell(r.get("param_rel_diff_vs_fp32"))),
         ("skipped steps", lambda r: _cell(r.get("skipped_steps"))),
     ]
     if measured:
@@ -183,6 +179,11 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
     return _table([name for name, _cell_of in columns], rows, wrap)
 
 
+def _step_cell(row: Mapping[str, Any]) -> str:
+    median, iqr = _ms(row.get("median_step_time_s")), _ms(row.get("step_time_iqr_s"))
+    return f"{median} ({iqr})" if median and iqr else median
+
+
 def _round(value: Any) -> Any:
     number = _number(value)
     return None if number is None else round(number)
@@ -192,7 +193,7 @@ def _warmup_cell(row: Mapping[str, Any]) -> str:
     steps, seconds = _number(row.get("warmup_steps")), _number(row.get("warmup_s"))
     if steps is None:
         return ""
-    return f"{int(steps)} step(s), {seconds or 0.0:.2f} s"
+    return f"{int(steps)} steps, {seconds or 0.0:.2f} s"
 
 
 def results_html(
@@ -201,10 +202,12 @@ def results_html(
     *,
     measured: bool,
     method: Mapping[str, Any] | None = None,
+    charts: str = "",
 ) -> str:
     """The Compare tab: with ``measured`` (a comparison) the verdict lines first, how the speed
     was measured, then the table; otherwise the table marked as single-run figures. ``figures``:
-    label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval)."""
+    label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval);
+    ``charts``: HTML shown after the table (the comparison's overlaid charts)."""
     records = summary.to_dict("records")
     for row in records:  # the verdict's kind says which speedup is the baseline's
         row.update(
@@ -226,7 +229,7 @@ def results_html(
     rest = (
         f"<details><summary>All columns</summary><div class='pnb-table-wrap'>{full}</div></details>"
     )
-    return head + _compact(records, measured=measured) + rest
+    return head + _compact(records, measured=measured) + charts + rest
 
 
 def warmup_note_html(warmups: Mapping[str, Any]) -> str:

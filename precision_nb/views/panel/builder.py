@@ -141,8 +141,6 @@ def build_panel(
     controls = Controls(device_options(capabilities), workloads, user_model=user is not None)
     dist = DistributedControls()
     outputs = PanelOutputs()
-    planner = DistributedPlanner(dist)
-    plan = LivePlan(resolver, controls, outputs, planner)
     session = RunSession(
         outputs,
         user_model=user,
@@ -152,7 +150,7 @@ def build_panel(
         plot_budget=options.plot_budget,
         refresh_interval_s=options.refresh_interval_s,
     )
-    planner.session = session  # the user model (dropped on close) and the runs' TrainConfig
+    plan = LivePlan(resolver, controls, outputs, DistributedPlanner(dist, session))
     analysis = AnalysisViews(
         model_source=lambda: _model_source(session, controls),
         selected=lambda: selected_target(plan.explanation, controls.selection().device),

@@ -17,7 +17,7 @@ from typing import Any
 from precision_nb.core.capabilities import Capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.views.panel.analysis import AnalysisViews
-from precision_nb.views.panel.controls import SIM_PREFIX, Controls, Selection
+from precision_nb.views.panel.controls import Controls
 from precision_nb.views.panel.distributed import DIST_CONTROLS, DistributedControls
 from precision_nb.views.panel.layout import (
     ANALYSIS_TABS,
@@ -29,6 +29,7 @@ from precision_nb.views.panel.layout import (
 from precision_nb.views.panel.outputs import PanelOutputs, close_widgets
 from precision_nb.views.panel.plan_resolver import LivePlan, PlanResolver
 from precision_nb.views.panel.run import Job
+from precision_nb.views.panel.selection import SIM_PREFIX, Selection
 from precision_nb.views.panel.session import RunSession
 
 __all__ = ["COMPARE_ONE_PROCESS", "PanelController"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -28,6 +28,12 @@ from precision_nb.core.distributed import (
 )
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.render import decisions_html
+
+if TYPE_CHECKING:
+    from precision_nb.core.optim import OptimizerConfig
+    from precision_nb.core.resolution import Explanation
+    from precision_nb.views.panel.selection import Selection
+    from precision_nb.views.panel.session import RunSession, UserModel
 
 __all__ = [
     "DIST_CONTROLS",
@@ -237,24 +243,24 @@ def distributed_plan_html(plan: DistributedPlan) -> str:
 class DistributedPlanner:
     """Resolves the controls' request for a selection and checks it can start.
 
-    ``session`` (set by the panel) gives the user's model (``session.user_model``: None for a
+    ``session`` (the panel's run session) gives the user's model (``session.user_model``: None for a
     built-in workload; dropped when the panel closes) and the runs' ``train_config``.
     ``resolve`` raises the library's ``ValueError`` / ``RuntimeError``; results are cached per
     request and selection, so a control change stays cheap.
     """
 
-    def __init__(self, controls: DistributedControls) -> None:
+    def __init__(self, controls: DistributedControls, session: RunSession) -> None:
         self.controls = controls
-        self.session: Any = None
+        self.session = session
         self._cache: dict[Any, DistributedPlan | BaseException] = {}
 
     @property
-    def user_model(self) -> Any:
-        return None if self.session is None else self.session.user_model
+    def user_model(self) -> UserModel | None:
+        return self.session.user_model
 
     plan_html = staticmethod(distributed_plan_html)
 
-    def code(self, plan: DistributedPlan, selection: Any, explanation: Any) -> str:
+    def code(self, plan: DistributedPlan, selection: Selection, explanation: Explanation) -> str:
         """The ``pnb.fit(..., distributed=...)`` call the Run button makes."""
         from precision_nb.core.optim import OptimizerConfig
         from precision_nb.views.panel.code import fit_code
@@ -280,7 +286,9 @@ class DistributedPlanner:
             note="\n".join(notes),
         )  # fmt: skip
 
-    def resolve(self, selection: Any, explanation: Any, optimizer: Any) -> DistributedPlan | None:
+    def resolve(
+        self, selection: Selection, explanation: Explanation, optimizer: OptimizerConfig
+    ) -> DistributedPlan | None:
         request = self.controls.request()
         if request is None:
             return None
@@ -297,7 +305,11 @@ class DistributedPlanner:
         return cached
 
     def _resolve(
-        self, request: Distributed, selection: Any, explanation: Any, optimizer: Any
+        self,
+        request: Distributed,
+        selection: Selection,
+        explanation: Explanation,
+        optimizer: OptimizerConfig,
     ) -> DistributedPlan:
         preset = selection.simulated_preset
         device = "auto" if preset else selection.device

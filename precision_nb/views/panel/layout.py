@@ -25,7 +25,15 @@ from precision_nb.views.panel.distributed import DistributedControls
 from precision_nb.views.panel.distributed_run import DistributedView
 from precision_nb.views.panel.outputs import PanelOutputs
 
-__all__ = ["ANALYSIS_TABS", "TABS", "PanelWidgets", "build_layout", "select_tab", "tab_name"]
+__all__ = [
+    "ANALYSIS_TABS",
+    "PANEL_STYLE",
+    "TABS",
+    "PanelWidgets",
+    "build_layout",
+    "select_tab",
+    "tab_name",
+]
 
 #: The tabs, in order (``panel.widgets.tabs``).
 TABS = ("Plan", "Live", "Compare", "Memory", "Ops", "Numerics", "Distributed")
@@ -34,7 +42,7 @@ ANALYSIS_TABS = ("Memory", "Ops", "Numerics")
 
 # Scoped to the panel's root: tables scroll inside their tab instead of squeezing their columns,
 # and the tabs' labels stay on one line.
-_STYLE = """<style>
+PANEL_STYLE = """<style>
 .pnb-panel .jupyter-widget-html,.pnb-panel .widget-html{min-width:0}
 .pnb-panel .jupyter-widget-html-content,.pnb-panel .widget-html-content{min-width:0;
   line-height:1.45}
@@ -150,7 +158,7 @@ def build_layout(
         [o.run_button, o.compare_button, o.stop_button, o.progress, o.progress_label],
         layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
     )
-    header = widgets.VBox([widgets.HTML(_STYLE), line, toolbar, o.error_box, o.run_reason])
+    header = widgets.VBox([widgets.HTML(PANEL_STYLE), line, toolbar, o.error_box, o.run_reason])
     header.add_class("pnb-header")
 
     pages = {

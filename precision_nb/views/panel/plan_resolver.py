@@ -21,13 +21,8 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.views.panel.code import CodeSpec, plan_code
-from precision_nb.views.panel.controls import (
-    SIM_PREFIX,
-    Controls,
-    DeviceOption,
-    Selection,
-    check_seed,
-)
+from precision_nb.views.panel.controls import Controls
+from precision_nb.views.panel.selection import SIM_PREFIX, DeviceOption, Selection, check_seed
 
 if TYPE_CHECKING:
     from precision_nb.core.distributed import DistributedPlan

@@ -24,10 +24,10 @@ from typing import Any
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation
-from precision_nb.views.panel.controls import COMPARE_CHOICES, Selection
 from precision_nb.views.panel.distributed_run import DistributedView, fit_target
 from precision_nb.views.panel.outputs import PanelOutputs, panel_png
 from precision_nb.views.panel.run import Job, LiveCallback, describe_failure
+from precision_nb.views.panel.selection import COMPARE_CHOICES, Selection
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 and batches, the optimizer, logging, train options, the plotting budget) into a frozen
 :class:`PanelOptions`, raising ``ValueError`` that names the argument. :func:`build_panel` makes the
 parts (controls, plan resolver and live plan, outputs, run session, analysis views, the
-Distributed section), lays them out (:func:`~.layout.build_layout`), connects every widget event to
+Distributed tab), lays them out (:func:`~.layout.build_layout`), connects every widget event to
 a :class:`~.controller.PanelController`, sets the controls' first values and resolves the plan
 once. Nothing else in the panel wires widgets.
 """

@@ -1,4 +1,4 @@
-"""The panel's Distributed section: strategy, processes, comm hook and FSDP2 dtypes, as widgets
+"""The panel's Distributed tab: strategy, processes, comm hook and FSDP2 dtypes, as widgets
 and as values, and the request they make checked by the library before any run.
 
 :class:`DistributedControls` holds the widgets (the Distributed tab's controls), turns
@@ -46,7 +46,7 @@ __all__ = [
 STRATEGY_CHOICES = ("none", "ddp", "fsdp2")
 FSDP_DTYPES = ("auto", "fp32", "bf16", "fp16")
 _FSDP_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")
-#: The names ``Panel.set`` accepts for this section (``distributed`` sets them all at once).
+#: The names ``Panel.set`` accepts for this tab (``distributed`` sets them all at once).
 DIST_CONTROLS = ("distributed", "strategy", "nproc", "comm_hook", "backend", *_FSDP_FIELDS)
 #: Request fields without a widget, kept from a ``Distributed`` given in code.
 _EXTRAS = ("rdzv_host", "count_collectives", "timeout_s")
@@ -77,7 +77,7 @@ def _dtype_value(name: str, value: Any) -> str:
 
 
 class DistributedControls:
-    """The Distributed section's widgets (``box``), the request they describe and the tab's
+    """The Distributed tab's widgets (``box``), the request they describe and the tab's
     ``title`` (``"Distributed: ddp x2"`` once a strategy is chosen)."""
 
     def __init__(self) -> None:
@@ -152,7 +152,7 @@ class DistributedControls:
     # ------------------------------------------------------------------ writing
 
     def normalise(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Widget values for ``values`` (this section's names), checked as a whole request:
+        """Widget values for ``values`` (this tab's names), checked as a whole request:
         ``ValueError`` names the field, the bad value and what is allowed."""
         out: dict[str, Any] = {}
         if "distributed" in values:
@@ -225,7 +225,7 @@ class DistributedControls:
 
 
 def distributed_plan_html(plan: DistributedPlan) -> str:
-    """The distributed resolution for the plan area: summary, what-if preset, every decision
+    """The distributed resolution for the Plan tab: summary, what-if preset, every decision
     with its reason and the warnings (the core's decision table)."""
     esc = html.escape
     sim = " (simulated: nothing can run here)" if plan.simulated else ""

@@ -59,7 +59,8 @@ PANEL_STYLE = """<style>
   grid-template-columns:repeat(auto-fit,minmax(200px,1fr))}
 .pnb-panel .pnb-charts svg{width:100%;height:auto}
 .pnb-panel .pnb-header{border-bottom:1px solid #ccc;padding-bottom:4px;margin-bottom:4px}
-.pnb-panel .pnb-progress-label{overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.pnb-panel .pnb-progress-label{display:block;overflow:hidden;text-overflow:ellipsis;
+  white-space:nowrap}
 </style>"""
 
 

@@ -219,7 +219,7 @@ class LivePlan:
         self.resolver = resolver
         self.controls = controls
         self.outputs = outputs
-        # resolves the Distributed section's request (a DistributedPlanner), if the panel has one
+        # resolves the Distributed tab's request (a DistributedPlanner), if the panel has one
         self.planner = planner
         self.explanation: Explanation | None = None
         self.distributed: DistributedPlan | None = None  # with a strategy, else None

@@ -2,9 +2,9 @@
 
 :class:`RunSession` starts ``fit`` / ``compare`` in a worker thread (:class:`~.run.Job`) with a
 :class:`~.run.LiveCallback` feeding the progress and live frames, keeps the last result, and after
-a run shows the final charts, the summary table, the events and, when it fits the plotting budget,
-the matplotlib figure. It writes to the panel's widgets only through :class:`~.outputs.PanelOutputs`
-(plain value assignments, safe from the worker thread).
+a run shows the final charts, the results (Compare tab), the events and, when it fits the plotting
+budget, the matplotlib figure. It writes to the panel's widgets only through
+:class:`~.outputs.PanelOutputs` (plain value assignments, safe from the worker thread).
 
 The plotting budget: all plotting of a run (live frames and the final figure) stays within
 ``plot_budget`` (a fraction) of its training time. What a frame costs here is learnt from the
@@ -309,7 +309,7 @@ class RunSession:
             self.live = None
 
     def _render_final(self) -> Any:
-        """Charts, status, summary table and events of the finished run; returns its records as
+        """Charts, status, results and events of the finished run; returns its records as
         a DataFrame (None when there are none)."""
         source = self.source
         if source is None:

@@ -56,18 +56,19 @@ CHANGES: list[tuple[str, Any]] = [
 
 def plan_latency(panel: Panel, changes: int, cached: bool) -> list[float]:
     """Seconds per control change, from the widget's value set to the refreshed views."""
-    widgets = panel.controls
+    widgets = panel.widgets
+    cache = panel._controller.resolver.cache  # the panel's own cache of resolved selections
     times: list[float] = []
     for name, value in itertools.islice(itertools.cycle(CHANGES), changes):
         widget = getattr(widgets, name)
         if widget.value == value:
             continue
         if not cached:
-            panel._resolver.cache.clear()
+            cache.clear()
         start = time.perf_counter()
         widget.value = value  # observers run synchronously, as in the kernel
         times.append(time.perf_counter() - start)
-        assert panel.explanation is not None and panel.plan_html.value
+        assert panel.explanation is not None and widgets.plan_html.value
     return times
 
 
@@ -130,27 +131,22 @@ def main() -> None:
         worker.join()
         return time.perf_counter() - start
 
-    def inspected() -> float:
-        """Seconds the after-run inspections took (0 in a panel without them)."""
-        analysis = getattr(panel, "analysis", None)
-        return analysis.seconds if analysis is not None else 0.0
-
     def with_panel() -> tuple[float, dict[str, float]]:
         start = time.perf_counter()
         result = panel.run(block=True)
         wall = time.perf_counter() - start
-        live = panel.last_live
-        training = result.seconds - live.callback_seconds
+        spent = panel.timings
+        training = result.seconds - spent.callbacks_s
         return wall, {
-            "frames": live.frames,
-            "live_plot": live.plot_seconds,
-            "callbacks": live.callback_seconds,
-            "final": panel.last_render_seconds,
-            "inspect": inspected(),
-            "figure": 1.0 if panel.figure_image.value else 0.0,
+            "frames": spent.live_frames,
+            "live_plot": spent.live_plot_s,
+            "callbacks": spent.callbacks_s,
+            "final": spent.final_render_s,
+            "inspect": spent.inspect_s,
+            "figure": 1.0 if panel.widgets.figure_image.value else 0.0,
             "training": training,
-            "live_share": live.callback_seconds / training,
-            "share": (live.callback_seconds + panel.last_render_seconds + inspected()) / training,
+            "live_share": spent.callbacks_s / training,
+            "share": (spent.callbacks_s + spent.final_render_s + spent.inspect_s) / training,
         }
 
     plain()  # warm-up: optimizer imports, FLOP count, CPU peak calibration

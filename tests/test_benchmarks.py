@@ -42,7 +42,7 @@ def test_bench_panel_latency_cycles_through_the_changes() -> None:
     panel = Panel(steps=2)
     times = bench.plan_latency(panel, changes=len(bench.CHANGES), cached=False)
     assert len(times) >= len(bench.CHANGES) - 2 and all(t > 0 for t in times)
-    assert panel.controls.loss_scale_lab.value is False  # the cycle ends where it started
+    assert panel.widgets.loss_scale_lab.value is False  # the cycle ends where it started
 
 
 def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:

@@ -268,7 +268,7 @@ def test_a_plan_fallback_shows_in_the_panels_events():
         result = panel.run(block=True, timeout=120)
         fallbacks = of_kind(result.events, "fallback")
         assert [e.data["used"] for e in fallbacks] == ["fp32"]
-        assert fallbacks[0].message.split(":")[0] in panel.events_html.value
+        assert fallbacks[0].message.split(":")[0] in panel.widgets.events_html.value
     finally:
         panel.close()
 

@@ -69,6 +69,7 @@ def chart_svg(
     )
     frame = (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
+        f"viewBox='0 0 {WIDTH} {HEIGHT}' "
         f"role='img' aria-label='{html.escape(title, quote=True)}' "
         "style='font-family:sans-serif;background:#fff;border:1px solid #ddd'>"
     )

@@ -91,6 +91,8 @@ def chromium_path() -> Path:
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"CI must have Chromium at {CHROMIUM} (.ci/run installs Debian's chromium)")
+        if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
+            pytest.fail(f"retaking the README's image needs Chromium at {CHROMIUM}")
         pytest.skip(
             f"Chromium not found at {CHROMIUM}; PRECISION_NB_CHROMIUM can name another one "
             "(enable: apt-get install -y chromium)"

@@ -1,10 +1,13 @@
 """The panel in a real browser: JupyterLab + headless Chromium, driven like a user would.
 
-Opens the explore notebook, runs every cell, then works the first panel it shows: controls are
-visible, changing mode and device updates the shown plan, Run completes with figures, Compare
-overlays plans, Stop ends a long run, and an error is shown readably inside the panel.
-Screenshots of the panel land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); with
-``PRECISION_NB_UPDATE_SCREENSHOT=1`` the after-comparison one also replaces the README's image.
+Opens the explore notebook, runs every cell, then works the first panel it shows: the header
+and the Plan tab's controls are visible, changing mode and device updates the shown plan (and
+the header's one line), Run completes with figures in the Live tab, Compare ends in the Compare
+tab with each plan's verdict first and a table that fits the output, opening the Memory tab
+inspects, Stop ends a long run, and bad input is shown readably in the header with Run disabled.
+Screenshots of the panel land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); the one after the
+comparison carries the panel's source hash and the Compare tab's text (tests/browser/
+readme_image.py), and with ``PRECISION_NB_UPDATE_SCREENSHOT=1`` it replaces the README's image.
 """
 
 from __future__ import annotations
@@ -12,15 +15,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Locator, expect
 
 from tests.browser.lab import first_panel, open_notebook, run_all_cells
+from tests.browser.readme_image import INTERVAL, README_IMAGE, save_with_provenance
 
-ROOT = Path(__file__).resolve().parents[2]
-README_IMAGE = ROOT / "docs" / "images" / "panel-after-compare.png"
 NOTEBOOK = "01_explore_precision.ipynb"
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,6 +48,25 @@ def _select_starting(panel: Locator, css: str, prefix: str) -> None:
     select.select_option(label=matches[0])
 
 
+def _open_tab(panel: Locator, name: str) -> None:
+    panel.locator(".pnb-tabs .lm-TabBar-tab").filter(
+        has_text=re.compile(rf"^\s*{re.escape(name)}\s*$")
+    ).click()
+
+
+def _assert_fits(panel: Locator, css: str) -> None:
+    """Every cell of the table ``css`` on one line, and the table within the panel's width."""
+    table = panel.locator(f"{css} table").first
+    box, outer = table.bounding_box(), panel.bounding_box()
+    assert box is not None and outer is not None
+    assert box["x"] + box["width"] <= outer["x"] + outer["width"] + 1, (box, outer)
+    heights = table.locator("tbody td").evaluate_all("cells => cells.map(c => c.offsetHeight)")
+    line = table.locator("tbody td").first.evaluate(
+        "c => parseFloat(getComputedStyle(c).lineHeight) || 16"
+    )
+    assert heights and max(heights) < 2 * line + 6, (heights, line)
+
+
 def _image_loaded(image: Locator, timeout_ms: float = 15_000) -> bool:
     """True once the figure's PNG is decoded and has a size (it loads asynchronously)."""
     handle = image.element_handle()
@@ -63,7 +83,9 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     panel = first_panel(page)
     panel.scroll_into_view_if_needed()
 
-    # The controls are there and usable.
+    # The header and the Plan tab's controls are there and usable.
+    for css in ("pnb-badge", "pnb-headline", "pnb-tabs"):
+        expect(panel.locator(f".{css}").first).to_be_visible()
     for css in ("pnb-device", "pnb-mode", "pnb-dtype", "pnb-fused", "pnb-steps", "pnb-plan"):
         expect(panel.locator(f".{css}").first).to_be_visible()
     run, stop = panel.locator("button.pnb-run"), panel.locator("button.pnb-stop")
@@ -71,15 +93,18 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(stop).to_be_disabled()
     panel.screenshot(path=str(artifacts_dir / "panel-before-run.png"))
 
-    # Changing device and mode in the UI re-resolves the shown plan, with its reason.
-    plan = panel.locator(".pnb-plan")
+    # Changing device and mode in the UI re-resolves the shown plan, with its reason, and the
+    # header's one line follows.
+    plan, headline = panel.locator(".pnb-plan"), panel.locator(".pnb-headline")
     panel.locator(".pnb-device select").select_option(label="cpu")
     _toggle(panel, "pnb-mode", "fp16")
     expect(plan).to_contain_text("fp32 on cpu")
     expect(plan).to_contain_text("explicit fp16 on CPU falls back to fp32")
+    expect(headline).to_contain_text(re.compile(r"request fp16 → plan fp32 \(fallback\)"))
     expect(panel.locator(".pnb-dtype select")).to_be_disabled()  # dtype matters only in auto
     _toggle(panel, "pnb-mode", "bf16")
     expect(plan).to_contain_text("bf16 on cpu")
+    expect(headline).to_contain_text("request bf16 → plan bf16")
 
     # A simulated GPU shows the badge and refuses to run, saying why.
     _select_starting(panel, "pnb-device", "[simulated] cuda-bf16 (")
@@ -89,16 +114,14 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     panel.locator(".pnb-device select").select_option(label="cpu")
     expect(run).to_be_enabled()
 
-    # Run: progress completes, figures and the results table appear.
+    # Run: the Live tab opens; progress completes, the live charts and the figure appear.
     _set_int(panel, "pnb-steps", 12)
     run.click()
     status = panel.locator(".pnb-status")
     expect(status).to_contain_text("Finished", timeout=120_000)
     expect(panel.locator(".pnb-progress-label")).to_contain_text("12")
-    expect(panel.locator(".pnb-results table")).to_be_visible()
     expect(panel.locator(".pnb-live-charts svg")).to_have_count(4)
     expect(panel.locator(".pnb-live-metrics")).to_contain_text("single-run figures")
-    expect(panel.locator(".pnb-results")).to_contain_text("single-run figures")
     # A short run leaves the matplotlib figure to Draw figure (it would cost more than the
     # plotting budget allows), and says so.
     figure = panel.locator("img.pnb-figures")
@@ -108,39 +131,44 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     draw.click()
     expect(figure).to_be_visible(timeout=60_000)
     assert _image_loaded(figure)
+    panel.screenshot(path=str(artifacts_dir / "panel-live.png"))
+    _open_tab(panel, "Compare")  # a single run's figures, marked as such
+    expect(panel.locator(".pnb-results table").first).to_be_visible()
+    expect(panel.locator(".pnb-results")).to_contain_text("single-run figures")
 
-    # Compare: several plans overlaid, with the summary table; this is the README's screenshot.
+    # Compare: the Live tab while it goes, then the Compare tab, each plan's verdict first.
     panel.locator("button.pnb-compare").click()
     expect(status).to_contain_text(re.compile(r"Finished: [2-9] run"), timeout=150_000)
-    expect(panel.locator(".pnb-results table tbody tr")).to_have_count(
-        int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
-    )
-    expect(panel.locator(".pnb-results")).to_contain_text("speedup vs fp32 (95 % CI)")
+    runs = int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
+    results = panel.locator(".pnb-results")
+    expect(results).to_be_visible()  # the Compare tab opened by itself
+    expect(results.locator(".pnb-verdict")).to_have_count(runs)
+    expect(results.locator("table.pnb-table").first.locator("tbody tr")).to_have_count(runs)
+    expect(results).to_contain_text("speedup vs fp32 (95 % CI)")
+    shot = artifacts_dir / "panel-after-compare-raw.png"
+    page.screenshot(path=str(shot), clip=panel.bounding_box())
+    _assert_fits(panel, ".pnb-results")
+    compare_text = results.inner_text()
+    assert INTERVAL.search(compare_text), compare_text  # a speedup with its interval is shown
+    after = artifacts_dir / "panel-after-compare.png"
+    save_with_provenance(shot, after, compare_text)
+    if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
+        README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(after, README_IMAGE)
+    _open_tab(panel, "Live")
     expect(panel.locator(".pnb-warmup")).to_contain_text("step(s)")
     draw.click()
     expect(figure).to_be_visible(timeout=60_000)
     assert _image_loaded(figure)
-    # Memory / Ops / Numerics: Inspect, then open the Memory view.
-    panel.locator("button.pnb-inspect").click()
+
+    # Memory / Ops / Numerics: opening the Memory tab inspects the plans.
+    _open_tab(panel, "Memory")
     expect(panel.locator(".pnb-analysis-note")).to_contain_text("Inspected", timeout=120_000)
-    panel.get_by_text("Memory by kind and dtype").click()
     expect(panel.locator(".pnb-memory svg.pnb-memory-chart")).to_be_visible()
-    after = artifacts_dir / "panel-after-compare.png"
-    top, bottom = panel.bounding_box(), panel.locator(".pnb-results").bounding_box()
-    page.screenshot(
-        path=str(after),
-        clip={
-            "x": top["x"],
-            "y": top["y"],
-            "width": top["width"],
-            "height": bottom["y"] + bottom["height"] - top["y"] + 8,
-        },
-    )
-    if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
-        README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(after, README_IMAGE)
+    panel.screenshot(path=str(artifacts_dir / "panel-memory.png"))
 
     # Stop: a long run is ended between steps; a second Run is impossible meanwhile.
+    _open_tab(panel, "Plan")
     _set_int(panel, "pnb-steps", 20_000)
     run.click()
     expect(stop).to_be_enabled(timeout=30_000)
@@ -150,13 +178,17 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(status).to_contain_text("Stopped", timeout=60_000)
     expect(run).to_be_enabled()
 
-    # An error is shown inside the panel, readable, and the panel stays usable.
+    # Bad input is shown in the header, readable, Run is disabled with the reason, and the panel
+    # stays usable.
+    _open_tab(panel, "Plan")
     device_text = panel.locator(".pnb-device-text input")
     device_text.fill("cuda:7")
     device_text.press("Enter")
     error = panel.locator(".pnb-error")
     expect(error).to_be_visible()
     expect(error).to_contain_text("cuda:7")
+    expect(run).to_be_disabled()
+    expect(panel.locator(".pnb-run-reason")).to_contain_text("cannot be resolved")
     box = error.bounding_box()
     assert box is not None and box["height"] >= 16 and box["width"] >= 200
     panel.screenshot(path=str(artifacts_dir / "panel-error.png"))

@@ -7,7 +7,8 @@ loss-scale window) for the model, always on a copy and outside the timed steps. 
 - after a run, in the worker thread, when their expected cost fits the plotting budget (all
   plotting and inspecting of a run stays within ``budget`` of its training time); otherwise the
   note says what they would cost and **Inspect** runs them on demand;
-- when the plan changed and a view is opened (or Inspect is pressed), never while a run goes.
+- when the plan changed and a view's tab is opened (or Inspect is pressed), never while a run
+  goes.
 
 Results are cached per (plan, device, model), so reopening a view costs nothing. What they cost
 here is learnt from the ones run so far (a first guess before any).
@@ -18,18 +19,19 @@ from __future__ import annotations
 import html
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as widgets
 
+from precision_nb.core.resolution import Explanation
 from precision_nb.views.panel.analysis_html import memory_chart_svg, numerics_html, ops_html
+from precision_nb.views.panel.selection import SIM_PREFIX
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AnalysisViews", "Target"]
-
-SECTIONS = ("Memory by kind and dtype", "Ops", "Numerics")
+__all__ = ["AnalysisViews", "Target", "selected_target"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,20 @@ class Target:
     capabilities: Any = None
 
 
+def selected_target(explanation: Explanation | None, device: str) -> Target | None:
+    """The :class:`Target` of the selected plan (``device``: the selection's device, a simulated
+    one as ``sim:<preset>``); None when the selection cannot be resolved."""
+    if explanation is None:
+        return None
+    plan = explanation.plan
+    lab = bool(explanation.config.loss_scale_lab and plan.use_scaler)
+    sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
+    label = plan.mode + (" (loss-scale lab)" if lab else "")
+    return Target(label, plan, str(explanation.device), explanation.simulated, sim)
+
+
 class AnalysisViews:
-    """The views' widgets (``box``), their cached results and when they are computed.
+    """The views' widgets, their cached results and when they are computed.
 
     ``model_source()`` gives ``(model_or_workload, batches, loss_fn, preset)`` of the panel's
     current model; ``selected()`` the :class:`Target` of the current selection (None when it
@@ -54,7 +68,14 @@ class AnalysisViews:
 
     FIRST_COST_GUESS_S = 2.0
 
-    def __init__(self, *, model_source: Any, selected: Any, running: Any, on_window: Any) -> None:
+    def __init__(
+        self,
+        *,
+        model_source: Callable[[], tuple[Any, Any, Any, str]],
+        selected: Callable[[], Target | None],
+        running: Callable[[], bool],
+        on_window: Callable[[tuple[int, int]], None],
+    ) -> None:
         self._model_source = model_source
         self._selected = selected
         self._running = running
@@ -69,21 +90,14 @@ class AnalysisViews:
         self.memory_html = widgets.HTML()
         self.ops_html = widgets.HTML()
         self.numerics_html = widgets.HTML()
-        self.accordion = widgets.Accordion(
-            children=[self.memory_html, self.ops_html, self.numerics_html], selected_index=None
-        )
-        for index, title in enumerate(SECTIONS):
-            self.accordion.set_title(index, title)
         for w, css in (
             (self.button, "pnb-inspect"),
             (self.note, "pnb-analysis-note"),
             (self.memory_html, "pnb-memory"),
             (self.ops_html, "pnb-ops"),
             (self.numerics_html, "pnb-numerics"),
-            (self.accordion, "pnb-analysis"),
         ):
             w.add_class(css)
-        self.box = widgets.VBox([widgets.HBox([self.button, self.note]), self.accordion])
         self.inspections: dict[Any, Any] = {}  # (plan, device, model key) -> InspectionData
         self.numerics_cache: dict[Any, Any] = {}  # (model key, run id) -> Numerics
         self.run_targets: list[Target] = []  # the plans of the last run
@@ -205,7 +219,10 @@ class AnalysisViews:
     def plan_changed(self) -> None:
         """The selection changed: the views show older plans until opened or Inspect pressed."""
         if self.shown and self.stale:
-            self.note.value = "<i>The plan changed: open a view or press Inspect to inspect it.</i>"
+            self.note.value = (
+                "<i>The plan changed: opening the Memory, Ops or Numerics tab (or Inspect) "
+                "inspects it.</i>"
+            )
 
     def open_or_inspect(self) -> str | None:
         """A view was opened or Inspect pressed: compute what is missing unless a run goes.

@@ -1,84 +1,55 @@
 """The ipywidgets panel: pick device and precision, see the resolved plan live, run, stop, compare.
 
-``Panel()`` (displayed by evaluating it in a cell) shows the controls, the resolved plan with the
-reason for each decision and the resolution matrix (applied row marked), a Run / Compare / Stop
-row, a progress bar, live charts, the summary table and a "copy as code" snippet. Everything it
-shows is available in code: ``panel.plan``, ``panel.explanation``, ``panel.records_frame``,
-``panel.figures``, ``panel.run(block=True)``; ``panel.close()`` releases it.
-
-This module is the construction and the public API. The pieces: :mod:`.controls` (input widgets),
-:mod:`.plan_resolver` (the cached plan of a selection), :mod:`.outputs` (output widgets and what is
-drawn into them), :mod:`.session` (background runs, the plotting budget, what is drawn after a
-run) and :mod:`.run` (the worker thread and the throttled engine callback).
+``Panel()`` (displayed by evaluating it in a cell) shows a compact header (the device, the request
+and its resolved plan in one line, Run / Compare / Stop, the progress and any error) above the
+tabs Plan, Live, Compare, Memory, Ops, Numerics and Distributed. ``Panel`` is the front door: the
+user's verbs (``set``, ``run``, ``compare``, ``stop``, ``wait``, ``inspect``, ``draw_figure``,
+``close``) and read-only state (``plan``, ``explanation``, ``result``, ``records_frame``,
+``figures``, ...); every widget is ``panel.widgets.<name>``. How it is put together is
+:mod:`.builder`'s job, what its events do :mod:`.controller`'s.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import ipywidgets as widgets
-
-from precision_nb.core.capabilities import read_capabilities
-from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
-from precision_nb.core.validate import positive_int, short_repr
-from precision_nb.views.panel.analysis import AnalysisViews
-from precision_nb.views.panel.analysis_api import AnalysisMixin
-from precision_nb.views.panel.controls import (
-    DEFAULT_COMPARE,
-    SIM_PREFIX,
-    Controls,
-    Selection,
-)
-from precision_nb.views.panel.distributed import (
-    DIST_CONTROLS,
-    DistributedControls,
-    DistributedPlanner,
-)
-from precision_nb.views.panel.distributed_run import user_inputs
-from precision_nb.views.panel.outputs import (
-    OUTPUT_WIDGETS,
-    PanelOutputs,
-    close_widgets,
-    weak_callback,
-)
-from precision_nb.views.panel.plan_resolver import LivePlan, PlanResolver, device_options
-from precision_nb.views.panel.readout import PanelReadout
-from precision_nb.views.panel.run import Job, check_train_options
-from precision_nb.views.panel.session import RunSession, UserModel
+from precision_nb.core.plan import PrecisionPlan
+from precision_nb.core.resolution import Explanation
+from precision_nb.views.panel.builder import build_panel, panel_options
+from precision_nb.views.panel.layout import PanelWidgets
+from precision_nb.views.panel.selection import DEFAULT_COMPARE, Selection
 
-__all__ = ["Panel"]
-
-COMPARE_ONE_PROCESS = (
-    "Compare is off with a distributed strategy: comparisons run on one process here. For plans "
-    "compared on several processes use pnb.profile(..., compare=(...), distributed="
-    "pnb.Distributed(...)) (docs/distributed.md), or set the strategy to none."
-)
+__all__ = ["Panel", "Timings"]
 
 
-def _workload_presets() -> dict[str, tuple[str, ...]]:
-    from precision_nb.engine.workloads import PRESETS as SIZE_PRESETS
-    from precision_nb.engine.workloads import WORKLOADS
+@dataclass(frozen=True)
+class Timings:
+    """Seconds a panel spent on its own work (what ``benchmarks/bench_panel.py`` reads).
 
-    return {name: tuple(SIZE_PRESETS) for name in WORKLOADS}
+    ``plan_refresh_s``: the last plan refresh; ``live_frames``, ``live_plot_s``, ``callbacks_s``:
+    the last run's live frames, the seconds spent drawing them and all seconds spent inside the
+    engine's callbacks; ``final_render_s``: drawing after the last run; ``inspect_s``: the last
+    inspection of the Memory, Ops and Numerics views.
+    """
+
+    plan_refresh_s: float
+    live_frames: int
+    live_plot_s: float
+    callbacks_s: float
+    final_render_s: float
+    inspect_s: float
 
 
-def _release(root: Any, session: RunSession, analysis: AnalysisViews, timeout: float) -> None:
-    """Stop the session's run, drop what it holds, close every widget (``close`` and the
-    finaliser of a collected panel)."""
-    session.close(timeout)
-    analysis.close()
-    close_widgets(root)
-
-
-class Panel(AnalysisMixin, PanelReadout):
+class Panel:
     """Jupyter panel for precision plans; see the module docstring and docs/panel.md.
 
     ``model`` / ``batches`` (with an optional ``loss_fn``) train your own ``nn.Module`` instead of
-    a built-in workload; every run trains a fresh copy, so your model is left as it was. The other
-    keyword arguments set the controls' initial values (the same names as :meth:`set`).
+    a built-in workload; every run trains a fresh copy, so your model is left as it was. The
+    controls' keyword arguments set their initial values (the same names as :meth:`set`).
     """
 
     CLOSE_TIMEOUT_S = 5.0
@@ -108,90 +79,11 @@ class Panel(AnalysisMixin, PanelReadout):
         distributed: Any = None,
         factory: str | None = None,
     ) -> None:
-        if (model is None) != (batches is None):
-            missing = "batches" if batches is None else "model"
-            raise ValueError(
-                f"{missing} is None; pass model and batches together (your own nn.Module and "
-                "its batches), or neither to use a built-in workload"
-            )
-        if optimizer is not None and not isinstance(optimizer, OptimizerConfig):
-            raise ValueError(
-                f"optimizer={short_repr(optimizer)} must be an OptimizerConfig (or None for the "
-                "defaults)"
-            )
-        if log_every is not None:
-            positive_int("log_every", log_every)
-        is_number = isinstance(plot_budget, (int, float)) and not isinstance(plot_budget, bool)
-        if not (is_number and 0 < plot_budget < 1):
-            raise ValueError(
-                f"plot_budget={short_repr(plot_budget)} must be a fraction between 0 and 1"
-            )
-        if model is not None and (workload is not None or preset is not None):
-            raise ValueError(
-                "workload/preset cannot be set together with model=...; the panel trains your "
-                "model on your batches"
-            )
-        train_options = check_train_options(train_options)
-        if factory is not None and (model is None or not isinstance(factory, str)):
-            raise ValueError(
-                f"factory={short_repr(factory)}: allowed: None, or with model=... an import path "
-                "'package.module:function' returning the model for torchrun's workers"
-            )
-        user = None
-        if model is not None:
-            batches, batches_path, loss_fn, loss_path = user_inputs(batches, loss_fn)
-            user = UserModel(model, batches, loss_fn, factory, batches_path, loss_path)
-        self._capabilities = read_capabilities()
-        self._resolver = PlanResolver(self._capabilities, optimizer or OptimizerConfig())
-        self._applying = False
-        self._closed = False
-
-        workloads = {} if model is not None else _workload_presets()
-        self.controls = Controls(
-            device_options(self._capabilities), workloads, user_model=model is not None
-        )
-        self.dist_controls = DistributedControls()
-        self.outputs = PanelOutputs(widgets.VBox([self.controls.box(), self.dist_controls.box]))
-        self.widget = self.outputs.widget
-        planner = DistributedPlanner(self.dist_controls)
-        self._plan = LivePlan(self._resolver, self.controls, self.outputs, planner)
-        for name in OUTPUT_WIDGETS:
-            setattr(self, name, getattr(self.outputs, name))
-        self.session = RunSession(
-            self.outputs,
-            user_model=user,
-            optimizer_for=self._resolver.optimizer_for,
-            log_every=log_every,
-            train_options=train_options,
-            on_released=weak_callback(self._update_buttons),
-            plot_budget=plot_budget,
-            refresh_interval_s=refresh_interval_s,
-            after_run=weak_callback(self._after_run),
-        )
-        self.analysis = AnalysisViews(
-            model_source=weak_callback(self._model_source),
-            selected=weak_callback(self._selected_target),
-            running=weak_callback(self._is_running),
-            on_window=weak_callback(self._on_scale_window),
-        )
-        planner.session = self.session  # the user model, dropped on close
-        self.outputs.insert_before(self.outputs.plan_html, self.analysis.box)
-        self.outputs.insert_before(self.analysis.box, self.session.per_rank.box)
-        self.inspect_button = self.analysis.button
-        self.analysis.button.on_click(weak_callback(self._on_inspect_click))
-        self.analysis.accordion.observe(weak_callback(self._on_view_opened), "selected_index")
-        # A panel nobody references any more is collected: its run stops, its widgets close.
-        self._finalizer = weakref.finalize(
-            self, _release, self.widget, self.session, self.analysis, self.CLOSE_TIMEOUT_S
-        )
-        self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
-        self.outputs.on_click(
-            run=weak_callback(self._on_run_click),
-            compare=weak_callback(self._on_compare_click),
-            stop=weak_callback(self._on_stop_click),
-            figure=weak_callback(self._on_figure_click),
-        )
-
+        options = panel_options(
+            model, batches, loss_fn=loss_fn, factory=factory, workload=workload, preset=preset,
+            optimizer=optimizer, log_every=log_every, train_options=train_options,
+            plot_budget=plot_budget, refresh_interval_s=refresh_interval_s,
+        )  # fmt: skip
         initial: dict[str, Any] = dict(
             device=device, mode=mode, dtype=dtype, fused=fused, steps=steps, seed=seed,
             accumulation=accumulation, loss_scale_lab=loss_scale_lab, compare_plans=compare_plans,
@@ -201,191 +93,242 @@ class Panel(AnalysisMixin, PanelReadout):
 
             initial["workload"] = workload if workload is not None else DEFAULT_WORKLOAD
             initial["preset"] = preset if preset is not None else "tiny"
-        self.controls.apply(self.controls.normalise(**initial))
-        self.dist_controls.apply(self.dist_controls.normalise({"distributed": distributed}))
-        self.controls.observe(weak_callback(self._on_control_change))
-        self.dist_controls.observe(weak_callback(self._on_control_change))
-        self.outputs.code_framework.observe(weak_callback(self._on_control_change), "value")
-        self.refresh()
+        self._controller = build_panel(options, initial, distributed)
+        # A panel nobody references any more is collected: its run stops, its widgets close.
+        self._finalizer = weakref.finalize(self, self._controller.release, self.CLOSE_TIMEOUT_S)
+        self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
 
-    # ================================================================== live plan
-
-    def _on_control_change(self, _change: dict[str, Any]) -> None:
-        if not self._applying and not self._closed:
-            self.refresh()
-
-    def refresh(self) -> None:
-        """Re-resolve the plan from the controls and update every view of it (also the code)."""
-        self.dist_controls.update_enabled()
-        self._plan.refresh()
-        self._update_buttons()
-        self.analysis.plan_changed()
-
-    def _update_buttons(self) -> None:
-        if self._closed:
-            return
-        self.outputs.set_buttons(
-            running=self.running,
-            block_reason=self._plan.block_reason(),
-            has_result=self.session.source is not None,
-            compare_reason=None if self._plan.distributed is None else COMPARE_ONE_PROCESS,
-        )
-
-    def _on_run_click(self, _button: Any) -> None:
-        self._start("run")
-
-    def _on_compare_click(self, _button: Any) -> None:
-        self._start("compare")
-
-    def _on_stop_click(self, _button: Any) -> None:
-        self.stop()
-
-    def _on_figure_click(self, _button: Any) -> None:
-        try:
-            self.draw_figure()
-        except Exception as exc:  # noqa: BLE001 - UI boundary: shown in the panel, panel stays
-            self.outputs.show_error(f"Draw figure failed: {type(exc).__name__}: {exc}", "figure")
-
-    # ================================================================== running
-
-    def _start(self, kind: str, *, raise_errors: bool = False) -> Job | None:
-        """Start a run or comparison in the background; returns the job, or None when refused
-        (the panel says why; with ``raise_errors`` the refusal is raised too)."""
-        with self.session.lock:
-            try:
-                selection = self._check_can_start(kind)
-            except (RuntimeError, ValueError):
-                if raise_errors:
-                    raise
-                return None
-            self.outputs.show_error(None)
-            assert self._plan.explanation is not None
-            job = self.session.start(
-                kind, selection, self._plan.explanation, self._plan.distributed
-            )
-            self._update_buttons()
-            job.start()
-            return job
-
-    def _check_can_start(self, kind: str) -> Selection:
-        if self.running:
-            message = "A run is already going: wait for it or press Stop before starting another."
-            self.outputs.status.value = f"<b>{message}</b>"
-            raise RuntimeError(message)
-        self.refresh()
-        reason = self._plan.block_reason()
-        if reason is not None:
-            error = self._plan.error
-            if error is None:  # else the error box already says why
-                self.outputs.show_error(reason, "input")
-            if isinstance(error, ValueError):
-                message = reason if str(error) in reason else f"{reason} {error}"
-                raise ValueError(message) from error
-            raise RuntimeError(reason)
-        selection = self.controls.selection()
-        if kind == "compare" and self._plan.distributed is not None:
-            self.outputs.show_error(COMPARE_ONE_PROCESS, "input")
-            raise RuntimeError(COMPARE_ONE_PROCESS)
-        if kind == "compare" and not selection.compare_plans:
-            message = "Compare needs at least one plan ticked in the Compare list."
-            self.outputs.show_error(message)
-            raise ValueError(f"compare_plans=() is empty; {message}")
-        return selection
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this panel is closed: make a new Panel() to go on")
-
-    # ================================================================== public API
+    # ================================================================== verbs
 
     def set(self, **controls: Any) -> Panel:
         """Set controls by name (device, mode, dtype, fused, workload, preset, steps,
-        accumulation, seed, loss_scale_lab, compare_plans); the plan refreshes once.
+        accumulation, seed, loss_scale_lab, compare_plans; distributed, strategy, nproc,
+        comm_hook, backend, param_dtype, reduce_dtype, output_dtype; code_framework, the
+        framework of "copy as code"); the plan refreshes once.
 
         A bad value raises ``ValueError`` (a device this machine lacks: ``RuntimeError``), is
         shown in the panel, and nothing is changed then.
         """
-        self._check_open()
-        try:
-            dist = {k: controls.pop(k) for k in list(controls) if k in DIST_CONTROLS}
-            dist_values = self.dist_controls.normalise(dist) if dist else {}
-            values = self.controls.normalise(**controls)
-            device = values.get("device")
-            if device is not None and not device.startswith(SIM_PREFIX):
-                resolve_device(device, self._capabilities)  # absent hardware raises here
-        except (ValueError, RuntimeError) as exc:
-            self.outputs.show_error(str(exc), "input")
-            raise
-        if self.error is not None and not self.running:
-            self.outputs.show_error(None)
-        self._applying = True  # apply every value, then resolve once
-        try:
-            self.controls.apply(values)
-            self.dist_controls.apply(dist_values)
-        finally:
-            self._applying = False
-        self.refresh()
+        self._controller.set_controls(controls)
         return self
 
     def run(self, block: bool = False, timeout: float | None = None) -> Any:
         """Train the selected plan (like pressing Run).
 
-        ``block=True`` waits and returns the RunResult (re-raising a failure after showing it in
-        the panel); otherwise returns at once (the run goes on in the background).
-        Raises ``RuntimeError`` when a run is already going or the device is simulated.
+        ``block=True`` waits and returns the RunResult (a ``DistributedResult`` with a strategy;
+        re-raising a failure after showing it in the panel); otherwise returns at once (the run
+        goes on in the background). Raises ``RuntimeError`` when a run is already going or the
+        device is simulated.
         """
-        return self._launch("run", block, timeout)
+        return self._controller.launch("run", block, timeout)
 
     def compare(self, block: bool = False, timeout: float | None = None) -> Any:
         """Run the plans chosen under Compare on the same seed (like pressing Compare).
 
         ``block=True`` waits and returns the engine's Comparison.
         """
-        return self._launch("compare", block, timeout)
-
-    def _launch(self, kind: str, block: bool, timeout: float | None) -> Any:
-        self._check_open()
-        job = self._start(kind, raise_errors=True)
-        assert job is not None
-        if not block:
-            return None
-        if not job.wait(timeout):
-            raise TimeoutError(f"the {kind} did not finish within {timeout} s (it goes on)")
-        if job.error is not None:
-            raise job.error
-        distributed = self.session.per_rank.result  # as pnb.fit(..., distributed=...) returns
-        return distributed if distributed is not None else self.session.source
+        return self._controller.launch("compare", block, timeout)
 
     def stop(self) -> None:
         """End the current run between steps; every record made so far is kept."""
-        if self.session.stop():
-            self.outputs.stop_button.disabled = True
-            self.outputs.progress_label.value += " · stopping..."
+        self._controller.stop()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the current run; True when none is going (anymore)."""
-        return self.session.wait(timeout)
+        return self._controller.session.wait(timeout)
+
+    def inspect(self) -> dict[str, Any]:
+        """Inspect the selected plan and the last run's plans now (memory by kind and dtype,
+        op dtypes; one instrumented step on a copy each) and analyse the model's gradient
+        numerics; the Memory, Ops and Numerics tabs show them. Returns label -> Inspection.
+        Raises ``RuntimeError`` while a run goes or once closed."""
+        self._controller.inspect()
+        return self.inspections
 
     def draw_figure(self) -> bytes:
-        """Draw the matplotlib figure of the last run or comparison into the panel (the four
+        """Draw the matplotlib figure of the last run or comparison into the Live tab (the four
         panels of the live charts, from every record); returns the PNG bytes.
 
         Raises ``RuntimeError`` before the first run, while a run is going, or once closed.
         """
-        self._check_open()
-        return self.session.draw_figure()
+        self._controller.check_open()
+        return self._controller.session.draw_figure()
 
     def close(self, timeout: float | None = None) -> None:
         """Release the panel: stop a running job (waiting up to ``timeout`` seconds, default
         ``CLOSE_TIMEOUT_S``, for it to end between steps), drop the model, its batches and the
         results, and close every widget. Closing twice is harmless; a closed panel refuses
-        ``set``, ``run``, ``compare`` and ``draw_figure``."""
-        if self._closed:
+        ``set``, ``run``, ``compare``, ``inspect`` and ``draw_figure``."""
+        if self._controller.closed:
             return
-        self._closed = True
+        self._controller.closed = True
         if timeout is not None:
-            self.session.close(timeout)
+            self._controller.session.close(timeout)
         self._finalizer()  # stops the run (if still going), drops results, closes the widgets
+
+    # ================================================================== read-only state
+
+    @property
+    def widget(self) -> Any:
+        """The root ipywidgets ``VBox`` (what displaying the panel shows)."""
+        return self._controller.widgets.root
+
+    @property
+    def widgets(self) -> PanelWidgets:
+        """Every widget by name: ``panel.widgets.run_button``, ``panel.widgets.mode``, ..."""
+        return self._controller.widgets
+
+    @property
+    def selection(self) -> Selection:
+        """The controls' current values (``panel.selection.mode``, ...); change them with
+        :meth:`set`."""
+        return self._controller.controls.selection()
+
+    @property
+    def explanation(self) -> Explanation | None:
+        """The explanation of the current selection (None when it cannot be resolved)."""
+        return self._controller.plan.explanation
+
+    @property
+    def plan(self) -> PrecisionPlan | None:
+        """The resolved plan of the current selection."""
+        explanation = self.explanation
+        return None if explanation is None else explanation.plan
+
+    @property
+    def plan_text(self) -> str:
+        """The explanation as readable text (what the Plan tab shows)."""
+        explanation = self.explanation
+        return "" if explanation is None else str(explanation)
+
+    @property
+    def simulated(self) -> bool:
+        """True when the selected device is a simulated hardware preset."""
+        explanation = self.explanation
+        return bool(explanation is not None and explanation.simulated)
+
+    @property
+    def code(self) -> str:
+        """The "copy as code" script of the selected plan, in :attr:`code_framework`."""
+        return self._controller.outputs.code_area.value
+
+    @property
+    def code_framework(self) -> str:
+        """The framework of :attr:`code`: pytorch, lightning, accelerate or transformers
+        (``set(code_framework=...)`` or the Framework menu chooses it)."""
+        return str(self._controller.outputs.code_framework.value)
+
+    @property
+    def error(self) -> str | None:
+        """The message shown in the panel's error box, if any."""
+        return self._controller.outputs.error
+
+    @property
+    def running(self) -> bool:
+        """True while a run or comparison is going."""
+        return self._controller.session.running
+
+    @property
+    def closed(self) -> bool:
+        return self._controller.closed
+
+    @property
+    def result(self) -> Any:
+        """The last RunResult (Run) or Comparison (Compare); partial after Stop or a failure."""
+        return self._controller.session.source
+
+    @property
+    def last_exception(self) -> BaseException | None:
+        """What the last run raised, or None."""
+        return self._controller.session.last_exception
+
+    @property
+    def records_frame(self) -> Any:
+        """Every record of the last run or comparison as a pandas DataFrame (live while running)."""
+        from precision_nb.views.report.tables import to_frame
+
+        session = self._controller.session
+        if session.source is None and session.live is not None:
+            return to_frame(session.live.snapshot()[0])
+        return to_frame(session.source if session.source is not None else [])
+
+    @property
+    def summary(self) -> Any:
+        """One row per plan of the last run or comparison (views.report.tables.summary)."""
+        from precision_nb.views.report.tables import summary
+
+        source = self._controller.session.source
+        return summary(source if source is not None else [])
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        """Fresh matplotlib Figures of the last run: loss, loss_scale, throughput, memory,
+        dashboard (empty dict before any run)."""
+        source = self._controller.session.source
+        if source is None:
+            return {}
+        from precision_nb.views.report import figures as f
+
+        return {
+            "loss": f.loss_figure(source),
+            "loss_scale": f.loss_scale_figure(source),
+            "throughput": f.throughput_figure(source),
+            "memory": f.memory_figure(source),
+            "dashboard": f.dashboard_figure(source),
+        }
+
+    @property
+    def inspections(self) -> dict[str, Any]:
+        """Label -> ``Inspection`` of the plans the Memory and Ops tabs show."""
+        from precision_nb.views.report.inspection import Inspection
+
+        shown = self._controller.analysis.shown
+        return {label: Inspection(data) for label, data in shown.items()}
+
+    @property
+    def numerics(self) -> Any:
+        """The ``Numerics`` the Numerics tab shows (None before one was made)."""
+        return self._controller.analysis.numerics
+
+    @property
+    def distributed(self) -> Any:
+        """The ``Distributed`` request of the Distributed tab (None: strategy "none", or a
+        request the library refuses, ``panel.error`` saying why); change it with
+        ``set(distributed=...)``."""
+        plan = self._controller.plan.distributed
+        return None if plan is None else plan.request
+
+    @property
+    def distributed_plan(self) -> Any:
+        """The DistributedPlan of the selection (None without a strategy)."""
+        return self._controller.plan.distributed
+
+    @property
+    def distributed_result(self) -> Any:
+        """The last distributed run's DistributedResult (every rank's records; a failed run's
+        too), or None."""
+        return self._controller.session.per_rank.result
+
+    @property
+    def rank_tables(self) -> dict[str, Any]:
+        """The per-rank view's tables as DataFrames: ``steps`` (step time median and IQR, final
+        loss), ``memory`` (bytes by kind and dtype), ``comm`` (bytes per step by op and dtype);
+        empty before a distributed run."""
+        return self._controller.session.per_rank.tables()
+
+    @property
+    def timings(self) -> Timings:
+        """Seconds the panel spent on its own work (see :class:`Timings`)."""
+        c = self._controller
+        live = c.session.last_live
+        return Timings(
+            plan_refresh_s=c.plan.refresh_seconds,
+            live_frames=0 if live is None else live.frames,
+            live_plot_s=0.0 if live is None else live.plot_seconds,
+            callbacks_s=0.0 if live is None else live.callback_seconds,
+            final_render_s=c.session.last_render_seconds,
+            inspect_s=c.analysis.seconds,
+        )

@@ -21,27 +21,13 @@ from precision_nb.views.panel.selection import (
     MAX_ACCUMULATION,
     MAX_STEPS,
     MODES,
-    SEED_RANGE,
-    SIM_PREFIX,
     USER_MODEL,
     DeviceOption,
     Selection,
-    check_seed,
     normalise,
 )
 
-__all__ = [  # the selection names are re-exported here, where they used to live
-    "COMPARE_CHOICES",
-    "Controls",
-    "DEFAULT_COMPARE",
-    "DeviceOption",
-    "FUSED_CHOICES",
-    "MODES",
-    "SEED_RANGE",
-    "SIM_PREFIX",
-    "Selection",
-    "check_seed",
-]
+__all__ = ["Controls"]
 
 
 class Controls:

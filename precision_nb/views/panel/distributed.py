@@ -1,7 +1,7 @@
-"""The panel's Distributed section: strategy, processes, comm hook and FSDP2 dtypes, as widgets
+"""The panel's Distributed tab: strategy, processes, comm hook and FSDP2 dtypes, as widgets
 and as values, and the request they make checked by the library before any run.
 
-:class:`DistributedControls` holds the widgets (a small accordion, closed until opened), turns
+:class:`DistributedControls` holds the widgets (the Distributed tab's controls), turns
 them into a :class:`~precision_nb.core.distributed.Distributed` request (``None`` for strategy
 "none": the single-process path) and enables only the fields the chosen strategy uses, saying why
 the others are off. :class:`DistributedPlanner` resolves that request with
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
@@ -29,6 +29,12 @@ from precision_nb.core.distributed import (
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.render import decisions_html
 
+if TYPE_CHECKING:
+    from precision_nb.core.optim import OptimizerConfig
+    from precision_nb.core.resolution import Explanation
+    from precision_nb.views.panel.selection import Selection
+    from precision_nb.views.panel.session import RunSession, UserModel
+
 __all__ = [
     "DIST_CONTROLS",
     "STRATEGY_CHOICES",
@@ -40,7 +46,7 @@ __all__ = [
 STRATEGY_CHOICES = ("none", "ddp", "fsdp2")
 FSDP_DTYPES = ("auto", "fp32", "bf16", "fp16")
 _FSDP_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")
-#: The names ``Panel.set`` accepts for this section (``distributed`` sets them all at once).
+#: The names ``Panel.set`` accepts for this tab (``distributed`` sets them all at once).
 DIST_CONTROLS = ("distributed", "strategy", "nproc", "comm_hook", "backend", *_FSDP_FIELDS)
 #: Request fields without a widget, kept from a ``Distributed`` given in code.
 _EXTRAS = ("rdzv_host", "count_collectives", "timeout_s")
@@ -71,7 +77,8 @@ def _dtype_value(name: str, value: Any) -> str:
 
 
 class DistributedControls:
-    """The Distributed section's widgets (``box``) and the request they describe."""
+    """The Distributed tab's widgets (``box``), the request they describe and the tab's
+    ``title`` (``"Distributed: ddp x2"`` once a strategy is chosen)."""
 
     def __init__(self) -> None:
         style = {"description_width": "110px"}
@@ -105,11 +112,8 @@ class DistributedControls:
         )
         self.note = widgets.HTML()
         self.extras: dict[str, Any] = {}
-        self.box = widgets.Accordion(
-            children=[widgets.VBox([self.strategy, *self.fields, self.note])],
-            selected_index=None,
-        )
-        self.box.set_title(0, "Distributed (torchrun): none")
+        self.title = "Distributed"  # the tab's title: the strategy and nproc once chosen
+        self.box = widgets.VBox([self.strategy, *self.fields, self.note])
         for name in _DEFAULTS:
             getattr(self, name).add_class(f"pnb-dist-{name.replace('_', '-')}")
         self.note.add_class("pnb-dist-note")
@@ -148,7 +152,7 @@ class DistributedControls:
     # ------------------------------------------------------------------ writing
 
     def normalise(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Widget values for ``values`` (this section's names), checked as a whole request:
+        """Widget values for ``values`` (this tab's names), checked as a whole request:
         ``ValueError`` names the field, the bad value and what is allowed."""
         out: dict[str, Any] = {}
         if "distributed" in values:
@@ -215,12 +219,13 @@ class DistributedControls:
                 widget.disabled = hook_used and widget.value == "auto"
             notes.append(_WHY_OFF["fsdp"] if hook_used else _WHY_OFF["comm_hook"])
         self.note.value = "".join(f"<small>{html.escape(n)}</small><br>" for n in notes)
-        title = "none" if strategy == "none" else f"{strategy} x{self.nproc.value}"
-        self.box.set_title(0, f"Distributed (torchrun): {title}")
+        self.title = (
+            "Distributed" if strategy == "none" else f"Distributed: {strategy} x{self.nproc.value}"
+        )
 
 
 def distributed_plan_html(plan: DistributedPlan) -> str:
-    """The distributed resolution for the plan area: summary, what-if preset, every decision
+    """The distributed resolution for the Plan tab: summary, what-if preset, every decision
     with its reason and the warnings (the core's decision table)."""
     esc = html.escape
     sim = " (simulated: nothing can run here)" if plan.simulated else ""
@@ -238,24 +243,24 @@ def distributed_plan_html(plan: DistributedPlan) -> str:
 class DistributedPlanner:
     """Resolves the controls' request for a selection and checks it can start.
 
-    ``session`` (set by the panel) gives the user's model (``session.user_model``: None for a
+    ``session`` (the panel's run session) gives the user's model (``session.user_model``: None for a
     built-in workload; dropped when the panel closes) and the runs' ``train_config``.
     ``resolve`` raises the library's ``ValueError`` / ``RuntimeError``; results are cached per
     request and selection, so a control change stays cheap.
     """
 
-    def __init__(self, controls: DistributedControls) -> None:
+    def __init__(self, controls: DistributedControls, session: RunSession) -> None:
         self.controls = controls
-        self.session: Any = None
+        self.session = session
         self._cache: dict[Any, DistributedPlan | BaseException] = {}
 
     @property
-    def user_model(self) -> Any:
-        return None if self.session is None else self.session.user_model
+    def user_model(self) -> UserModel | None:
+        return self.session.user_model
 
     plan_html = staticmethod(distributed_plan_html)
 
-    def code(self, plan: DistributedPlan, selection: Any, explanation: Any) -> str:
+    def code(self, plan: DistributedPlan, selection: Selection, explanation: Explanation) -> str:
         """The ``pnb.fit(..., distributed=...)`` call the Run button makes."""
         from precision_nb.core.optim import OptimizerConfig
         from precision_nb.core.plan_code import fit_code
@@ -281,7 +286,9 @@ class DistributedPlanner:
             note="\n".join(notes),
         )  # fmt: skip
 
-    def resolve(self, selection: Any, explanation: Any, optimizer: Any) -> DistributedPlan | None:
+    def resolve(
+        self, selection: Selection, explanation: Explanation, optimizer: OptimizerConfig
+    ) -> DistributedPlan | None:
         request = self.controls.request()
         if request is None:
             return None
@@ -298,7 +305,11 @@ class DistributedPlanner:
         return cached
 
     def _resolve(
-        self, request: Distributed, selection: Any, explanation: Any, optimizer: Any
+        self,
+        request: Distributed,
+        selection: Selection,
+        explanation: Explanation,
+        optimizer: OptimizerConfig,
     ) -> DistributedPlan:
         preset = selection.simulated_preset
         device = "auto" if preset else selection.device

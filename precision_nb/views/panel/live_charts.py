@@ -80,7 +80,7 @@ def live_charts_html(
         for run in runs
     )
     return (
-        "<div style='display:flex;flex-wrap:wrap;gap:6px;align-items:flex-start'>"
+        "<div class='pnb-charts'>"
         + "".join(charts)
         + f"</div><div style='font-size:12px'>{legend}</div>"
     )

@@ -1,21 +1,20 @@
 """The panel's output widgets and what is drawn into them.
 
-:class:`PanelOutputs` builds every widget the panel shows besides the controls (buttons, error
-box, progress, live metrics and charts, the figure with its note and Draw figure button, the
-summary table, the events, the plan and the "copy as code" area) and lays them out around the
-controls. Its methods only assign widget values, so the run's worker thread may call them: no
-``with output:`` block, no display call, nothing that needs the kernel's main thread.
+:class:`PanelOutputs` builds every widget the panel shows besides the controls and the analysis
+views (the badge and the one-line plan, buttons, error box, progress, live metrics and charts, the
+figure with its note and Draw figure button, the results, the events, the plan and the "copy as
+code" area); :mod:`.layout` arranges them. Its methods only assign widget values, so the run's
+worker thread may call them: no ``with output:`` block, no display call, nothing that needs the
+kernel's main thread.
 
 :func:`panel_png` draws the panel's matplotlib figure; :func:`close_widgets` closes a widget tree
-(layouts and styles included, which ipywidgets keeps registered until closed);
-:func:`weak_callback` wires a widget to a method without keeping its object alive.
+(layouts and styles included, which ipywidgets keeps registered until closed).
 """
 
 from __future__ import annotations
 
 import html
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ipywidgets as widgets
@@ -25,42 +24,21 @@ from precision_nb.views.panel.live_charts import live_charts_html
 from precision_nb.views.panel.results import (
     COMPARE_LIVE_NOTE,
     SINGLE_RUN_NOTE,
-    results_table_html,
+    results_html,
     warmup_note_html,
 )
 from precision_nb.views.panel.run import metrics_text
 
-__all__ = ["OUTPUT_WIDGETS", "PanelOutputs", "close_widgets", "panel_png", "weak_callback"]
+__all__ = ["PanelOutputs", "close_widgets", "panel_png"]
 
 _ERROR_STYLE = (
     "background:#f8d7da;color:#721c24;border:1px solid #f5c6cb;padding:6px 10px;"
     "border-radius:4px;white-space:pre-wrap"
 )
 
-#: The widgets the panel exposes as attributes of the same name (``panel.run_button``, ...).
-OUTPUT_WIDGETS = (
-    "badge",
-    "run_button",
-    "compare_button",
-    "stop_button",
-    "run_reason",
-    "error_box",
-    "status",
-    "progress",
-    "progress_label",
-    "live_metrics",
-    "live_charts",
-    "plan_html",
-    "figure_image",
-    "figure_note",
-    "figure_button",
-    "results_html",
-    "events_html",
-    "code_area",
-)
-
 _CSS = {
     "badge": "pnb-badge",
+    "headline": "pnb-headline",
     "run_button": "pnb-run",
     "compare_button": "pnb-compare",
     "stop_button": "pnb-stop",
@@ -78,11 +56,12 @@ _CSS = {
     "results_html": "pnb-results",
     "events_html": "pnb-events",
     "code_area": "pnb-code",
+    "code_title": "pnb-code-title",
 }
 
 
 class PanelOutputs:
-    """The output widgets and the root ``widget`` (a VBox holding ``controls_box`` too).
+    """The output widgets (arranged by :func:`~.layout.build_layout`) and what is drawn into them.
 
     ``error`` is the message shown in the error box and ``error_source`` what set it
     (``"input"``, ``"selection"``, ``"run"``, ``"figure"``), so a refresh clears only the messages
@@ -97,45 +76,70 @@ class PanelOutputs:
         "in comments)"
     )
     FIT_CODE_TITLE = "<b>Copy as code</b> &mdash; the precision_nb call the Run button makes"
+    RESULTS_PLACEHOLDER = (
+        "<i>Compare runs the plans ticked under Compare (Plan tab) on the same seed, interleaved "
+        "in rounds: each plan's verdict with its interval opens this tab, the table follows. "
+        "After a single Run this tab shows its figures, marked single-run.</i>"
+    )
 
-    def __init__(self, controls_box: widgets.Widget) -> None:
+    def __init__(self) -> None:
+        button = widgets.Layout(width="auto")
         self.badge = widgets.HTML()
-        title = widgets.HTML("<b style='font-size:1.15em'>precision_nb</b> &mdash; precision plan")
+        self.headline = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", margin="0 0 0 8px"))
         self.run_button = widgets.Button(
-            description="Run", button_style="success", icon="play", tooltip="Train the plan"
+            description="Run",
+            button_style="success",
+            icon="play",
+            tooltip="Train the plan",
+            layout=button,
         )
         self.compare_button = widgets.Button(
             description="Compare",
             button_style="info",
             icon="columns",
             tooltip=self.COMPARE_TOOLTIP,
+            layout=button,
         )
         self.stop_button = widgets.Button(
-            description="Stop", button_style="danger", icon="stop", disabled=True
+            description="Stop", button_style="danger", icon="stop", disabled=True, layout=button
         )
         self.run_reason = widgets.HTML()
         self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(
-            value=0, min=0, max=1, description="Progress", layout=widgets.Layout(width="360px")
+            value=0,
+            min=0,
+            max=1,
+            description="",
+            layout=widgets.Layout(width="220px", margin="0 8px"),
         )
-        self.progress_label = widgets.Label(value="idle")
+        # takes what is left of the toolbar's line (at least 200 px), cut short with an ellipsis
+        self.progress_label = widgets.Label(
+            value="idle", layout=widgets.Layout(flex="1 1 0%", min_width="200px")
+        )
         self.live_metrics = widgets.HTML()
         self.live_charts = widgets.HTML()
         self.plan_html = widgets.HTML()
         self.figure_image = widgets.Image(
             format="png", layout=widgets.Layout(max_width="100%", display="none")
         )
-        self.figure_note = widgets.HTML()
+        self.figure_note = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
         self.figure_button = widgets.Button(
             description="Draw figure",
             icon="image",
             disabled=True,
             tooltip="Draw the matplotlib figure of the last run (loss, loss scale, throughput, "
             "memory), as in panel.figures",
+            layout=widgets.Layout(width="auto", flex="0 0 auto"),
         )
-        self.results_html = widgets.HTML()
+        self.results_html = widgets.HTML(self.RESULTS_PLACEHOLDER)
         self.events_html = widgets.HTML()
+        self.code_title = widgets.HTML(self.CODE_TITLE)
+        self.code_framework = widgets.Dropdown(
+            options=[(name, key) for key, name in FRAMEWORKS.items()],
+            value="pytorch",
+            description="Framework",
+        )
         self.code_area = widgets.Textarea(
             layout=widgets.Layout(width="100%", height="320px"), description="", disabled=False
         )
@@ -147,34 +151,6 @@ class PanelOutputs:
         self.measured = False  # the run going (or last) is a comparison: measured figures
         self.warmups: dict[str, Any] = {}  # its warm-ups, label -> Warmup (None while going)
         self.scale_window: tuple[int, int] | None = None  # safe fp16 window (log2), if known
-
-        self.code_title = widgets.HTML(self.CODE_TITLE)
-        self.code_framework = widgets.Dropdown(
-            options=[(name, key) for key, name in FRAMEWORKS.items()],
-            value="pytorch",
-            description="Framework",
-        )
-        self.widget = widgets.VBox(
-            [
-                widgets.HBox([title, self.badge]),
-                controls_box,
-                widgets.HBox([self.run_button, self.compare_button, self.stop_button]),
-                self.run_reason,
-                self.error_box,
-                widgets.HBox([self.progress, self.progress_label]),
-                self.live_metrics,
-                self.live_charts,
-                self.status,
-                widgets.HBox([self.figure_button, self.figure_note]),
-                self.figure_image,
-                self.results_html,
-                self.events_html,
-                self.plan_html,
-                widgets.HBox([self.code_title, self.code_framework]),
-                self.code_area,
-            ]
-        )
-        self.widget.add_class("pnb-panel")
 
     def on_click(self, **handlers: Callable[[Any], None]) -> None:
         """``run=``, ``compare=``, ``stop=``, ``figure=``: what each button calls."""
@@ -232,6 +208,7 @@ class PanelOutputs:
         self,
         plan_html: str,
         badge_html: str,
+        headline_html: str,
         simulated: bool,
         code: str,
         fit_code: bool = False,
@@ -241,6 +218,7 @@ class PanelOutputs:
         otherwise it is the plan in ``framework`` (a key of ``core.plan_code.FRAMEWORKS``)."""
         self.plan_html.value = plan_html
         self.badge.value = badge_html
+        self.headline.value = headline_html
         if simulated:
             self.badge.add_class("pnb-simulated")
         else:
@@ -257,6 +235,10 @@ class PanelOutputs:
     def clear_plan(self) -> None:
         self.plan_html.value = ""
         self.code_area.value = ""
+        self.headline.value = (
+            "<span style='color:#721c24'>this selection cannot be resolved (see the message "
+            "below)</span>"
+        )
 
     # ------------------------------------------------------------------ a run
 
@@ -275,7 +257,12 @@ class PanelOutputs:
         self._last_charts = -float("inf")
         self.status.value = ""
         self.events_html.value = ""
-        self.results_html.value = ""
+        self.results_html.value = (
+            "<i>A comparison is going: each plan's verdict and the table appear here when it "
+            "ends.</i>"
+            if measured
+            else "<i>A run is going: its figures appear here when it ends.</i>"
+        )
         self.show_figure(None, "")
 
     def show_progress(
@@ -315,15 +302,25 @@ class PanelOutputs:
         self.figure_note.value = note
 
     def show_final(
-        self, frame: Any, summary: Any, events: list[Any], *, word: str, seconds: float
+        self,
+        frame: Any,
+        summary: Any,
+        events: list[Any],
+        *,
+        word: str,
+        seconds: float,
+        figures: Mapping[str, Mapping[str, Any]] | None = None,
+        method: Mapping[str, Any] | None = None,
     ) -> None:
-        """The finished run's charts, status line, summary table and events."""
+        """The finished run's charts, status line, results and events; ``figures`` and
+        ``method``: a comparison's measured figures per plan and how they were measured."""
         self.live_charts.value = self.charts(frame.to_dict("records"))
         if frame.empty:
             self.progress_label.value = f"{word.lower()} before the first logged step"
             self.status.value = html.escape(
                 f"{word} before the first logged step ({seconds:.1f} s); no records to show."
             )
+            self.results_html.value = "<i>No records to show.</i>"
             return
         steps = int(frame["step"].max())
         runs = list(dict.fromkeys(frame["run"]))
@@ -331,34 +328,18 @@ class PanelOutputs:
             f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
-        self.results_html.value = results_table_html(summary, measured=self.measured)
+        self.results_html.value = results_html(
+            summary,
+            figures or {},
+            measured=self.measured,
+            method=method,
+            charts=live_charts_html(frame.to_dict("records")) if self.measured else "",
+        )
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)
             self.events_html.value = (
                 f"<details open><summary>Events</summary><ul>{items}</ul></details>"
             )
-
-    def insert_before(self, anchor: widgets.Widget, widget: widgets.Widget) -> None:
-        """Put ``widget`` into the panel's column just before ``anchor``."""
-        children = list(self.widget.children)
-        children.insert(children.index(anchor), widget)
-        self.widget.children = tuple(children)
-
-    def close(self) -> None:
-        close_widgets(self.widget)
-
-
-def weak_callback(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A widget callback calling the bound ``method`` while its object lives (returning what it
-    returns; None once the object is gone): ipywidgets keeps every open widget, and so its
-    callbacks, alive; a strong one would pin the panel forever."""
-    ref = weakref.WeakMethod(method)
-
-    def call(*args: Any) -> Any:
-        bound = ref()
-        return None if bound is None else bound(*args)
-
-    return call
 
 
 def close_widgets(root: widgets.Widget) -> int:

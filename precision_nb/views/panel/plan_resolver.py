@@ -3,7 +3,8 @@
 :class:`LivePlan` keeps the plan of the controls' selection up to date in the panel.
 :class:`PlanResolver` turns the controls' selection into the core's :class:`Explanation` (cached per
 selection, so a control change costs well under a millisecond), says whether the loss-scale lab
-applies, and renders the badge and the "copy as code" snippet. Resolution itself is the core's
+applies, and renders the badge, the one-line request and plan of the header and the "copy as
+code" snippet. Resolution itself is the core's
 ``explain_precision``; nothing here decides a precision.
 """
 
@@ -20,18 +21,15 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.plan_code import code_spec, fused_flag, plan_code
 from precision_nb.core.resolution import Explanation, explain_precision
-from precision_nb.views.panel.controls import (
-    SIM_PREFIX,
-    Controls,
-    DeviceOption,
-    Selection,
-    check_seed,
-)
+from precision_nb.views.panel.controls import Controls
+from precision_nb.views.panel.selection import SIM_PREFIX, DeviceOption, Selection, check_seed
 
 if TYPE_CHECKING:
+    from precision_nb.core.distributed import DistributedPlan
+    from precision_nb.views.panel.distributed import DistributedPlanner
     from precision_nb.views.panel.outputs import PanelOutputs
 
-__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "fused_flag"]
+__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "fused_flag", "headline_html"]
 
 _BADGE_REAL = "background:#d4edda;color:#155724"
 _BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"
@@ -125,25 +123,43 @@ def badge_html(explanation: Explanation) -> str:
     )
 
 
+def headline_html(explanation: Explanation, distributed: DistributedPlan | None = None) -> str:
+    """The request and the plan it resolves to, on one line: "request bf16 → bf16: autocast
+    torch.bfloat16 · no loss scaler · plain AdamW" (the fused decision's outcome in the core's
+    words; a fallback marked as one, with the reasons on hover)."""
+    esc = html.escape
+    plan, config = explanation.plan, explanation.config
+    request = config.requested + (" + loss-scale lab" if config.loss_scale_lab else "")
+    parts = [
+        f"autocast {plan.dtype}" if plan.autocast_enabled else "no autocast",
+        "loss scaler" if plan.use_scaler else "no loss scaler",
+    ]
+    fused = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
+    if fused is not None:
+        parts.append(fused.outcome)
+    if distributed is not None:
+        request_ = distributed.request
+        parts.append(f"{request_.strategy} x{request_.nproc} (torchrun)")
+    fallbacks = explanation.fallbacks
+    mark = ""
+    if fallbacks:
+        why = "; ".join(f"{d.field}: {d.reason}" for d in fallbacks)
+        mark = (
+            f" <span class='pnb-headline-fallback' title='{esc(why, quote=True)}' "
+            "style='color:#856404'>(fallback)</span>"
+        )
+    return (
+        f"<span style='white-space:nowrap'>request <b>{esc(request)}</b> &rarr; plan "
+        f"<b>{esc(plan.mode)}</b>{mark}</span>: {esc(' · '.join(parts))}"
+    )
+
+
 def code_for(explanation: Explanation, selection: Selection, framework: str = "pytorch") -> str:
     """The copy-as-code script for this explanation's plan and the selection's loop settings."""
     spec = code_spec(
         explanation, steps=selection.steps, accumulation=selection.accumulation, seed=selection.seed
     )
     return plan_code(spec, framework)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "PlanView":
-        import warnings
-
-        warnings.warn(
-            "PlanView is renamed PlanResolver (it resolves selections, it is not a view)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return PlanResolver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LivePlan:
@@ -160,15 +176,15 @@ class LivePlan:
         resolver: PlanResolver,
         controls: Controls,
         outputs: PanelOutputs,
-        planner: Any = None,
+        planner: DistributedPlanner | None = None,
     ) -> None:
         self.resolver = resolver
         self.controls = controls
         self.outputs = outputs
-        # resolves the Distributed section's request (a DistributedPlanner), if the panel has one
+        # resolves the Distributed tab's request (a DistributedPlanner), if the panel has one
         self.planner = planner
         self.explanation: Explanation | None = None
-        self.distributed: Any = None  # the DistributedPlan of a strategy, else None
+        self.distributed: DistributedPlan | None = None  # with a strategy, else None
         self.error: BaseException | None = None
         self.refresh_seconds = 0.0
 
@@ -205,6 +221,7 @@ class LivePlan:
         self.outputs.show_plan(
             plan_html,
             badge_html(explanation),
+            headline_html(explanation, self.distributed),
             explanation.simulated,
             code,
             fit_code=self.distributed is not None,

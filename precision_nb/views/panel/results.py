@@ -1,19 +1,30 @@
-"""The panel's results table and the notes that say how its numbers were measured.
+"""The panel's Compare tab: the verdict first, then the table, and the notes that say how its
+numbers were measured.
 
-A comparison's speed figures come from the interleaved measurement (warm-up apart, rounds, paired
-speedups with a 95 % bootstrap interval): the table shows each speedup with its interval beside it
-("1.31× (1.22–1.40)") and the verdict in words. A single run's figures are medians over its logged
-intervals: the table says so and shows no interval, no verdict.
+After a comparison the tab opens with one line per plan: the engine's verdict in its own words
+(the interval is part of them), marked by the verdict's kind (faster, slower, unresolved, too few
+rounds, baseline); nothing here words a verdict. How the speed was measured follows, as the
+engine describes its measurement, then a table sized to the output width (plan, speedup with
+its interval, step time, rate, memory, numerics, warm-up) and every column of the summary under
+"All columns". A single run's figures are medians over its logged intervals: the tab says so and
+shows no interval, no verdict.
 """
 
 from __future__ import annotations
 
 import html
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["SINGLE_RUN_NOTE", "results_table_html", "speedup_text", "warmup_note_html"]
+__all__ = [
+    "COMPARE_LIVE_NOTE",
+    "SINGLE_RUN_NOTE",
+    "results_html",
+    "speedup_text",
+    "verdict_lines_html",
+    "warmup_note_html",
+]
 
 SINGLE_RUN_NOTE = (
     "single-run figures: medians over this run's logged intervals, no interval, no verdict "
@@ -21,9 +32,19 @@ SINGLE_RUN_NOTE = (
 )
 COMPARE_LIVE_NOTE = (
     "live figures per logged interval; the measured speed (interleaved rounds, with 95 % "
-    "intervals) is in the table when the comparison ends"
+    "intervals) is in the Compare tab when the comparison ends"
 )
-_DROP = ("speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high", "verdict")
+SPEEDUP_HEADER = "speedup vs fp32 (95 % CI)"
+
+#: Colours of a verdict's mark, by the engine's ``verdict_kind`` (never by its wording).
+_KIND_STYLE = {
+    "faster": "background:#d4edda;color:#155724;border-color:#28a745",
+    "slower": "background:#f8d7da;color:#721c24;border-color:#dc3545",
+    "unresolved": "background:#eee;color:#333;border-color:#999",
+    "too_few": "background:#fff3cd;color:#856404;border-color:#d39e00",
+    "baseline": "background:#e7f1ff;color:#1b4f8a;border-color:#6c9bd2",
+}
+_OTHER_STYLE = "background:#f8f8f8;color:#333;border-color:#bbb"
 
 
 def _number(value: Any) -> float | None:
@@ -37,38 +58,178 @@ def _number(value: Any) -> float | None:
 
 
 def speedup_text(row: Mapping[str, Any]) -> str:
-    """``"1.31× (1.22–1.40)"``; without an interval the reason (too few rounds) instead."""
+    """``"1.31× (1.22–1.40)"``; ``"1.00× (baseline)"`` for the baseline; ``"0.90× (no
+    interval)"`` where the measurement gives none (the verdict line says why)."""
     estimate = _number(row.get("speedup_vs_fp32"))
     if estimate is None:
         return ""
-    low, high = _number(row.get("speedup_ci_low")), _number(row.get("speedup_ci_high"))
-    if str(row.get("verdict", "")).endswith("is the baseline."):
+    if row.get("verdict_kind") == "baseline":
         return f"{estimate:.2f}× (baseline)"
+    low, high = _number(row.get("speedup_ci_low")), _number(row.get("speedup_ci_high"))
     if low is None or high is None:
-        rounds = row.get("rounds")
-        return f"{estimate:.2f}× (no interval: {rounds} rounds, 4 needed)"
+        return f"{estimate:.2f}× (no interval)"
     return f"{estimate:.2f}× ({low:.2f}–{high:.2f})"
 
 
-def results_table_html(summary: Any, *, measured: bool) -> str:
-    """The summary table: with ``measured`` (a comparison) a leading speedup-with-interval and
-    verdict column; otherwise marked as single-run figures."""
-    frame = summary.copy()
-    if measured and "speedup_vs_fp32" in frame.columns:
-        rows = frame.to_dict("records")
-        frame = frame.drop(columns=[c for c in _DROP if c in frame.columns])
-        frame.insert(1, "speedup vs fp32 (95 % CI)", [speedup_text(r) for r in rows])
-        frame.insert(2, "verdict", [r.get("verdict") or "" for r in rows])
-        head = (
-            "<div class='pnb-method'><i>Speed measured like a benchmark: warm-up apart, plans "
-            "interleaved in rounds, speedup = median of per-round paired ratios with a 95 % "
-            "bootstrap interval.</i></div>"
+def verdict_lines_html(labels: Sequence[str], figures: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line per plan with a verdict: the plan marked by the verdict's kind, then the
+    engine's verdict text (and why the plan failed, where it did)."""
+    lines = []
+    for label in labels:
+        row = figures.get(label) or {}
+        text = str(row.get("verdict") or "")
+        failed = row.get("failed")
+        if not text and not failed:
+            continue
+        kind = str(row.get("verdict_kind") or "")
+        style = _KIND_STYLE.get(kind, _OTHER_STYLE)
+        mark = (
+            f"<span class='pnb-verdict-plan' style='{style};border:1px solid;border-radius:10px;"
+            f"padding:0 8px;margin-right:8px;white-space:nowrap'>{html.escape(label)}</span>"
         )
+        more = f" <i>failed: {html.escape(str(failed))}</i>" if failed else ""
+        lines.append(
+            f"<div class='pnb-verdict' data-kind='{html.escape(kind, quote=True)}' "
+            f"style='margin:4px 0'>{mark}{html.escape(text)}{more}</div>"
+        )
+    return f"<div class='pnb-verdicts'>{''.join(lines)}</div>" if lines else ""
+
+
+def _method_html(method: Mapping[str, Any] | None) -> str:
+    """How the speed was measured, as the engine's measurement describes it."""
+    if not method:
+        return (
+            "<div class='pnb-method'><i>Speed measured like a benchmark: warm-up apart, plans "
+            "interleaved in rounds.</i></div>"
+        )
+    items = "".join(
+        f"<li><b>{html.escape(str(k))}</b>: {html.escape(str(v))}</li>" for k, v in method.items()
+    )
+    return (
+        "<details class='pnb-method'><summary><i>How the speed was measured (like a benchmark: "
+        "warm-up apart, plans interleaved in rounds)</i></summary>"
+        f"<ul style='margin:2px 0;font-size:12px'>{items}</ul></details>"
+    )
+
+
+def _cell(value: Any) -> str:
+    if value is None or isinstance(value, str) and not value:
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    number = _number(value)
+    if number is None:
+        return "" if isinstance(value, float) else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.2e}"
+
+
+def _ms(value: Any) -> str:
+    number = _number(value)
+    return "" if number is None else f"{1000 * number:.3g}"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[int] = ()) -> str:
+    """A table sized to its content (numbers on one line, text columns ``wrap`` wrapping),
+    scrolling inside the tab when wider than the output."""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f"<td class='pnb-text'>{html.escape(v)}</td>"
+            if i in wrap
+            else f"<td>{html.escape(v)}</td>"
+            for i, v in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return (
+        "<div class='pnb-table-wrap'><table class='pnb-table'>"
+        f"<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
+    """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
+    (the rest is under "All columns")."""
+    present = {k for r in records for k, v in r.items() if _cell(v)}
+    kinds = sorted({str(r["memory_kind"]) for r in records if r.get("memory_kind")})
+    rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
+    columns: list[tuple[str, Any]] = [("plan", lambda r: str(r.get("run", "")))]
+    if measured:
+        columns.append((SPEEDUP_HEADER, speedup_text))
+    columns += [
+        ("step ms, median (IQR)", _step_cell),
+        (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
+        (f"peak MiB ({', '.join(kinds) or 'memory'})", lambda r: _cell(r.get("peak_memory_mib"))),
+        ("final loss", lambda r: _cell(r.get("final_loss"))),
+        ("Δ loss vs fp32", lambda r: _cell(r.get("final_loss_diff_vs_fp32"))),
+        ("weights rel. diff vs fp32", lambda r: _cell(r.get("param_rel_diff_vs_fp32"))),
+        ("skipped steps", lambda r: _cell(r.get("skipped_steps"))),
+    ]
+    if measured:
+        columns.append(("warm-up", _warmup_cell))
+    wrap = []
+    if "also_requested_as" in present:
+        wrap.append(len(columns))
+        columns.append(("also requested as", lambda r: str(r.get("also_requested_as") or "")))
+    rows = [[cell(r) for _name, cell in columns] for r in records]
+    return _table([name for name, _cell_of in columns], rows, wrap)
+
+
+def _step_cell(row: Mapping[str, Any]) -> str:
+    median, iqr = _ms(row.get("median_step_time_s")), _ms(row.get("step_time_iqr_s"))
+    return f"{median} ({iqr})" if median and iqr else median
+
+
+def _round(value: Any) -> Any:
+    number = _number(value)
+    return None if number is None else round(number)
+
+
+def _warmup_cell(row: Mapping[str, Any]) -> str:
+    steps, seconds = _number(row.get("warmup_steps")), _number(row.get("warmup_s"))
+    if steps is None:
+        return ""
+    return f"{int(steps)} steps, {seconds or 0.0:.2f} s"
+
+
+def results_html(
+    summary: Any,
+    figures: Mapping[str, Mapping[str, Any]],
+    *,
+    measured: bool,
+    method: Mapping[str, Any] | None = None,
+    charts: str = "",
+) -> str:
+    """The Compare tab: with ``measured`` (a comparison) the verdict lines first, how the speed
+    was measured, then the table; otherwise the table marked as single-run figures. ``figures``:
+    label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval);
+    ``charts``: HTML shown after the table (the comparison's overlaid charts)."""
+    records = summary.to_dict("records")
+    for row in records:  # the verdict's kind says which speedup is the baseline's
+        row.update(
+            {k: v for k, v in (figures.get(str(row.get("run"))) or {}).items() if k not in row}
+        )
+    labels = [str(r.get("run")) for r in records]
+    if measured:
+        head = verdict_lines_html(labels, figures) + _method_html(method)
     else:
-        frame = frame.drop(columns=[c for c in _DROP if c in frame.columns])
         head = f"<div class='pnb-method'><i>{html.escape(SINGLE_RUN_NOTE)}.</i></div>"
-    table = frame.to_html(index=False, na_rep="", float_format=lambda v: f"{v:.4g}", escape=True)
-    return head + table
+    full = summary.to_html(
+        index=False,
+        na_rep="",
+        float_format=lambda v: f"{v:.4g}",
+        escape=True,
+        classes="pnb-table pnb-all-columns",
+        border=0,
+    )
+    rest = (
+        f"<details><summary>All columns</summary><div class='pnb-table-wrap'>{full}</div></details>"
+    )
+    return head + _compact(records, measured=measured) + charts + rest
 
 
 def warmup_note_html(warmups: Mapping[str, Any]) -> str:

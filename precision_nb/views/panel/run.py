@@ -303,16 +303,3 @@ def metrics_text(record: dict[str, Any], note: str = "") -> str:
         parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
     text = " &middot; ".join(parts)
     return f"{text} <i class='pnb-figure-kind'>({html.escape(note)})</i>" if note else text
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LiveView":
-        import warnings
-
-        warnings.warn(
-            "LiveView is renamed LiveCallback (it is an engine callback, not a view)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return LiveCallback
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,9 +2,9 @@
 
 :class:`RunSession` starts ``fit`` / ``compare`` in a worker thread (:class:`~.run.Job`) with a
 :class:`~.run.LiveCallback` feeding the progress and live frames, keeps the last result, and after
-a run shows the final charts, the summary table, the events and, when it fits the plotting budget,
-the matplotlib figure. It writes to the panel's widgets only through :class:`~.outputs.PanelOutputs`
-(plain value assignments, safe from the worker thread).
+a run shows the final charts, the results (Compare tab), the events and, when it fits the plotting
+budget, the matplotlib figure. It writes to the panel's widgets only through
+:class:`~.outputs.PanelOutputs` (plain value assignments, safe from the worker thread).
 
 The plotting budget: all plotting of a run (live frames and the final figure) stays within
 ``plot_budget`` (a fraction) of its training time. What a frame costs here is learnt from the
@@ -24,10 +24,10 @@ from typing import Any
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation
-from precision_nb.views.panel.controls import COMPARE_CHOICES, Selection
 from precision_nb.views.panel.distributed_run import DistributedView, fit_target
 from precision_nb.views.panel.outputs import PanelOutputs, panel_png
 from precision_nb.views.panel.run import Job, LiveCallback, describe_failure
+from precision_nb.views.panel.selection import COMPARE_CHOICES, Selection
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +57,12 @@ class RunSession:
     """Owns the panel's runs: one job at a time, the last result, the plotting budget.
 
     ``optimizer_for(selection)`` gives the optimizer config of a selection; ``log_every`` (None:
-    ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig;
-    ``on_released()`` is called (in the worker thread) once a job no longer counts as running, so
-    the panel can re-enable its buttons. Nothing here refers to the panel itself, so a panel
-    nobody references is collected even while its session's worker thread runs.
+    ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig.
+    Two hooks, set by the panel's builder: ``on_released()`` is called (in the worker thread) once
+    a job no longer counts as running, so the panel can re-enable its buttons; ``after_run(source,
+    training_s, plotted_s)`` after a run that left a result (the panel's inspections, within the
+    budget). Nothing here refers to the panel itself, so a panel nobody references is collected
+    even while its session's worker thread runs.
     """
 
     def __init__(
@@ -71,10 +73,8 @@ class RunSession:
         optimizer_for: Callable[[Selection], OptimizerConfig],
         log_every: int | None,
         train_options: dict[str, Any],
-        on_released: Callable[[], None],
         plot_budget: float,
         refresh_interval_s: float,
-        after_run: Callable[[Any, float, float], None] | None = None,
     ) -> None:
         if not 0 < plot_budget < 1:
             raise ValueError(f"plot_budget={plot_budget!r} must be a fraction between 0 and 1")
@@ -83,11 +83,10 @@ class RunSession:
         self._optimizer_for = optimizer_for
         self.log_every = log_every
         self.train_options = dict(train_options)
-        self._on_released = on_released
         self.plot_budget = plot_budget
         self.refresh_interval_s = refresh_interval_s
-        # after_run(source, training_s, plotted_s): the panel's inspections (within the budget)
-        self.after_run = after_run
+        self.on_released: Callable[[], None] | None = None
+        self.after_run: Callable[[Any, float, float], None] | None = None
         self.lock = threading.Lock()
         self.job: Job | None = None
         self.source: Any = None  # the last RunResult or Comparison
@@ -145,12 +144,16 @@ class RunSession:
         job = Job(
             target=target,
             on_done=self._finish,
-            on_released=lambda _job: self._on_released(),
+            on_released=self._released,
             kind=kind,
             context=selection,
         )
         self.job = job
         return job
+
+    def _released(self, _job: Job) -> None:
+        if self.on_released is not None:
+            self.on_released()
 
     def train_config(self, selection: Selection) -> Any:
         from precision_nb.engine.trainer import TrainConfig
@@ -306,7 +309,7 @@ class RunSession:
             self.live = None
 
     def _render_final(self) -> Any:
-        """Charts, status, summary table and events of the finished run; returns its records as
+        """Charts, status, results and events of the finished run; returns its records as
         a DataFrame (None when there are none)."""
         source = self.source
         if source is None:
@@ -322,9 +325,18 @@ class RunSession:
         seconds = sum(r.seconds for r in results_of(source).values())
         table = summary(source) if not frame.empty else None
         # measured figures only when the interleaved measurement made them (not bare records)
-        self.outputs.measured = getattr(source, "measurement", None) is not None
+        measurement = getattr(source, "measurement", None)
+        self.outputs.measured = measurement is not None
         events = list(getattr(source, "events", []) or [])
-        self.outputs.show_final(frame, table, events, word=word, seconds=seconds)
+        self.outputs.show_final(
+            frame,
+            table,
+            events,
+            word=word,
+            seconds=seconds,
+            figures=getattr(source, "figures", None) or {},
+            method=None if measurement is None else measurement.method(),
+        )
         return None if frame.empty else frame
 
     def training_seconds(self, live: Any) -> tuple[float, float]:

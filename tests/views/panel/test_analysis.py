@@ -1,5 +1,5 @@
 """The panel's Memory, Ops and Numerics views, headless: Inspect by click(), a view opened by
-setting the accordion's selected_index, the plotting budget after a run, the scale-window band."""
+opening its tab (the Tab's selected_index), the plotting budget after a run, the scale window."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from precision_nb.engine.inspect.step import InspectionData
 from precision_nb.views.panel import Panel
 from precision_nb.views.panel.analysis_html import memory_chart_svg
+from precision_nb.views.panel.layout import TABS
 
 TIMEOUT = 120
 
@@ -18,25 +19,25 @@ TIMEOUT = 120
 @pytest.fixture(scope="module")
 def inspected() -> Panel:
     panel = Panel(steps=3, log_every=1, mode="bf16")
-    assert panel.analysis.stale
-    panel.inspect_button.click()
+    assert panel._controller.analysis.stale
+    panel.widgets.inspect_button.click()
     assert panel.error is None, panel.error
     return panel
 
 
 def test_inspect_shows_the_memory_breakdown_of_the_selected_plan(inspected: Panel) -> None:
-    data = inspected.analysis.shown["bf16"]
+    data = inspected._controller.analysis.shown["bf16"]
     counted = [r for r in data.memory if r["counted"] and r["bytes"]]
-    svg = inspected.analysis.memory_html.value
+    svg = inspected.widgets.memory_html.value
     assert svg.count("pnb-mem-seg") == len(counted)
     for row in counted:  # every segment names its kind, dtype and measured bytes
         assert f"bf16: {row['kind']}, {row['dtype']}: {row['bytes']:,} bytes" in svg
     assert "process memory (host rss" in svg.lower()  # named, not drawn as model memory
-    assert not inspected.analysis.stale
+    assert not inspected._controller.analysis.stale
 
 
 def test_ops_view_shows_the_trace_summary_of_the_selected_plan(inspected: Panel) -> None:
-    ops = inspected.analysis.ops_html.value
+    ops = inspected.widgets.ops_html.value
     summary = inspected.inspections["bf16"].summary
     assert "Ops of bf16" in ops
     for verdict, calls in zip(summary["verdict"], summary["calls"], strict=True):
@@ -44,7 +45,7 @@ def test_ops_view_shows_the_trace_summary_of_the_selected_plan(inspected: Panel)
 
 
 def test_numerics_view_shows_the_window_and_the_underflow_table(inspected: Panel) -> None:
-    view = inspected.analysis.numerics_html.value
+    view = inspected.widgets.numerics_html.value
     assert inspected.numerics.window_text().split(" (")[0] in view
     layers = set(inspected.numerics.gradients["layer"])
     assert all(layer in view for layer in layers)
@@ -55,17 +56,17 @@ def test_a_plan_change_marks_the_views_and_opening_one_inspects_the_new_plan() -
     panel = Panel(steps=3, log_every=1, mode="bf16")
     panel.inspect()
     panel.set(mode="fp32")
-    assert panel.analysis.stale and "plan changed" in panel.analysis.note.value
+    assert panel._controller.analysis.stale and "plan changed" in panel.widgets.analysis_note.value
     assert list(panel.inspections) == ["bf16"]  # nothing recomputed on a control change
-    panel.analysis.accordion.selected_index = 1  # the user opens "Ops"
-    assert list(panel.inspections) == ["fp32"] and "Ops of fp32" in panel.analysis.ops_html.value
+    panel.widgets.tabs.selected_index = TABS.index("Ops")  # the user opens the Ops tab
+    assert list(panel.inspections) == ["fp32"] and "Ops of fp32" in panel.widgets.ops_html.value
     panel.close()
 
 
 def test_after_a_run_inspection_runs_only_within_the_budget() -> None:
     panel = Panel(steps=3, log_every=1, mode="fp32")
     panel.run(block=True)
-    analysis = panel.analysis
+    analysis = panel._controller.analysis
     analysis.inspections.clear()
     analysis.numerics_cache.clear()
     analysis.shown = {}
@@ -94,7 +95,7 @@ def test_loss_scale_chart_shows_the_safe_window_once_numerics_exist() -> None:
     panel.inspect()
     window = panel.numerics.window
     assert window["lo"] is not None and window["run"]["attempts"] >= 3
-    charts = panel.live_charts.value
+    charts = panel.widgets.live_charts.value
     assert charts.count("pnb-band") == 1
     assert f"safe fp16 window 2^{window['lo']}-2^{window['hi']}" in charts
     panel.close()
@@ -133,9 +134,9 @@ def test_memory_chart_marks_the_allocator_peak_and_labels_hand_arithmetic() -> N
 def test_a_simulated_device_shows_hand_arithmetic_and_the_documented_policy() -> None:
     panel = Panel(device="sim:cuda-bf16", mode="bf16")
     panel.inspect()
-    data = panel.analysis.shown["bf16"]
-    assert data.simulated and "bf16 (expected)" in panel.analysis.memory_html.value
-    ops = panel.analysis.ops_html.value
+    data = panel._controller.analysis.shown["bf16"]
+    assert data.simulated and "bf16 (expected)" in panel.widgets.memory_html.value
+    ops = panel.widgets.ops_html.value
     assert "documented autocast policy, not a trace" in ops
     assert all(row["op"] in ops for row in data.policy)
     panel.close()

@@ -22,14 +22,14 @@ def test_failed_run_is_shown_in_the_panel_which_stays_usable() -> None:
     model = nn.Linear(4, 2)
     bad = [(torch.randn(3, 5), torch.randint(0, 2, (3,)))]  # 5 features for a 4-input model
     panel = Panel(model, bad, steps=2)
-    panel.run_button.click()  # a click never raises
+    panel.widgets.run_button.click()  # a click never raises
     assert panel.wait(TIMEOUT)
     assert panel.error is not None and panel.error.startswith("Run failed")
     assert "mat1 and mat2" in panel.error  # torch's own words about the shapes
-    assert "Traceback" not in panel.error_box.value
-    assert panel.error_box.layout.display != "none"
-    assert panel.progress.bar_style == "danger"
-    assert not panel.run_button.disabled and panel.stop_button.disabled
+    assert "Traceback" not in panel.widgets.error_box.value
+    assert panel.widgets.error_box.layout.display != "none"
+    assert panel.widgets.progress.bar_style == "danger"
+    assert not panel.widgets.run_button.disabled and panel.widgets.stop_button.disabled
     with pytest.raises(RuntimeError, match="mat1 and mat2"):
         panel.run(block=True)
     # still usable: the plan keeps resolving
@@ -53,14 +53,14 @@ class _NoAutocastModel(nn.Module):
 def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
-    panel.compare_button.click()
+    panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is not None and "no kernel for BFloat16" in panel.error
     frame = panel.records_frame
     assert set(frame["run"]) == {"fp32"} and len(frame) == 3
-    assert "Failed" in panel.status.value
+    assert "Failed" in panel.widgets.status.value
     assert panel.draw_figure().startswith(PNG)
-    assert not panel.compare_button.disabled
+    assert not panel.widgets.compare_button.disabled
 
 
 class _OutOfMemoryModel(nn.Module):
@@ -75,11 +75,11 @@ class _OutOfMemoryModel(nn.Module):
 def test_out_of_memory_says_what_to_change() -> None:
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(_OutOfMemoryModel(), batches, steps=2)
-    panel.run_button.click()
+    panel.widgets.run_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is not None and panel.error.startswith("Out of memory")
     assert "smaller preset or batch" in panel.error and "accumulation" in panel.error
-    assert not panel.run_button.disabled
+    assert not panel.widgets.run_button.disabled
 
 
 def test_describe_failure_gives_advice_for_raw_torch_oom() -> None:
@@ -100,15 +100,15 @@ def test_a_failing_figure_never_loses_the_run(monkeypatch) -> None:
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(model, batches, steps=3, log_every=1)
     result = panel.run(block=True)
-    panel.figure_button.click()  # a click never raises
+    panel.widgets.figure_button.click()  # a click never raises
     assert result.steps == 3 and len(panel.records_frame) == 3
     assert panel.error == "Draw figure failed: ValueError: figure exploded"
-    assert not panel.run_button.disabled and not panel.figure_button.disabled
+    assert not panel.widgets.run_button.disabled and not panel.widgets.figure_button.disabled
     # the same when frames seem free, so the panel draws them during and after the run
-    panel.session.frame_cost_s = 1e-9
+    panel._controller.session.frame_cost_s = 1e-9
     again = panel.run(block=True)
     assert again.steps == 3 and len(panel.records_frame) == 3
-    assert "figure exploded" in panel.error and not panel.run_button.disabled
+    assert "figure exploded" in panel.error and not panel.widgets.run_button.disabled
 
 
 class _ExitingModel(nn.Module):
@@ -130,15 +130,17 @@ class _CustomBaseError(BaseException):
 @pytest.mark.parametrize("error", [SystemExit(3), _CustomBaseError("bad")])
 def test_a_base_exception_in_forward_is_shown_not_swallowed(error: BaseException) -> None:
     panel = Panel(_ExitingModel(error), _batches(), steps=2)
-    panel.run_button.click()
+    panel.widgets.run_button.click()
     assert panel.wait(TIMEOUT)
     name = type(error).__name__
     assert panel.error is not None and panel.error.startswith(f"Run failed ({name})")
-    assert name in panel.error_box.value and panel.error_box.layout.display != "none"
-    assert "Failed before the first logged step" in panel.status.value
-    assert panel.progress.bar_style == "danger"
+    assert (
+        name in panel.widgets.error_box.value and panel.widgets.error_box.layout.display != "none"
+    )
+    assert "Failed before the first logged step" in panel.widgets.status.value
+    assert panel.widgets.progress.bar_style == "danger"
     assert isinstance(panel.last_exception, type(error))
-    assert not panel.run_button.disabled and not panel.running
+    assert not panel.widgets.run_button.disabled and not panel.running
     with pytest.raises(type(error)):
         panel.run(block=True, timeout=TIMEOUT)
 
@@ -149,25 +151,29 @@ def test_out_of_range_seed_is_refused_by_set_and_constructor() -> None:
         with pytest.raises(ValueError, match=r"seed: invalid value"):
             panel.set(seed=seed)
         assert panel.error is not None and "seed" in panel.error
-        assert panel.seed == 0  # nothing changed
+        assert panel.selection.seed == 0  # nothing changed
     panel.set(seed=2**64 - 1)  # the largest seed torch.manual_seed takes
-    assert panel.error is None and panel.seed == 2**64 - 1
+    assert panel.error is None and panel.selection.seed == 2**64 - 1
     with pytest.raises(ValueError, match=r"seed: invalid value"):
         Panel(seed=2**70)
 
 
 def test_out_of_range_seed_typed_into_the_widget_disables_run_and_says_why() -> None:
     panel = Panel(steps=2)
-    panel.controls.seed.value = 2**70  # as typed into the Seed box
+    panel.widgets.seed.value = 2**70  # as typed into the Seed box
     assert panel.error is not None and "seed: invalid value" in panel.error
-    assert "seed" in panel.error_box.value and panel.error_box.layout.display != "none"
-    assert panel.run_button.disabled and "cannot be resolved" in panel.run_reason.value
-    panel.run_button.click()  # a click never raises, and starts nothing
+    assert (
+        "seed" in panel.widgets.error_box.value and panel.widgets.error_box.layout.display != "none"
+    )
+    assert (
+        panel.widgets.run_button.disabled and "cannot be resolved" in panel.widgets.run_reason.value
+    )
+    panel.widgets.run_button.click()  # a click never raises, and starts nothing
     assert not panel.running and panel.result is None
     with pytest.raises(ValueError, match="seed: invalid value"):
         panel.run()
-    panel.controls.seed.value = 7
-    assert panel.error is None and not panel.run_button.disabled
+    panel.widgets.seed.value = 7
+    assert panel.error is None and not panel.widgets.run_button.disabled
 
 
 def test_oom_is_recognised_by_type_and_event_kind_not_by_text() -> None:

@@ -1,5 +1,5 @@
 """Panel resources: close() releases widgets, model and results and stops a run; a panel nobody
-references is collected (its widgets closed, its model freed); renamed names still work."""
+references is collected (its widgets closed, its model freed)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,9 @@ def test_close_drops_model_and_results() -> None:
 def test_close_stops_a_running_job() -> None:
     panel = Panel(steps=100_000, log_every=1)
     panel.run()
-    job = panel.session.job
+    job = panel._controller.session.job
     deadline = TIMEOUT
-    while not panel.session.last_live.records and deadline > 0:  # a few steps in
+    while not panel._controller.session.last_live.records and deadline > 0:  # a few steps in
         job.wait(0.05)
         deadline -= 0.05
     panel.close(timeout=TIMEOUT)
@@ -93,31 +93,7 @@ def test_close_stops_a_running_job() -> None:
 def test_dropping_a_running_panel_stops_its_run() -> None:
     panel = Panel(steps=100_000, log_every=1)
     panel.run()
-    job = panel.session.job
+    job = panel._controller.session.job
     del panel
     gc.collect()
     assert job.wait(TIMEOUT) and job.stop_event.is_set()
-
-
-def test_renamed_names_still_work_with_a_deprecation_warning() -> None:
-    panel = Panel(_NoOp(), _batches(), steps=2, log_every=1)
-    panel.run(block=True, timeout=TIMEOUT)
-    with pytest.warns(DeprecationWarning, match="records_frame"):
-        frame = panel.results
-    assert frame.equals(panel.records_frame) and len(frame) == 2
-    from precision_nb.views.panel import plan_resolver, run
-
-    with pytest.warns(DeprecationWarning, match="LiveCallback"):
-        assert run.LiveView is run.LiveCallback
-    with pytest.warns(DeprecationWarning, match="PlanResolver"):
-        assert plan_resolver.PlanView is plan_resolver.PlanResolver
-    panel.close()
-
-
-class _NoOp(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x)

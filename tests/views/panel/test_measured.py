@@ -3,11 +3,13 @@ interval, verdict, warm-up), a single Run marks its figures as single-run. Headl
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
 
 from precision_nb.views.panel import Panel
+from precision_nb.views.panel.layout import tab_name
 from precision_nb.views.panel.live_charts import live_charts_html
 from precision_nb.views.panel.results import speedup_text
 
@@ -16,19 +18,19 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def compared() -> Panel:
-    panel = Panel(steps=4, log_every=1, compare_plans=("fp32", "bf16"))
-    panel.compare_button.click()
+    panel = Panel(steps=8, log_every=1, compare_plans=("fp32", "bf16"))
+    panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is None, panel.error
     return panel
 
 
 def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared: Panel) -> None:
-    table = compared.results_html.value
+    table = compared.widgets.results_html.value
     figures = compared.result.figures["bf16"]
     assert "speedup vs fp32 (95 % CI)" in table and "benchmark" in table
     low, high = figures["speedup_ci_low"], figures["speedup_ci_high"]
-    assert low is not None and high is not None  # 4 rounds: an interval exists
+    assert low is not None and high is not None  # 8 rounds: an interval exists
     shown = f"{figures['speedup_vs_fp32']:.2f}× ({low:.2f}–{high:.2f})"
     assert shown in table
     assert "1.00× (baseline)" in table
@@ -36,25 +38,44 @@ def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared
     assert verdict.replace("'", "&#x27;") in table or verdict in table
 
 
+def test_compare_tab_opens_with_the_engines_verdict_of_each_plan(compared: Panel) -> None:
+    table = compared.widgets.results_html.value
+    figures = compared.result.figures
+    lines = re.findall(r"<div class='pnb-verdict' data-kind='([^']*)'[^>]*>(.*?)</div>", table)
+    assert [kind for kind, _ in lines] == [figures[p]["verdict_kind"] for p in ("fp32", "bf16")]
+    for (_kind, line), plan in zip(lines, ("fp32", "bf16"), strict=True):
+        assert html.escape(figures[plan]["verdict"]) in line  # the engine's words, whole
+    # the verdicts come first: before how it was measured and before the table
+    assert table.index("pnb-verdicts") < table.index("pnb-method") < table.index("<table")
+    for key, value in compared.result.measurement.method().items():
+        assert f"<b>{html.escape(key)}</b>: {html.escape(str(value))}" in table
+    # the verdict is not repeated in the compact table (it used to be squashed into a column)
+    compact = table[table.index("<table") : table.index("All columns")]
+    assert "<th>verdict</th>" not in compact
+
+
+def test_a_finished_comparison_shows_the_compare_tab(compared: Panel) -> None:
+    assert tab_name(compared.widgets.tabs.selected_index) == "Compare"
+
+
 def test_compare_charts_note_each_plans_warm_up_from_the_measurement(compared: Panel) -> None:
-    charts = compared.live_charts.value
+    charts = compared.widgets.live_charts.value
     assert "pnb-warmup" in charts
     for label in ("fp32", "bf16"):
         warm = compared.result.measurement.plans[label].warmup
         assert f"{label}: {warm.steps} step(s), {warm.seconds:.2f} s" in charts
-        assert compared.last_live.warmups[label] == warm
-    assert "single-run" not in compared.live_metrics.value
-    assert "interleaved rounds" in compared.live_metrics.value
+    assert "single-run" not in compared.widgets.live_metrics.value
+    assert "interleaved rounds" in compared.widgets.live_metrics.value
 
 
 def test_a_single_run_marks_its_figures_as_single_run() -> None:
     panel = Panel(steps=3, log_every=1)
-    panel.run_button.click()
+    panel.widgets.run_button.click()
     assert panel.wait(TIMEOUT)
-    assert "single-run figures" in panel.live_metrics.value
-    table = panel.results_html.value
+    assert "single-run figures" in panel.widgets.live_metrics.value
+    table = panel.widgets.results_html.value
     assert "single-run figures" in table and "95 % CI" not in table
-    assert "pnb-warmup" not in panel.live_charts.value
+    assert "pnb-warmup" not in panel.widgets.live_charts.value
     panel.close()
 
 
@@ -65,13 +86,15 @@ def test_a_single_run_marks_its_figures_as_single_run() -> None:
             {"speedup_vs_fp32": 1.31, "speedup_ci_low": 1.22, "speedup_ci_high": 1.4},
             "1.31× (1.22–1.40)",
         ),
-        ({"speedup_vs_fp32": 0.9, "speedup_ci_low": None, "rounds": 3}, "0.90× (no interval: 3"),
-        ({"speedup_vs_fp32": 1.0, "verdict": "fp32 is the baseline."}, "1.00× (baseline)"),
+        ({"speedup_vs_fp32": 0.9, "speedup_ci_low": None, "rounds": 3}, "0.90× (no interval)"),
+        ({"speedup_vs_fp32": 1.0, "verdict_kind": "baseline"}, "1.00× (baseline)"),
+        # the baseline is told by the verdict's kind, never by its words
+        ({"speedup_vs_fp32": 1.0, "verdict": "fp32 is the baseline."}, "1.00× (no interval)"),
         ({"speedup_vs_fp32": None}, ""),
     ],
 )  # fmt: skip
 def test_speedup_text(row: dict, text: str) -> None:
-    assert speedup_text(row).startswith(text) and (text or speedup_text(row) == "")
+    assert speedup_text(row) == text
 
 
 def test_loss_scale_chart_shades_the_safe_window_when_given() -> None:

@@ -10,6 +10,7 @@ import torch
 
 from precision_nb.core.plan_code import CodeSpec, plan_code
 from precision_nb.views.panel import Panel
+from precision_nb.views.panel.controller import PanelController
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def test_key_widgets_carry_stable_css_classes(panel: Panel) -> None:
 
 
 def test_device_menu_lists_real_devices_then_simulated_presets(panel: Panel) -> None:
-    options = panel.controls.device.options
+    options = panel.widgets.device.options
     values = [value for _label, value in options]
     assert values[:2] == ["auto", "cpu"]
     simulated = [(label, value) for label, value in options if value.startswith("sim:")]
@@ -78,23 +79,23 @@ def test_device_menu_lists_real_devices_then_simulated_presets(panel: Panel) -> 
 
 
 def test_widget_change_resolves_plan_and_marks_matrix_row(panel: Panel) -> None:
-    panel.controls.mode.value = "bf16"  # as a click on the toggle would
+    panel.widgets.mode.value = "bf16"  # as a click on the toggle would
     assert panel.plan.mode == "bf16" and panel.plan.autocast_enabled
     assert "bf16 on cpu" in panel.plan_text
-    html = panel.plan_html.value
+    html = panel.widgets.plan_html.value
     applied = re.search(r'<tr[^>]*data-row="([^"]+)"><td>&#9654; applied', html)
     assert applied is not None and applied.group(1) == "cpu-bf16"
     assert "explicit bf16 on CPU is kept" in html  # the decision's reason is shown
 
-    panel.controls.mode.value = "fp16"
+    panel.widgets.mode.value = "fp16"
     assert panel.plan.mode == "fp32"  # the matrix's CPU fp16 fallback
-    assert 'data-row="cpu-fp16"><td>&#9654; applied' in panel.plan_html.value
-    assert "(fallback)" in panel.plan_html.value
+    assert 'data-row="cpu-fp16"><td>&#9654; applied' in panel.widgets.plan_html.value
+    assert "(fallback)" in panel.widgets.plan_html.value
 
 
 def test_dtype_enabled_only_when_mode_is_auto(panel: Panel) -> None:
-    controls = panel.controls
-    assert panel.mode == "auto" and not controls.dtype.disabled
+    controls = panel.widgets
+    assert panel.selection.mode == "auto" and not controls.dtype.disabled
     panel.set(dtype="bf16")
     assert panel.plan.mode == "bf16"  # auto + dtype bf16 requests bf16
     for mode in ("fp32", "bf16", "fp16"):
@@ -109,7 +110,7 @@ def test_dtype_enabled_only_when_mode_is_auto(panel: Panel) -> None:
 
 
 def test_loss_scale_lab_only_applies_to_fp16_on_cpu(panel: Panel) -> None:
-    lab = panel.controls.loss_scale_lab
+    lab = panel.widgets.loss_scale_lab
     assert lab.disabled  # auto on CPU
     panel.set(mode="bf16")
     assert lab.disabled
@@ -118,11 +119,11 @@ def test_loss_scale_lab_only_applies_to_fp16_on_cpu(panel: Panel) -> None:
     assert panel.plan.mode == "fp32"
     panel.set(loss_scale_lab=True)
     assert panel.plan.mode == "fp16" and panel.plan.use_scaler
-    assert 'data-row="cpu-fp16-lab"><td>&#9654; applied' in panel.plan_html.value
+    assert 'data-row="cpu-fp16-lab"><td>&#9654; applied' in panel.widgets.plan_html.value
     # fp16 on (simulated) CUDA already has its scaler: the lab does not apply there
     panel.set(device="cuda-no-bf16")
     assert lab.disabled
-    assert "ignored here" in panel.controls.lab_note.value
+    assert "ignored here" in panel.widgets.lab_note.value
     assert panel.explanation.config.loss_scale_lab is False
     # auto with dtype fp16 is an fp16 request too
     panel.set(device="cpu", mode="auto", dtype="fp16")
@@ -130,18 +131,18 @@ def test_loss_scale_lab_only_applies_to_fp16_on_cpu(panel: Panel) -> None:
 
 
 def test_simulated_hardware_shows_badge_and_disables_run(panel: Panel) -> None:
-    assert "this machine" in panel.badge.value
-    assert "pnb-simulated" not in _classes(panel.badge)
-    assert not panel.run_button.disabled
+    assert "this machine" in panel.widgets.badge.value
+    assert "pnb-simulated" not in _classes(panel.widgets.badge)
+    assert not panel.widgets.run_button.disabled
 
     panel.set(device="cuda-bf16")  # the preset name works without the sim: prefix
-    assert panel.device == "sim:cuda-bf16"
+    assert panel.selection.device == "sim:cuda-bf16"
     assert panel.simulated
-    assert "SIMULATED" in panel.badge.value and "cuda-bf16" in panel.badge.value
-    assert "pnb-simulated" in _classes(panel.badge)
+    assert "SIMULATED" in panel.widgets.badge.value and "cuda-bf16" in panel.widgets.badge.value
+    assert "pnb-simulated" in _classes(panel.widgets.badge)
     assert panel.plan.mode == "bf16" and panel.plan.device_type == "cuda"
-    assert panel.run_button.disabled and panel.compare_button.disabled
-    assert "simulated hardware" in panel.run_reason.value
+    assert panel.widgets.run_button.disabled and panel.widgets.compare_button.disabled
+    assert "simulated hardware" in panel.widgets.run_reason.value
     with pytest.raises(RuntimeError, match="simulated"):
         panel.run()
     assert 'device = torch.device("cuda")' in panel.code
@@ -152,8 +153,8 @@ def test_simulated_hardware_shows_badge_and_disables_run(panel: Panel) -> None:
     assert 'torch.amp.GradScaler("cuda")' in panel.code
 
     panel.set(device="cpu")
-    assert not panel.simulated and not panel.run_button.disabled
-    assert panel.run_reason.value == ""
+    assert not panel.simulated and not panel.widgets.run_button.disabled
+    assert panel.widgets.run_reason.value == ""
 
 
 def test_bad_input_raises_and_is_shown_in_the_panel(panel: Panel) -> None:
@@ -165,49 +166,51 @@ def test_bad_input_raises_and_is_shown_in_the_panel(panel: Panel) -> None:
     with pytest.raises(ValueError, match=r"dtype: invalid value 'fp8'.*or None"):
         panel.set(dtype="fp8")
     assert panel.error is not None and "fp8" in panel.error
-    assert "fp8" in panel.error_box.value
-    assert panel.error_box.layout.display != "none"
+    assert "fp8" in panel.widgets.error_box.value
+    assert panel.widgets.error_box.layout.display != "none"
     assert panel.plan == before  # nothing changed
     with pytest.raises(ValueError, match=r"steps: invalid value 0 .*from 1 to"):
-        panel.steps = 0
+        panel.set(steps=0)
     with pytest.raises(ValueError, match="'tpu:3'"):
         panel.set(device="tpu:3")
     with pytest.raises(RuntimeError, match="cuda:7"):
         panel.set(device="cuda:7")  # CUDA is not on this machine (or not 8 devices)
-    assert panel.device == "cpu" and "cuda:7" in panel.error
+    assert panel.selection.device == "cpu" and "cuda:7" in panel.error
     with pytest.raises(ValueError, match="preset='huge'"):
         panel.set(preset="huge")
     # the panel stays usable: a good value clears the message
     panel.set(mode="bf16")
-    assert panel.error is None and panel.error_box.layout.display == "none"
+    assert panel.error is None and panel.widgets.error_box.layout.display == "none"
     assert panel.plan.mode == "bf16"
 
 
 def test_typed_device_is_resolved_and_errors_show_in_the_panel(panel: Panel) -> None:
-    text = panel.controls.device_text
+    text = panel.widgets.device_text
     text.value = "cuda:7"  # as typed into the "Other device" box
-    assert panel.device == "cuda:7"
+    assert panel.selection.device == "cuda:7"
     assert panel.plan is None and panel.error is not None
-    assert "cuda:7" in panel.error and "cuda:7" in panel.error_box.value
-    assert panel.run_button.disabled and "cannot be resolved" in panel.run_reason.value
+    assert "cuda:7" in panel.error and "cuda:7" in panel.widgets.error_box.value
+    assert (
+        panel.widgets.run_button.disabled and "cannot be resolved" in panel.widgets.run_reason.value
+    )
     text.value = ""  # clearing it falls back to the menu's device
     assert panel.error is None and panel.plan.device_type == "cpu"
-    assert not panel.run_button.disabled
+    assert not panel.widgets.run_button.disabled
     text.value = "cpu"
     assert panel.plan is not None and panel.error is None
-    panel.controls.device.value = "auto"  # picking from the menu replaces the typed device
-    assert text.value == "" and panel.device == "auto"
+    panel.widgets.device.value = "auto"  # picking from the menu replaces the typed device
+    assert text.value == "" and panel.selection.device == "auto"
 
 
 def test_set_refreshes_once(panel: Panel, monkeypatch) -> None:
     calls: list[int] = []
-    original = Panel.refresh
+    original = PanelController.refresh
 
-    def counting(self: Panel) -> None:
+    def counting(self: PanelController) -> None:
         calls.append(1)
         original(self)
 
-    monkeypatch.setattr(Panel, "refresh", counting)
+    monkeypatch.setattr(PanelController, "refresh", counting)
     panel.set(mode="bf16", device="cpu", fused="off", steps=7, seed=3)
     assert len(calls) == 1
     # the one refresh saw every value: the plan and the code reflect all of them
@@ -233,7 +236,7 @@ def test_fused_choice_reaches_explanation_and_code(panel: Panel) -> None:
     assert fused.outcome == "plain AdamW" and "fused=False" in panel.code
     panel.set(fused=True)
     fused = next(d for d in panel.explanation.decisions if d.field == "fused AdamW")
-    assert panel.fused is True
+    assert panel.selection.fused is True
     # a request for fused AdamW holds unless this torch falls back (no CPU fused kernel)
     assert ("fused=False" if fused.fallback else "fused=True") in panel.code
 
@@ -285,9 +288,9 @@ def test_user_model_panel_hides_workloads() -> None:
     model = torch.nn.Linear(4, 2)
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
     panel = Panel(model, batches, mode="bf16")
-    assert panel.controls.workload.disabled and panel.controls.preset.disabled
-    assert panel.controls.workload.value == "your model"
-    assert panel.workload is None
+    assert panel.widgets.workload.disabled and panel.widgets.preset.disabled
+    assert panel.widgets.workload.value == "your model"
+    assert panel.selection.workload is None
     with pytest.raises(ValueError, match="workload cannot be chosen"):
         panel.set(workload="mlp")
     assert panel.plan.mode == "bf16"

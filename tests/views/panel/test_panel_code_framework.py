@@ -16,7 +16,7 @@ def panel():
 
 
 def test_the_selector_lists_every_framework_and_starts_with_plain_pytorch(panel) -> None:
-    selector = panel.outputs.code_framework
+    selector = panel.widgets.code_framework
     assert [key for _, key in selector.options] == list(FRAMEWORKS)
     assert panel.code_framework == "pytorch" and "torch.autocast" in panel.code
 
@@ -30,17 +30,18 @@ def test_the_selector_lists_every_framework_and_starts_with_plain_pytorch(panel)
 def test_choosing_a_framework_rewrites_the_code_and_its_title(
     panel, framework, expected, steps
 ) -> None:
-    panel.outputs.code_framework.value = framework  # as a click in the dropdown does
+    panel.widgets.code_framework.value = framework  # as a click in the dropdown does
     assert expected in panel.code and steps in panel.code  # the panel's steps control
-    assert FRAMEWORKS[framework] in panel.outputs.code_title.value
+    assert FRAMEWORKS[framework] in panel.widgets.code_title.value
     panel.set(mode="fp32")  # the code follows the plan in the chosen framework
     assert expected not in panel.code and "fp32 on cpu" in panel.code.splitlines()[0]
     assert panel.code == panel.explanation.code(framework, steps=5, seed=0)
 
 
 def test_the_framework_can_be_set_in_code_and_a_bad_one_is_refused(panel) -> None:
-    panel.code_framework = "PL"
-    assert panel.outputs.code_framework.value == "lightning"
+    panel.set(code_framework="PL")
+    assert panel.widgets.code_framework.value == "lightning"
     with pytest.raises(ValueError, match="framework: invalid value 'keras'"):
-        panel.code_framework = "keras"
+        panel.set(code_framework="keras")
     assert panel.code_framework == "lightning"
+    assert "framework: invalid value 'keras'" in panel.error  # shown in the panel too

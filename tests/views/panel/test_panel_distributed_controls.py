@@ -15,6 +15,7 @@ import precision_nb as pnb
 from precision_nb.core.distributed import Distributed, explain_distributed
 from precision_nb.engine.distributed import launcher
 from precision_nb.views.panel import Panel
+from precision_nb.views.panel.layout import TABS
 
 ENGINE_TESTS = Path(__file__).resolve().parents[2] / "engine"
 
@@ -42,7 +43,7 @@ def _reset(panel: Panel) -> None:
 
 
 def _enabled(panel: Panel) -> dict[str, bool]:
-    c = panel.dist_controls
+    c = panel.widgets
     names = ("nproc", "backend", "comm_hook", "param_dtype", "reduce_dtype", "output_dtype")
     return {name: not getattr(c, name).disabled for name in names}
 
@@ -55,11 +56,11 @@ def _library_error(make) -> str:
 
 def _assert_blocked(panel: Panel, message: str) -> None:
     assert panel.error is not None and message in panel.error
-    assert panel.error_box.layout.display != "none"
-    assert message in html.unescape(panel.run_reason.value)
-    assert panel.run_button.disabled
-    panel.run_button.click()  # a click on a blocked panel starts nothing
-    assert panel.session.job is None or not panel.running
+    assert panel.widgets.error_box.layout.display != "none"
+    assert message in html.unescape(panel.widgets.run_reason.value)
+    assert panel.widgets.run_button.disabled
+    panel.widgets.run_button.click()  # a click on a blocked panel starts nothing
+    assert panel._controller.session.job is None or not panel.running
     with pytest.raises((ValueError, RuntimeError), match="Run is disabled"):
         panel.run()
     assert not panel.running
@@ -67,23 +68,23 @@ def _assert_blocked(panel: Panel, message: str) -> None:
 
 def test_each_strategy_enables_only_its_fields_and_says_why(panel: Panel) -> None:
     assert not any(_enabled(panel).values())
-    assert "trains in this process" in panel.dist_controls.note.value
+    assert "trains in this process" in panel.widgets.dist_note.value
     assert panel.distributed is None and panel.distributed_plan is None
 
-    panel.dist_controls.strategy.value = "ddp"
+    panel.widgets.strategy.value = "ddp"
     assert _enabled(panel) == {
         "nproc": True, "backend": True, "comm_hook": True,
         "param_dtype": False, "reduce_dtype": False, "output_dtype": False,
     }  # fmt: skip
-    assert "DDP does not use them" in html.unescape(panel.dist_controls.note.value)
+    assert "DDP does not use them" in html.unescape(panel.widgets.dist_note.value)
 
-    panel.dist_controls.strategy.value = "fsdp2"
+    panel.widgets.strategy.value = "fsdp2"
     assert _enabled(panel) == {
         "nproc": True, "backend": True, "comm_hook": False,
         "param_dtype": True, "reduce_dtype": True, "output_dtype": True,
     }  # fmt: skip
-    assert "FSDP2 sets reduce_dtype" in panel.dist_controls.note.value
-    assert "fsdp2 x2" in panel.dist_controls.box.get_title(0)
+    assert "FSDP2 sets reduce_dtype" in panel.widgets.dist_note.value
+    assert "fsdp2 x2" in panel.widgets.tabs.titles[TABS.index("Distributed")]
     assert panel.distributed == Distributed("fsdp2", 2)
 
 
@@ -93,13 +94,13 @@ def test_live_plan_shows_every_distributed_field_with_its_reason(panel: Panel) -
         Distributed("fsdp2", 2, reduce_dtype="bf16"), panel.explanation.config, "cpu"
     )
     assert panel.distributed_plan.decisions == expected.decisions
-    shown = html.unescape(panel.plan_html.value)
+    shown = html.unescape(panel.widgets.plan_html.value)
     assert expected.summary() in shown
     for decision in expected.decisions:
         assert decision.field in shown and decision.reason in shown, decision.field
     # the single-device explanation stays below it
     assert panel.explanation.summary() in shown
-    assert panel.error is None and not panel.run_button.disabled
+    assert panel.error is None and not panel.widgets.run_button.disabled
 
 
 def test_a_distributed_request_round_trips_through_the_constructor_and_set() -> None:
@@ -107,9 +108,9 @@ def test_a_distributed_request_round_trips_through_the_constructor_and_set() -> 
     p = Panel(steps=3, distributed=request)
     try:
         assert p.distributed == request  # fields without a widget (timeout_s) kept
-        assert p.dist_controls.comm_hook.value == "fp16"
-        p.distributed = None
-        assert p.distributed is None and p.dist_controls.strategy.value == "none"
+        assert p.widgets.comm_hook.value == "fp16"
+        p.set(distributed=None)
+        assert p.distributed is None and p.widgets.strategy.value == "none"
     finally:
         p.close()
 
@@ -121,7 +122,7 @@ def test_a_distributed_request_round_trips_through_the_constructor_and_set() -> 
 def test_a_refused_request_typed_into_the_widgets_is_shown_and_blocks_run(
     panel: Panel, case: str
 ) -> None:
-    c = panel.dist_controls
+    c = panel.widgets
     c.strategy.value = "ddp"
     if case == "nproc 0":
         c.nproc.value = 0
@@ -154,7 +155,7 @@ def test_a_refused_request_typed_into_the_widgets_is_shown_and_blocks_run(
     _assert_blocked(panel, message)
     # correcting the value clears the message and enables Run again
     panel.set(distributed=Distributed("ddp", 2))
-    assert panel.error is None and not panel.run_button.disabled
+    assert panel.error is None and not panel.widgets.run_button.disabled
 
 
 def test_mps_is_refused_in_the_panel(fake_torch) -> None:
@@ -189,7 +190,7 @@ def test_a_model_object_without_a_factory_is_refused_before_any_launch(
         q.close()
         # single-process runs of the same panel are not affected
         p.set(strategy="none")
-        assert p.error is None and not p.run_button.disabled
+        assert p.error is None and not p.widgets.run_button.disabled
     finally:
         p.close()
 
@@ -218,13 +219,13 @@ def test_set_refuses_a_bad_value_names_the_field_and_changes_nothing(
 
 def test_compare_with_a_strategy_points_to_the_distributed_profile(panel: Panel) -> None:
     panel.set(strategy="ddp")
-    assert panel.compare_button.disabled and not panel.run_button.disabled
-    assert "pnb.profile(" in panel.run_reason.value
+    assert panel.widgets.compare_button.disabled and not panel.widgets.run_button.disabled
+    assert "pnb.profile(" in panel.widgets.run_reason.value
     with pytest.raises(RuntimeError, match="comparisons run on one process"):
         panel.compare()
     assert "profile(" in panel.error
     panel.set(strategy="none")
-    assert not panel.compare_button.disabled
+    assert not panel.widgets.compare_button.disabled
 
 
 def test_code_view_is_the_equivalent_fit_call(panel: Panel) -> None:
@@ -244,6 +245,6 @@ def test_code_view_is_the_equivalent_fit_call(panel: Panel) -> None:
     assert eval(ast.unparse(kwargs["steps"])) == 7
     assert [eval(ast.unparse(a)) for a in call.args] == ["mlp"]
     assert eval(ast.unparse(kwargs["preset"])) == "tiny"
-    assert "precision_nb call" in panel.outputs.code_title.value
+    assert "precision_nb call" in panel.widgets.code_title.value
     panel.set(strategy="none")
-    assert "plain PyTorch" in panel.outputs.code_title.value
+    assert "plain PyTorch" in panel.widgets.code_title.value

@@ -65,9 +65,9 @@ def test_the_run_button_path_returns_every_rank_and_merged_records(ddp_run) -> N
     assert [r.rank for r in returned.ranks] == [0, 1]
     assert isinstance(panel.result, RunResult)  # what the charts and the summary read
     assert panel.result.records == returned.records
-    assert panel.error is None and panel.status.value.startswith("Finished")
+    assert panel.error is None and panel.widgets.status.value.startswith("Finished")
     assert len(panel.records_frame) == len(returned.records) == STEPS
-    assert not panel.run_button.disabled and not panel.running
+    assert not panel.widgets.run_button.disabled and not panel.running
 
 
 def test_live_callback_followed_rank_0_while_the_ranks_ran(ddp_run) -> None:
@@ -76,9 +76,9 @@ def test_live_callback_followed_rank_0_while_the_ranks_ran(ddp_run) -> None:
     assert [r["step"] for r, _alive in seen] == [r["step"] for r in rank0]
     assert [r["loss"] for r, _alive in seen] == [r["loss"] for r in rank0]  # rank 0's own
     assert any(alive for _r, alive in seen), "no record arrived while torchrun was running"
-    assert panel.progress.value == panel.progress.max == STEPS
-    assert "<svg" in panel.live_charts.value and "loss" in panel.live_charts.value
-    assert "loss" in panel.live_metrics.value
+    assert panel.widgets.progress.value == panel.widgets.progress.max == STEPS
+    assert "<svg" in panel.widgets.live_charts.value and "loss" in panel.widgets.live_charts.value
+    assert "loss" in panel.widgets.live_metrics.value
 
 
 def test_per_rank_view_lists_memory_comm_and_step_time_of_both_ranks(ddp_run) -> None:
@@ -95,8 +95,8 @@ def test_per_rank_view_lists_memory_comm_and_step_time_of_both_ranks(ddp_run) ->
     assert list(tables["steps"]["steps_timed"]) == [STEPS, STEPS]
     assert set(tables["steps"]["timing"]) == {"logged intervals"}
 
-    shown = html.unescape(panel.session.per_rank.html.value)
-    assert panel.session.per_rank.box.layout.display != "none"
+    shown = html.unescape(panel._controller.session.per_rank.html.value)
+    assert panel._controller.session.per_rank.box.layout.display != "none"
     for rank in (0, 1):
         assert f">rank {rank}</text>" in shown  # one bar per rank in the memory chart
     assert "pnb-dist-memory" in shown and "pnb-dist-comm" in shown
@@ -122,17 +122,17 @@ def test_a_failing_rank_is_named_in_the_panel_which_stays_usable(
     )
     try:
         assert panel.error is None
-        panel.run_button.click()
+        panel.widgets.run_button.click()
         assert panel.wait(TIMEOUT)
         assert isinstance(panel.last_exception, DistributedError)
         assert panel.last_exception.rank == 1
         assert "rank 1 raised ArithmeticError" in panel.error
-        assert panel.progress.bar_style == "danger"
+        assert panel.widgets.progress.bar_style == "danger"
         kept = panel.distributed_result
         assert kept is panel.last_exception.result
         assert all(rank.records for rank in kept.ranks)  # the other rank's records are kept
-        assert "Rank 1 failed" in panel.session.per_rank.html.value
-        assert not panel.run_button.disabled and panel.stop_button.disabled
+        assert "Rank 1 failed" in panel._controller.session.per_rank.html.value
+        assert not panel.widgets.run_button.disabled and panel.widgets.stop_button.disabled
         panel.set(strategy="none", mode="bf16")
         assert panel.error is None and panel.plan.mode == "bf16"
     finally:

@@ -30,17 +30,17 @@ def _wait_until(predicate, timeout: float = TIMEOUT) -> None:
 def finished() -> tuple[Panel, dict]:
     """A panel after one 5-step bf16 run started by its Run button, with what it showed then."""
     panel = Panel(steps=5, log_every=1, mode="bf16")
-    panel.run_button.click()
+    panel.widgets.run_button.click()
     during = {
         "running": panel.running,
-        "run_disabled": panel.run_button.disabled,
-        "stop_enabled": not panel.stop_button.disabled,
+        "run_disabled": panel.widgets.run_button.disabled,
+        "stop_enabled": not panel.widgets.stop_button.disabled,
     }
     assert panel.wait(TIMEOUT)
     after = {
-        "image": bytes(panel.figure_image.value),
-        "image_display": panel.figure_image.layout.display,
-        "note": panel.figure_note.value,
+        "image": bytes(panel.widgets.figure_image.value),
+        "image_display": panel.widgets.figure_image.layout.display,
+        "note": panel.widgets.figure_note.value,
     }
     yield panel, {"during": during, "after": after}
     panel.close()
@@ -49,7 +49,11 @@ def finished() -> tuple[Panel, dict]:
 def test_run_button_disables_run_and_enables_stop_while_running(finished) -> None:
     panel, seen = finished
     assert seen["during"] == {"running": True, "run_disabled": True, "stop_enabled": True}
-    assert not panel.running and not panel.run_button.disabled and panel.stop_button.disabled
+    assert (
+        not panel.running
+        and not panel.widgets.run_button.disabled
+        and panel.widgets.stop_button.disabled
+    )
     assert panel.error is None, panel.error
 
 
@@ -64,18 +68,23 @@ def test_run_keeps_every_record_of_the_selected_plan(finished) -> None:
 
 def test_progress_and_status_reach_the_end(finished) -> None:
     panel, _ = finished
-    assert panel.progress.value == panel.progress.max == 5
-    assert panel.progress_label.value.startswith("5/5 steps")
-    assert "steps/s" in panel.progress_label.value
-    assert panel.progress.bar_style == "success"
-    assert "Finished: 1 run(s) (bf16), last logged step 5" in panel.status.value
-    assert "<table" in panel.results_html.value and "bf16" in panel.results_html.value
+    assert panel.widgets.progress.value == panel.widgets.progress.max == 5
+    assert panel.widgets.progress_label.value.startswith("5/5 steps")
+    assert "steps/s" in panel.widgets.progress_label.value
+    assert panel.widgets.progress.bar_style == "success"
+    assert "Finished: 1 run(s) (bf16), last logged step 5" in panel.widgets.status.value
+    assert (
+        "<table" in panel.widgets.results_html.value and "bf16" in panel.widgets.results_html.value
+    )
 
 
 def test_live_numbers_and_svg_charts_show_the_run(finished) -> None:
     panel, _ = finished
-    assert "loss" in panel.live_metrics.value and "samples/s" in panel.live_metrics.value
-    charts = panel.live_charts.value
+    assert (
+        "loss" in panel.widgets.live_metrics.value
+        and "samples/s" in panel.widgets.live_metrics.value
+    )
+    charts = panel.widgets.live_charts.value
     assert charts.count("<svg") == 4
     # loss, throughput, memory; bf16 has no loss scaler, and its chart says so
     assert charts.count("<polyline") == 3 and "no loss scaler" in charts
@@ -98,56 +107,64 @@ def test_first_short_run_leaves_the_figure_to_draw_figure(finished) -> None:
     panel, seen = finished
     assert seen["after"]["image"] == b"" and seen["after"]["image_display"] == "none"
     assert "not drawn" in seen["after"]["note"] and "Draw figure" in seen["after"]["note"]
-    assert not panel.figure_button.disabled
+    assert not panel.widgets.figure_button.disabled
 
 
 def test_draw_figure_button_draws_the_png(finished) -> None:
     panel, _ = finished
-    panel.figure_button.click()
-    assert bytes(panel.figure_image.value).startswith(PNG) and len(panel.figure_image.value) > 2000
-    assert panel.figure_image.layout.display is None and panel.figure_note.value == ""
+    panel.widgets.figure_button.click()
+    assert (
+        bytes(panel.widgets.figure_image.value).startswith(PNG)
+        and len(panel.widgets.figure_image.value) > 2000
+    )
+    assert (
+        panel.widgets.figure_image.layout.display is None and panel.widgets.figure_note.value == ""
+    )
     assert panel.error is None
 
 
 def test_a_live_frame_is_drawn_from_the_records_so_far(finished) -> None:
     panel, _ = finished
     result = panel.result
-    panel.session._draw_live(result.records[:3], [result])
-    assert bytes(panel.figure_image.value).startswith(PNG)
-    assert "Live figure" in panel.figure_note.value
+    panel._controller.session._draw_live(result.records[:3], [result])
+    assert bytes(panel.widgets.figure_image.value).startswith(PNG)
+    assert "Live figure" in panel.widgets.figure_note.value
 
 
 def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
     panel = Panel(steps=100_000, log_every=1)
-    panel.run_button.click()
-    _wait_until(lambda: panel.progress.value >= 3)
-    assert panel.run_button.disabled and panel.compare_button.disabled
+    panel.widgets.run_button.click()
+    _wait_until(lambda: panel.widgets.progress.value >= 3)
+    assert panel.widgets.run_button.disabled and panel.widgets.compare_button.disabled
     # a second Run: the button is disabled, and the guard refuses a click or a call anyway
-    first_job = panel.session.job
-    panel.run_button.click()
-    assert panel.session.job is first_job
-    assert "already going" in panel.status.value
+    first_job = panel._controller.session.job
+    panel.widgets.run_button.click()
+    assert panel._controller.session.job is first_job
+    assert "already going" in panel.widgets.status.value
     with pytest.raises(RuntimeError, match="already going"):
         panel.run()
     with pytest.raises(RuntimeError, match="already going"):
         panel.compare()
     assert len(panel.records_frame) >= 3  # live records are readable while running
 
-    panel.stop_button.click()
+    panel.widgets.stop_button.click()
     assert panel.wait(TIMEOUT)
     result = panel.result
     assert result.stopped and 3 <= result.steps < 100_000
     assert len(panel.records_frame) == result.steps == len(result.records)
     assert any(e.kind == "stop" and "stopped by request" in e.message for e in result.events)
-    assert "Stopped" in panel.status.value and "stopped by request" in panel.events_html.value
+    assert (
+        "Stopped" in panel.widgets.status.value
+        and "stopped by request" in panel.widgets.events_html.value
+    )
     assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
-    assert not panel.run_button.disabled and panel.stop_button.disabled
+    assert not panel.widgets.run_button.disabled and panel.widgets.stop_button.disabled
     assert panel.error is None
 
 
 def test_compare_overlays_plans_with_summary_table() -> None:
     panel = Panel(steps=4, log_every=1, compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"))
-    panel.compare_button.click()
+    panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is None, panel.error
     comparison = panel.result
@@ -161,12 +178,12 @@ def test_compare_overlays_plans_with_summary_table() -> None:
     # same seed and data: the fp32 reference has zero drift, the others are measured
     assert comparison.drift["fp32"]["param_rel_diff"] == 0.0
     assert comparison.drift["bf16"]["param_rel_diff"] > 0.0
-    assert all(label in panel.results_html.value for label in labels)
-    panel.figure_button.click()
-    assert bytes(panel.figure_image.value).startswith(PNG)
-    assert panel.progress.value == panel.progress.max
+    assert all(label in panel.widgets.results_html.value for label in labels)
+    panel.widgets.figure_button.click()
+    assert bytes(panel.widgets.figure_image.value).startswith(PNG)
+    assert panel.widgets.progress.value == panel.widgets.progress.max
     # overlaid live charts: 3 lines per run, plus the lab's loss scale
-    assert panel.live_charts.value.count("<polyline") == 3 * len(labels) + 1
+    assert panel.widgets.live_charts.value.count("<polyline") == 3 * len(labels) + 1
 
 
 def test_figure_fits_budget_counts_every_plotted_second() -> None:
@@ -181,16 +198,20 @@ def test_figure_is_drawn_when_frames_are_cheap_and_the_cost_is_learnt() -> None:
     panel = Panel(steps=3, log_every=1)
     with pytest.raises(RuntimeError, match="no run yet"):
         panel.draw_figure()
-    assert panel.figure_button.disabled  # nothing to draw before a run
-    panel.session.frame_cost_s = 0.0  # as if frames were free here: frames fit the budget
+    assert panel.widgets.figure_button.disabled  # nothing to draw before a run
+    panel._controller.session.frame_cost_s = (
+        0.0  # as if frames were free here: frames fit the budget
+    )
     panel.run(block=True, timeout=TIMEOUT)
     # drawn live during the run or at its end, whichever the budget allowed first
-    assert bytes(panel.figure_image.value).startswith(PNG)
-    assert panel.last_live.frames >= 1 or panel.figure_note.value == ""
-    assert panel.session.frame_cost_s > 0.0  # the real cost of a drawn frame is learnt
+    assert bytes(panel.widgets.figure_image.value).startswith(PNG)
+    assert panel.timings.live_frames >= 1 or panel.widgets.figure_note.value == ""
+    assert panel._controller.session.frame_cost_s > 0.0  # the real cost of a drawn frame is learnt
     # that cost is far over 2.5 % of a 3-step run: the next run leaves the figure to the button
     panel.run(block=True, timeout=TIMEOUT)
-    assert panel.figure_image.value == b"" and "not drawn" in panel.figure_note.value
+    assert (
+        panel.widgets.figure_image.value == b"" and "not drawn" in panel.widgets.figure_note.value
+    )
     panel.close()
 
 
@@ -199,17 +220,17 @@ def test_an_over_budget_final_figure_keeps_the_last_live_frame() -> None:
 
     panel = Panel(steps=3, log_every=1)
     result = panel.run(block=True, timeout=TIMEOUT)
-    panel.session._draw_live(result.records, [result])
-    live_frame = bytes(panel.figure_image.value)
+    panel._controller.session._draw_live(result.records, [result])
+    live_frame = bytes(panel.widgets.figure_image.value)
     assert live_frame.startswith(PNG)
     busy = SimpleNamespace(callback_seconds=0.0, plot_seconds=1.0, frames=1)  # budget spent
-    panel.session._final_figure(busy, panel.records_frame)
-    assert bytes(panel.figure_image.value) == live_frame
-    assert "last live frame" in panel.figure_note.value
+    panel._controller.session._final_figure(busy, panel.records_frame)
+    assert bytes(panel.widgets.figure_image.value) == live_frame
+    assert "last live frame" in panel.widgets.figure_note.value
     # a new run clears the previous figure; while it goes, drawing is refused
     panel.set(steps=100_000)
     panel.run()
-    assert panel.figure_image.value == b"" and panel.figure_button.disabled
+    assert panel.widgets.figure_image.value == b"" and panel.widgets.figure_button.disabled
     with pytest.raises(RuntimeError, match="a run is going"):
         panel.draw_figure()
     panel.stop()
@@ -218,8 +239,8 @@ def test_an_over_budget_final_figure_keeps_the_last_live_frame() -> None:
 
 def test_compare_with_no_plan_ticked_says_so() -> None:
     panel = Panel(steps=2)
-    panel.controls.compare_plans.value = ()  # the user unticked everything
-    panel.compare_button.click()
+    panel.widgets.compare_plans.value = ()  # the user unticked everything
+    panel.widgets.compare_button.click()
     assert not panel.running and "at least one plan" in panel.error
     with pytest.raises(ValueError, match=r"compare_plans=\(\) is empty"):
         panel.compare()

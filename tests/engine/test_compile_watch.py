@@ -22,6 +22,7 @@ from precision_nb.core.amp import autocast_context
 from precision_nb.engine.compile.agreement import agreement
 from precision_nb.engine.compile.record import CompileLog, compile_model, reset_compiled
 from precision_nb.engine.compile.torch_state import TorchWatch, _metrics_module
+from precision_nb.engine.compile.visibility import DISPATCH_MODE_SKIP, inspection_caveats
 
 
 class StepSession:
@@ -73,8 +74,8 @@ def watched():
     warm.advance(1)
     warm.advance(2)
     run_model = copy.deepcopy(initial)
-    run = log.watch(StepSession(run_model, compile_model(run_model, explanation.compile),
-                                batches, plan), "measured")  # fmt: skip
+    compiled = compile_model(run_model, explanation.compile)
+    run = log.watch(StepSession(run_model, compiled, batches, plan), "measured")
     run.advance(6)  # a measured copy reuses the compiled code: nothing compiles here
     run.advance(1)  # a batch of 5 samples: a new shape, a recompilation
     eager_model = copy.deepcopy(initial)
@@ -82,7 +83,7 @@ def watched():
     eager.advance(6)
     yield SimpleNamespace(
         log=log, record=log.record(steady_step_s=min(run.result.step_times_s[1:6])),
-        run=run.result, eager=eager.result, plan=plan,
+        run=run.result, eager=eager.result, plan=plan, compiled=compiled, eager_model=eager_model,
     )  # fmt: skip
     reset_compiled()
 
@@ -156,3 +157,34 @@ def test_torchs_compilation_metrics_keep_the_fields_read_here():
         "aotautograd_local_cache_miss_count",
     }  # fmt: skip
     assert needed <= fields
+
+
+def test_a_dispatch_mode_trace_of_a_compiled_model_sees_eager_ops(watched):
+    """Pins what docs/memory-and-ops.md and the inspection caveats say: torch.compile does not
+    run under the op tracer's dispatch mode, so a trace of a compiled plan records eager ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(8, 16)
+    traced = []
+    for forward in (watched.compiled, watched.eager_model):
+        with TorchWatch() as seen, Ops() as ops:
+            with autocast_context(watched.plan):
+                forward(x).float().sum().backward()
+        traced.append(ops.ops)
+        assert seen.result.entries == ()  # and nothing was compiled for the trace
+    # Compiled code would show fewer ops (fused kernels are not ATen ops): the same list means
+    # the compiled model ran eagerly under the dispatch mode.
+    assert "gelu" in traced[1] and traced[0] == traced[1]
+    caveats = inspection_caveats(pnb.plan("bf16", "cpu", compile="default").compile, "bf16")
+    assert [c.part for c in caveats] == ["ops", "memory"]
+    assert DISPATCH_MODE_SKIP in caveats[0].sees and "EAGER bf16 step" in caveats[0].sees
+    assert inspection_caveats(pnb.plan("bf16", "cpu").compile, "bf16") == ()

@@ -103,10 +103,11 @@ def compile_name(value: Any, field: str = "compile") -> str:
         return "default"
     if isinstance(value, str) and value.strip().lower() in COMPILE_MODES:
         return value.strip().lower()
+    python = "" if field.startswith("--") else " (True means 'default', False or None 'off')"
     raise ValueError(
         f"{field}: invalid value {short_repr(value)} ({type(value).__name__}); allowed: "
         + ", ".join(repr(m) for m in COMPILE_MODES)
-        + " (True means 'default', False or None 'off')"
+        + python
     )
 
 

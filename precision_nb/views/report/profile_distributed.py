@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from precision_nb.views.report.markup import table_html
+from precision_nb.views.report.sections import Section, csv_file
 
 __all__ = [
     "DISTRIBUTED_FILES",
+    "TITLE",
     "check_distributed",
+    "distributed_body",
     "distributed_html",
+    "distributed_section",
     "rank_step_table",
     "run_distributed",
-    "write_distributed",
 ]
 
 #: The files a distributed profile adds to the report folder.
@@ -211,7 +215,7 @@ def rank_step_table(label: str, result: Any) -> list[dict[str, Any]]:
     from its logged intervals (a ``fit_distributed`` result); ``timing`` says which."""
     from precision_nb.engine.stats import spread
 
-    timed = getattr(result, "timed_steps", None) or {}
+    timed = result.timed_steps
     rows = []
     for rank in result.ranks:
         if timed:
@@ -245,26 +249,31 @@ def _tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def write_distributed(out: Path, runs: Mapping[str, Any]) -> tuple[dict[str, Path], str]:
-    """Write the three CSVs into ``out``; (name -> path, the report's HTML section)."""
+#: The title of the distributed section.
+TITLE = "Distributed: per rank"
+
+
+def distributed_section(runs: Mapping[str, Any]) -> Section:
+    """The report's distributed section: the three CSVs and their HTML (nothing written)."""
     import pandas as pd
 
-    files: dict[str, Path] = {}
-    for name, rows in _tables(runs).items():
-        path = out / f"distributed_{name}.csv"
-        pd.DataFrame(rows).to_csv(path, index=False)
-        files[path.name] = path
-    return files, distributed_html(runs)
+    files = tuple(
+        csv_file(f"distributed_{name}.csv", pd.DataFrame(rows))
+        for name, rows in _tables(runs).items()
+    )
+    return Section("distributed", TITLE, distributed_body(runs), files)
 
 
 def distributed_html(runs: Mapping[str, Any]) -> str:
-    """The report's section: per plan the plan, start-up, and per-rank tables."""
-    from precision_nb.views.report.html import _fmt
+    """The distributed section with its title, for a notebook."""
+    return f'<section class="distributed"><h3>{TITLE}</h3>{distributed_body(runs)}</section>'
 
+
+def distributed_body(runs: Mapping[str, Any]) -> str:
+    """Per plan: the plan, its start-up, and per-rank tables (step time, memory, comm)."""
     e = html.escape
     tables = _tables(runs)
     parts = [
-        '<section class="distributed"><h2>Distributed: per rank</h2>',
         "<p>All plans ran in one torchrun launch, one process per rank, and were measured as in "
         "one process (warm-up apart, its end agreed by the ranks; rounds with the plan order "
         "rotated); the speedups and verdicts of this report use the slowest rank's time of each "
@@ -275,7 +284,7 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
         "dtype, read from the tensors.</p>",
     ]
     for label, result in runs.items():
-        plan = getattr(result, "plan", None)
+        plan = result.plan
         summary = plan.summary() if hasattr(plan, "summary") else str(plan)
         start = f"; start-up {result.startup_s:.1f} s" if result.startup_s is not None else ""
         parts.append(f"<h3>{e(label)}</h3><p>{e(summary)}{e(start)}</p>")
@@ -284,11 +293,5 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
             if not rows:
                 parts.append(f"<p>No {title} rows were recorded.</p>")
                 continue
-            cols = [c for c in rows[0] if c != "plan"]
-            head = "".join(f"<th>{e(c)}</th>" for c in cols)
-            body = "".join(
-                "<tr>" + "".join(f"<td>{e(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
-            )
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    parts.append("</section>")
+            parts.append(table_html(rows, [c for c in rows[0] if c != "plan"], css_class="compact"))
     return "\n".join(parts)

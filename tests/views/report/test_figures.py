@@ -92,7 +92,7 @@ def test_throughput_prefers_tokens_when_every_run_has_them(make_records, three_p
 
 def test_memory_bars_are_peaks_in_mib_labelled_by_kind(three_plans):
     ax = F.memory_figure(three_plans).axes[0]
-    assert ax.get_ylabel() == "peak host RSS (MiB)"
+    assert ax.get_ylabel() == "peak host RSS, the whole process (MiB)"
     assert "host RSS" in ax.get_title()
     heights = [p.get_height() for p in ax.patches]
     assert heights == pytest.approx([120.0, 80.0, 90.0])
@@ -107,7 +107,7 @@ def test_memory_kinds_are_never_mixed_on_one_axis(make_records):
     assert len(fig.axes) == 2
     assert [ax.get_ylabel() for ax in fig.axes] == [
         "peak CUDA allocated (MiB)",
-        "peak host RSS (MiB)",
+        "peak host RSS, the whole process (MiB)",
     ]
     assert [len(ax.patches) for ax in fig.axes] == [1, 1]
 

@@ -98,7 +98,9 @@ def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
     text = (profiled[0] / "report.html").read_text(encoding="utf-8")
     images = re.findall(r'data-figure="([a-z_0-9]+)" src="data:image/png;base64,', text)
     pngs = [n for n in (*FIGURE_FILES, *INSPECTION_FILES, *NUMERICS_FILES) if n.endswith(".png")]
-    assert images == [n.removesuffix(".png") for n in pngs]
+    # No plan scales its loss (fp16 merged into fp32 on a CPU): loss_scale.png is written (it
+    # says so) but not shown.
+    assert images == [n.removesuffix(".png") for n in pngs if n != "loss_scale.png"]
     assert not re.search(r'(src|href)="(https?:|file:|/)', text)
     assert "Precision plan: fp32 on cpu" in text
     assert "Precision plan: bf16 on cpu" in text
@@ -280,3 +282,37 @@ def test_token_workload_reports_tokens_per_s_for_every_plan(tmp_path):
     # The second plan reuses the cached FLOP count; its tokens/s must not get lost with it.
     for row in by_run.values():
         assert float(row["tokens_per_s"]) > 0
+
+
+def test_the_terminal_opens_with_one_verdict_line_per_plan_said_once(
+    tmp_path, capsys, monkeypatch, make_result, make_comparison
+):
+    from precision_nb.core.events import Event
+
+    verdict = "bf16 is 1.31x the fp32 speed (95 % CI 1.22-1.40, 8 rounds)."
+    fake = make_comparison(
+        fp32=make_result("fp32", "fp32"),
+        bf16=make_result("bf16", "bf16"),
+        merged={"fp32": "fp32", "bf16": "bf16", "fp16": "fp32"},
+        events=[Event("merged", "m", {"label": "fp16", "why": "no CPU GradScaler path"})],
+        figures={
+            "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
+            "bf16": {"verdict": verdict, "verdict_kind": "faster", "speedup_vs_fp32": 1.31},
+        },
+    )
+    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    code = _profile(
+        "--preset", "tiny", "--steps", "2", "--no-inspect", "--no-numerics",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fp32  fp32 is the baseline."
+    assert lines[1] == f"bf16  {verdict}"
+    # fp16 merged into fp32: said in words, as the HTML says it
+    assert lines[2] == (
+        "merged: fp16 resolved to the same plan as fp32, so it was run once. "
+        "Why: no CPU GradScaler path"
+    )
+    assert sum(verdict in line for line in lines) == 1  # not again as `verdict:` or a hint
+    assert not any(line.startswith("verdict:") for line in lines)

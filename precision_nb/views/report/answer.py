@@ -343,7 +343,7 @@ def answer_section(plans: Sequence[PlanAnswer]) -> Section:
 
 
 def terminal_lines(plans: Sequence[PlanAnswer]) -> list[str]:
-    """One line per plan, verdict first (plain text), then its merged requests."""
+    """One line per plan, verdict first (plain text), then a line per merged request."""
     width = max((len(a.label) for a in plans), default=0)
     lines = []
     for a in plans:
@@ -352,5 +352,5 @@ def terminal_lines(plans: Sequence[PlanAnswer]) -> list[str]:
             "; ".join(f"{name}: {value}" for name, value in a.verdict.extra) if a.verdict else ""
         )
         lines.append(f"{a.label:<{width}}  {text}" + (f" [{extra}]" if extra else ""))
-        lines += [f"{'':<{width}}  {note}" for _, note in a.merged]
+    lines += [f"merged: {note}" for a in plans for _, note in a.merged]
     return lines

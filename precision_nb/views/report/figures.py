@@ -24,6 +24,7 @@ from precision_nb.views.report.figure_base import (
     DASHBOARD_SIZE,
     SINGLE_SIZE,
     PlanFigure,
+    Prepared,
     attempt_x,
     figure_to_png,
     legend,
@@ -293,13 +294,12 @@ def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = No
 
 
 def uses_loss_scale(source: RecordSource) -> bool:
-    """True when some run has a loss scale to draw (a grad scaler's history or logged scale)."""
-    p = prepare(source, None)
-    return bool(p.histories()) or _logged_scale(p.frame)
+    """True when some plan scales its loss (a grad scaler): only then is there a scale to draw."""
+    return _scaled(prepare(source, None))
 
 
-def _logged_scale(frame: Any) -> bool:
-    return "loss_scale" in frame and bool(numeric(frame["loss_scale"]).gt(0).any())
+def _scaled(p: Prepared) -> bool:
+    return any(r.plan.use_scaler for r in p.comparison.results.values())
 
 
 def dashboard_figure(
@@ -321,7 +321,7 @@ def dashboard_figure(
     hist = p.histories(histories)
     fig = new_figure(DASHBOARD_SIZE)
     grid = fig.add_gridspec(2, 2)
-    if hist or _logged_scale(p.frame):
+    if _scaled(p):
         ax_loss, ax_scale = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
         draw_loss_scale(ax_scale, p.frame, p.labels, p.colors, hist)
     else:

@@ -161,27 +161,23 @@ def _cell(column: str, value: Any) -> str:
 
 
 #: The op table of the report: the verdict heads each group of rows instead of a column.
-_OPS_SHOWN_COLUMNS = ("phase", "call", "op", "dtypes", "kind", "count", "flops_share", "cast_bytes")
-_OPS_HEADERS = {"dtypes": "inputs → output", "flops_share": "FLOPs", "cast_bytes": "cast bytes"}
+_OPS_SHOWN_COLUMNS = (
+    "phase", "call", "op", "dtypes", "kind", "count", "flops_share", "cast_bytes", "autocast_list",
+)  # fmt: skip
+_OPS_HEADERS = {
+    "dtypes": "inputs → output",
+    "flops_share": "FLOPs",
+    "cast_bytes": "cast bytes",
+    "autocast_list": "autocast list",
+}
 
 
 def _ops_rows(data: InspectionData, limit: int) -> list[dict[str, Any]]:
     """The first ``limit`` op rows, grouped by verdict (in the summary's order), each row with
-    its dtypes in one cell and its autocast list beside the call."""
+    its input and output dtypes in one cell."""
     order = {g["verdict"]: i for i, g in enumerate(data.summary)}
     shown = sorted(data.ops[:limit], key=lambda r: order.get(r.get("verdict"), len(order)))
-    out = []
-    for r in shown:
-        listed = r.get("autocast_list")
-        call = r.get("call") or ""
-        out.append(
-            {
-                **r,
-                "call": f"{call} ({listed})" if listed else call,
-                "dtypes": f"{r.get('inputs') or '—'} → {r.get('output') or '—'}",
-            }
-        )
-    return out
+    return [{**r, "dtypes": f"{r.get('inputs') or '—'} → {r.get('output') or '—'}"} for r in shown]
 
 
 def inspection_body(
@@ -199,8 +195,9 @@ def inspection_body(
         "the timed steps). <em>bytes</em> are read from the tensors (each storage once); "
         "<em>expected_bytes</em> is hand arithmetic (numel x element size) where a formula "
         "holds. Rows not counted in the sum (allocator peak, process memory) are shown beside "
-        "it. The op rows are grouped by what happened to their dtype; autocast's list for the "
-        "op is in brackets after the call. Every op row is in inspection_ops.csv.</p>"
+        "it. The op rows (the first "
+        f"{_OPS_SHOWN} of the trace; every one is in inspection_ops.csv) are grouped by what "
+        "happened to their dtype.</p>"
     ]
     if "inspection_memory" in pngs:
         parts.append(img_html("inspection_memory", pngs["inspection_memory"]))

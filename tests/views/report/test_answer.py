@@ -127,7 +127,7 @@ def test_cards_and_terminal_lines_say_the_verdict_once(plans):
     assert lines[2].startswith("fp16  no interleaved measurement: no verdict")
     assert (
         lines[3]
-        == "      half resolved to the same plan as fp16, so it was run once. Why: same dtype"
+        == "merged: half resolved to the same plan as fp16, so it was run once. Why: same dtype"
     )
     assert sum(VERDICT in line for line in lines) == 1
 

@@ -121,6 +121,25 @@ def three_plans() -> list[dict[str, Any]]:
     )
 
 
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``full_disk(".png")``: every ``Path.write_bytes`` of a file with that suffix fails with
+    ENOSPC, as on a full disk (other writes go through)."""
+    import errno
+
+    real = Path.write_bytes
+
+    def apply(suffix: str) -> None:
+        def full(self: Path, data: bytes) -> int:
+            if self.suffix == suffix:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(self, data)
+
+        monkeypatch.setattr(Path, "write_bytes", full)
+
+    return apply
+
+
 def build_result(label: str, mode: str, **kwargs: Any) -> Any:
     """A ``RunResult`` for ``label`` whose records are :func:`build_records`'s (keyword arguments
     of both are accepted: ``explanation``, ``optimizer_outcome``, ``scale_history``, ``events``,

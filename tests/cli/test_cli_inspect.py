@@ -100,21 +100,11 @@ def test_out_that_is_an_existing_file_exits_2_naming_it(tmp_path, capsys):
     assert target.read_text() == "keep"
 
 
-def test_a_full_disk_leaves_out_as_it_was_and_says_what_and_how_much(tmp_path, capsys, monkeypatch):
-    import errno
-    import pathlib
-
+def test_a_full_disk_leaves_out_as_it_was_and_says_what_and_how_much(tmp_path, capsys, full_disk):
     out = tmp_path / "out"
     out.mkdir()
     (out / "inspection.html").write_text("previous page")
-    real = pathlib.Path.write_bytes
-
-    def full(self, data):
-        if self.suffix == ".png":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data)
-
-    monkeypatch.setattr(pathlib.Path, "write_bytes", full)
+    full_disk(".png")
     argv = ["inspect", "--workload", "mlp", "--preset", "tiny", "--precision", "fp32"]
     assert main([*argv, "--out", str(out)]) == 1
     err = capsys.readouterr().err

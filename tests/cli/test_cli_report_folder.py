@@ -221,17 +221,10 @@ def test_a_failed_move_puts_the_old_report_back(tmp_path, old_report, monkeypatc
 
 
 def test_disk_full_keeps_the_old_report_and_says_what_and_how_much(
-    tmp_path, old_report, monkeypatch, capsys, fake
+    tmp_path, old_report, monkeypatch, capsys, fake, full_disk
 ):
     monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
-    real = pathlib.Path.write_bytes
-
-    def full(self, data):
-        if self.suffix == ".png":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data)
-
-    monkeypatch.setattr(pathlib.Path, "write_bytes", full)
+    full_disk(".png")
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 1
     err = capsys.readouterr().err

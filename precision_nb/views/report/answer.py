@@ -210,7 +210,7 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
     if numerics is None:
         lines.append("gradient underflow not analysed (the numerics analysis was left out)")
     elif mode == "fp32":
-        lines.append("gradients in fp32 (the reference: nothing flushes to 0 that fp32 keeps)")
+        lines.append("gradients stay in fp32 (the reference)")
     else:
         grads = [r for r in numerics.result.gradients if r.get("status") == "ok"]
         variant = _format_rows(mode, bool(row.get("use_scaler")), grads)

@@ -173,7 +173,12 @@ def _memory_lines(
         return ("not inspected (the inspection of memory by kind was left out)",)
     total = sum(b for b, _ in mine.values())
     if base is None or label == base or base not in memory:
-        what = "the reference" if label == base else "no fp32 plan to compare with"
+        if label == base:
+            what = "the reference"
+        elif base is None:
+            what = "no fp32 plan to compare with"
+        else:
+            what = f"{base} was not inspected: nothing to compare with"
         return (f"{size_text(total)} counted in one training step ({what})",)
     ref = memory[base]
     ref_total = sum(b for b, _ in ref.values())
@@ -194,7 +199,7 @@ def _memory_lines(
 # ----------------------------------------------------------------------------- numerics
 
 
-def _format_rows(label_mode: str, use_scaler: bool, rows: Sequence[Mapping[str, Any]]) -> str:
+def _variant_of(label_mode: str, use_scaler: bool, rows: Sequence[Mapping[str, Any]]) -> str:
     """The analysis variant that matches a plan: its mode, at the loss scale when it scales."""
     variants = list(dict.fromkeys(str(r.get("variant")) for r in rows))
     if use_scaler:
@@ -213,7 +218,7 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
         lines.append("gradients stay in fp32 (the reference)")
     else:
         grads = [r for r in numerics.result.gradients if r.get("status") == "ok"]
-        variant = _format_rows(mode, bool(row.get("use_scaler")), grads)
+        variant = _variant_of(mode, bool(row.get("use_scaler")), grads)
         chosen = [r for r in grads if r.get("variant") == variant]
         live = sum(int(r.get("live") or 0) for r in chosen)
         if variant and live:

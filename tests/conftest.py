@@ -122,6 +122,72 @@ def three_plans() -> list[dict[str, Any]]:
 
 
 @pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``full_disk(".png")``: every ``Path.write_bytes`` of a file with that suffix fails with
+    ENOSPC, as on a full disk (other writes go through)."""
+    import errno
+
+    real = Path.write_bytes
+
+    def apply(suffix: str) -> None:
+        def full(self: Path, data: bytes) -> int:
+            if self.suffix == suffix:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(self, data)
+
+        monkeypatch.setattr(Path, "write_bytes", full)
+
+    return apply
+
+
+def build_result(label: str, mode: str, **kwargs: Any) -> Any:
+    """A ``RunResult`` for ``label`` whose records are :func:`build_records`'s (keyword arguments
+    of both are accepted: ``explanation``, ``optimizer_outcome``, ``scale_history``, ``events``,
+    ``workload`` go to the result, the rest to the records)."""
+    from precision_nb.core.plan import PrecisionPlan
+    from precision_nb.engine.results import RunResult
+
+    fields = {"explanation", "optimizer_outcome", "scale_history", "events", "workload"}
+    own = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
+    records = build_records(label, mode, **kwargs)
+    last = records[-1]
+    return RunResult(
+        label=label,
+        plan=PrecisionPlan.from_dict(last),
+        explanation=own.pop("explanation", None),
+        optimizer_outcome=own.pop("optimizer_outcome", None),
+        device=last["device"],
+        records=records,
+        steps=last["step"],
+        skipped_total=last["skipped_total"],
+        final_loss=last["loss"],
+        **own,
+    )
+
+
+@pytest.fixture
+def make_result() -> Callable[..., Any]:
+    return build_result
+
+
+@pytest.fixture
+def make_comparison() -> Callable[..., Any]:
+    """``make_comparison(fp32=result, bf16=result, drift=..., figures=..., ...)``: a
+    ``Comparison`` of the given results (keyword names that are Comparison fields set those)."""
+    from dataclasses import fields
+
+    from precision_nb.engine.compare import Comparison
+
+    names = {f.name for f in fields(Comparison)}
+
+    def make(**kwargs: Any) -> Any:
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        return Comparison(results=dict(kwargs), **own)
+
+    return make
+
+
+@pytest.fixture
 def setup_dry_run() -> Callable[..., tuple[list[list[str]], str]]:
     """Run ``scripts/setup.sh ARGS`` with ``PRECISION_NB_DRY_RUN=1`` and extra environment.
 

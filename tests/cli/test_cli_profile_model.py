@@ -85,17 +85,12 @@ def test_model_and_workload_together_are_refused(user_module, capsys, tmp_path):
 
 
 def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
-    tmp_path, capsys, monkeypatch, make_records
+    tmp_path, capsys, monkeypatch, make_result, make_comparison
 ):
-    from types import SimpleNamespace
-
     from precision_nb.views.report import profile as report
 
-    comparison = SimpleNamespace(
-        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
-        drift={},
-        merged={},
-        events=[],
+    comparison = make_comparison(
+        fp32=make_result("fp32", "fp32"),
         failures={"bf16": "failed in round 3: RuntimeError: bf16 kernel failed"},
     )
 

@@ -12,13 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
-from precision_nb.views.report.hint import Hint, _is_mixed, _ok, _rate, _who, _workload
-from precision_nb.views.report.hints_setup import (
-    _cpu_facts,
-    matmul_dims_not_multiple_of_8,
-    setup_hints,
-)
-from precision_nb.views.report.tables import RecordSource, results_of, summary, to_frame
+from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import is_mixed as _is_mixed
+from precision_nb.views.report.hint import is_number as _ok
+from precision_nb.views.report.hint import rate_text as _rate
+from precision_nb.views.report.hint import who as _who
+from precision_nb.views.report.hint import workload_info as _workload
+from precision_nb.views.report.hints_setup import cpu_facts as _cpu_facts
+from precision_nb.views.report.hints_setup import matmul_dims_not_multiple_of_8, setup_hints
+from precision_nb.views.report.source import as_comparison
+from precision_nb.views.report.tables import RecordSource, summary, to_frame
 
 __all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8", "what_to_try_next"]
 
@@ -34,10 +37,11 @@ NOISY_IQR = 0.25
 
 def hints(source: RecordSource) -> list[Hint]:
     """Hints for a Comparison, a RunResult or records (fewer hints from bare records)."""
+    source = as_comparison(source)
     table = summary(source)
     if table.empty:
         return []
-    results = results_of(source)
+    results = source.results
     rows = {str(r["run"]): r for r in table.to_dict("records")}
     out: list[Hint] = []
     out += _payoff(rows, source)

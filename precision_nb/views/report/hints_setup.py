@@ -6,7 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from precision_nb.views.report.hint import Hint, _is_mixed, _who, _workload
+from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import is_mixed as _is_mixed
+from precision_nb.views.report.hint import who as _who
+from precision_nb.views.report.hint import workload_info as _workload
 
 __all__ = ["matmul_dims_not_multiple_of_8", "setup_hints"]
 
@@ -57,7 +60,7 @@ def matmul_dims_not_multiple_of_8(dims: Mapping[str, Any]) -> dict[str, int]:
     return bad
 
 
-def _cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
     """A bf16/fp16 plan on a CPU without native instructions for it (a hardware fact, sourced)."""
     out = []
     for label, row in rows.items():

@@ -1,6 +1,6 @@
 """Figures of a numerics analysis: underflow heat map by layer and format, and the scale window.
 
-Both return a standalone :class:`~precision_nb.views.report.figures.PlanFigure` (never pyplot
+Both return a standalone :class:`~precision_nb.views.report.figure_base.PlanFigure` (never pyplot
 state). Inputs are the plain rows of
 :class:`~precision_nb.engine.numerics.analysis.NumericsResult`.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import PowerNorm
 
-from precision_nb.views.report.figures import PlanFigure
+from precision_nb.views.report.figure_base import PlanFigure
 
 #: At most this many layers in a heat map (those with the most underflow); the title says so.
 MAX_ROWS = 60
@@ -113,10 +113,22 @@ def scale_window_figure(
     run_label: str | None = None,
 ) -> PlanFigure:
     """Left: underflowed fraction per fp16 loss scale (log2 on the shared y axis), scales where
-    something overflows marked; right: a run's loss-scale history over its optimizer attempts.
-    The band is the safe window (underflow at most the threshold, no overflow)."""
-    fig = PlanFigure(figsize=(10.0, 4.2))
-    left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
+    something overflows marked; right: a run's loss-scale history over its optimizer attempts
+    (left out when no run has one). The band is the safe window (underflow at most the threshold,
+    no overflow)."""
+    points = [
+        (i, math.log2(h["loss_scale"]), bool(h.get("skipped")))
+        for i, h in enumerate(history or [], start=1)
+        if h.get("loss_scale") and h["loss_scale"] > 0 and math.isfinite(h["loss_scale"])
+    ]
+    if points:
+        fig = PlanFigure(figsize=(10.0, 4.2))
+        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
+        axes = (left, right)
+    else:
+        fig = PlanFigure(figsize=(6.0, 4.2))
+        left = fig.add_subplot()
+        axes = (left,)
     ks = [r["log2_scale"] for r in sweep]
     floor = 1e-7
     under = [max(r["underflow_fraction"] or 0.0, floor) for r in sweep]
@@ -128,34 +140,19 @@ def scale_window_figure(
     left.axvline(win["threshold"], color="0.5", ls="--", lw=1, label="threshold")
     left.set_xlabel(f"fraction of non-zero gradients cast to 0 (floor {floor:g})")
     left.set_ylabel("log2(loss scale)")
-    right.set_xlabel("optimizer attempt")
-    for ax in (left, right):
+    for ax in axes:
         if win.get("lo") is not None:
             ax.axhspan(win["lo"] - 0.5, win["hi"] + 0.5, color="#2ca02c", alpha=0.15)
         ax.grid(alpha=0.3)
     left.legend(fontsize=7, loc="lower left")
-    points = [
-        (i, math.log2(h["loss_scale"]), bool(h.get("skipped")))
-        for i, h in enumerate(history or [], start=1)
-        if h.get("loss_scale") and h["loss_scale"] > 0 and math.isfinite(h["loss_scale"])
-    ]
     if points:
+        right.set_xlabel("optimizer attempt")
         xs, ys, skipped = zip(*points, strict=True)
         right.step(xs, ys, where="post", color="#2ca02c", label=run_label or "loss scale")
         bad = [(x, y) for x, y, s in points if s]
         if bad:
             right.scatter(*zip(*bad, strict=True), marker="v", color="#d62728", label="skipped")
         right.legend(fontsize=7, loc="lower right")
-    else:
-        right.text(
-            0.5,
-            0.5,
-            "no loss-scale history\n(pass run= a RunResult of an fp16 run)",
-            ha="center",
-            va="center",
-            transform=right.transAxes,
-            color="0.4",
-        )
     if win.get("lo") is None:
         title = f"No safe fp16 window: {win.get('reason')}"
     else:

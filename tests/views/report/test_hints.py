@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from precision_nb.core.plan import PrecisionPlan
+from precision_nb.engine.compare import Comparison
+from precision_nb.engine.results import RunResult
 from precision_nb.views.report.hints import (
     Hint,
     hints,
@@ -14,18 +17,21 @@ from precision_nb.views.report.hints import (
 
 
 def _result(records, *, workload=None, explanation=None, outcome=None, history=None):
-    return SimpleNamespace(
-        records=records,
-        plan=None,
-        workload=workload or {},
+    last = records[-1]
+    return RunResult(
+        label=last["run"],
+        plan=PrecisionPlan.from_dict(last),
         explanation=explanation,
         optimizer_outcome=outcome,
+        device=last["device"],
+        records=records,
+        workload=workload or {},
         scale_history=history or [],
     )
 
 
 def _comparison(**results):
-    return SimpleNamespace(results=results, drift=None, merged={})
+    return Comparison(results=results)
 
 
 def _by_topic(found: list[Hint]) -> dict[str, list[Hint]]:
@@ -51,13 +57,11 @@ def test_single_run_speedups_claim_nothing(make_records):
 
 
 def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
-    source = SimpleNamespace(
+    source = Comparison(
         results={
             "fp32": _result(make_records("fp32", "fp32")),
             "bf16": _result(make_records("bf16", "bf16")),
         },
-        drift=None,
-        merged={},
         peak_ratios={"bfloat16": 2.5},
         figures={
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},

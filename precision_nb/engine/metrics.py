@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -199,6 +200,14 @@ ATTENTION_FLOPS: dict[Any, Any] = {
 def flop_counter() -> FlopCounterMode:
     """A ``FlopCounterMode`` that also counts scaled-dot-product attention on every device."""
     return FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
+
+
+@functools.cache
+def flop_formulas() -> dict[Any, Callable[..., int]]:
+    """The formulas :func:`flop_counter` counts with, by ATen op packet (called as
+    ``formula(*args, **kwargs, out_val=out)``): the one FLOP count of every entry point, so the
+    inspection's op trace and a run's ``flops_per_step`` agree."""
+    return dict(flop_counter().flop_registry)
 
 
 def count_step_flops(

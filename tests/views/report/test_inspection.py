@@ -69,12 +69,13 @@ def test_html_section_names_measured_and_expected_and_embeds_figures(plans):
     assert "process memory (host RSS)" in page
 
 
-def test_simulated_device_shows_the_documented_policy(plans):
+def test_simulated_device_shows_the_policy_read_from_torch(plans):
     sim = precision_nb.inspect("mlp", preset="tiny", capabilities="cuda-bf16")
     assert sim.simulated and sim.ops.empty
     assert set(sim.policy["source"]) == {sim.data.policy[0]["source"]}
+    assert {"evidence", "documented"} <= set(sim.policy.columns)
     page = sim._repr_html_()
-    assert "documented policy, not a trace" in page
+    assert "autocast&#x27;s policy for cuda, not a trace (measured" in page
     assert (
         "(expected, simulated)"
         in I.memory_breakdown_figure([sim]).axes[0].get_xticklabels()[0].get_text()

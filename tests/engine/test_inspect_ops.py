@@ -194,3 +194,23 @@ def test_a_model_that_cannot_be_copied_is_refused_and_never_trained_itself():
     with pytest.raises(ValueError, match="cannot be copied for inspection"):
         run_inspection(model, [(torch.randn(2, 4), torch.tensor([0, 1]))], "bf16")
     assert torch.equal(model.weight, before) and model.weight.grad is None
+
+
+def test_views_and_copies_are_not_said_to_have_run_in_low_precision():
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            q = self.lin(x).view(2, 3, 2, 4).transpose(1, 2)  # (b, heads, t, d)
+            y = (q @ q.transpose(-2, -1)).reshape(2, -1)  # matmul's _unsafe_view, a clone
+            return y.float().sum()
+
+    data = run_inspection(Heads(), [(torch.randn(2, 3, 8),)], "bf16")
+    moved = [r for r in data.ops if r["op"] in ("_unsafe_view", "clone", "view", "transpose")]
+    assert {r["op"] for r in moved} >= {"_unsafe_view", "clone", "view"}
+    assert {r["verdict"] for r in moved} == {op_trace.VIEW}
+    assert {r["kind"] for r in moved} == {"view", "copy"}
+    ran_low = {r["op"] for r in data.ops if r["verdict"] == "ran in bf16"}
+    assert {"bmm", "addmm"} <= ran_low and not ran_low & {"_unsafe_view", "clone", "view"}

@@ -122,7 +122,7 @@ _CUDA_KERNELS_THE_REFERENCE_OMITS = {
     **dict.fromkeys(
         """_convolution _scaled_dot_product_flash_attention _thnn_fused_gru_cell
         _thnn_fused_lstm_cell conv_tbc convolution cudnn_convolution cudnn_convolution_transpose
-        einsum linalg_vecdot rnn_relu_cell scaled_dot_product_attention""".split(),
+        einsum linalg_vecdot scaled_dot_product_attention""".split(),
         (None, LOW),
     ),
     **dict.fromkeys(

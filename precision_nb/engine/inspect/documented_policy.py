@@ -9,6 +9,7 @@ for CPU. :func:`disagreements` lists every op where they and the measured policy
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -69,46 +70,56 @@ DOCUMENTED: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
 
 
 def documented_policy_of(device_type: str, name: str) -> str | None:
-    """The documented list ``name`` (spelled as the reference spells it) is on, or None."""
-    lists = DOCUMENTED.get(device_type, {})
-    return next((p for p in (LOW, FP32, PROMOTE) if name in lists.get(p, ())), None)
+    """The documented list an ATen op ``name`` is on for ``device_type``, or None: the reference's
+    names are read as a trace reads a torch call (``grid_sample`` -> ``grid_sampler``,
+    ``RNNCell`` -> ``rnn_tanh_cell`` and ``rnn_relu_cell``, ``__matmul__`` -> ``matmul``)."""
+    return _by_aten_name(device_type).get(name)
+
+
+@functools.cache
+def _by_aten_name(device_type: str) -> dict[str, str]:
+    from precision_nb.engine.inspect.policy import spellings
+
+    out: dict[str, str] = {}
+    for policy in (LOW, FP32, PROMOTE):
+        for name in sorted(DOCUMENTED.get(device_type, {}).get(policy, ())):
+            for spelled in spellings(name):
+                out.setdefault(spelled, policy)
+    return out
 
 
 def disagreements(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
     """Every op where the documented list and the measured policy differ, as rows
-    (``op``, ``documented``, ``measured``, ``measured_op``): documented names looked up as a
-    trace looks up a torch call, and every measured op name the reference does not list."""
-    from precision_nb.engine.inspect.autocast_probe import overloads_by_name
-    from precision_nb.engine.inspect.policy import lookup
+    (``op``, ``documented``, ``measured``, ``measured_op``): each documented name looked up as a
+    trace looks up a torch call, then each op with an autocast kernel the reference names nowhere
+    (or on another list)."""
+    from precision_nb.engine.inspect.autocast_probe import measure_name, overloads_by_name
+    from precision_nb.engine.inspect.policy import lookup, probe_dtype
 
     if device_type not in DOCUMENTED:
         raise ValueError(
             f"device_type: invalid value {device_type!r}; allowed: {', '.join(DOCUMENTED)} "
             "(the device types the reference documents)"
         )
-    rows = []
-    covered: set[str] = set()
+    rows: dict[str, dict[str, Any]] = {}
     for policy in (LOW, FP32, PROMOTE):
         for name in sorted(DOCUMENTED[device_type][policy]):
             found = lookup(device_type, name, None, dtype)
-            if found is not None:
-                covered.add(found.op.removeprefix("aten::"))
             measured = found.policy if found is not None else None
             if measured != policy:
-                rows.append(
-                    {
-                        "op": name,
-                        "documented": policy,
-                        "measured": measured,
-                        "measured_op": found.op if found is not None else None,
-                    }
-                )
-    for name in sorted(set(overloads_by_name(device_type)) - covered):
-        found = lookup(device_type, name, None, dtype)
+                rows[name] = {
+                    "op": name,
+                    "documented": policy,
+                    "measured": measured,
+                    "measured_op": found.op if found is not None else None,
+                }
+    low = probe_dtype(device_type, dtype)
+    for name in sorted(overloads_by_name(device_type)):
+        found = measure_name(device_type, name, low)
         documented = documented_policy_of(device_type, name)
-        if found is not None and found.policy != documented:
-            rows.append(
-                {"op": name, "documented": documented, "measured": found.policy,
-                 "measured_op": found.op}
-            )  # fmt: skip
-    return rows
+        if found is not None and found.policy != documented and name not in rows:
+            rows[name] = {
+                "op": name, "documented": documented, "measured": found.policy,
+                "measured_op": found.op,
+            }  # fmt: skip
+    return list(rows.values())

@@ -44,6 +44,7 @@ __all__ = [
     "lookup",
     "policy_of",
     "policy_rows",
+    "spellings",
 ]
 
 SOURCE = f"{METHOD}; torch {torch.__version__.split('+')[0]}"
@@ -60,7 +61,9 @@ _ALIASES = {
 }
 
 
-def _spellings(name: str | None) -> list[str]:
+def spellings(name: str | None) -> list[str]:
+    """The ATen op names a torch-level or ATen ``name`` may reach autocast as, most likely first
+    (``"__matmul__"`` -> ``["__matmul__", "matmul"]``, ``"_log_softmax"`` -> ``log_softmax``)."""
     if not name:
         return []
     out = [name, name.strip("_")]
@@ -87,7 +90,7 @@ def lookup(
             f"device_type: invalid value {device_type!r}; allowed: {', '.join(DISPATCH_KEYS)}"
         )
     low = probe_dtype(device_type, dtype)
-    for name in _spellings(call) + _spellings(op):
+    for name in spellings(call) + spellings(op):
         found = measure_name(device_type, name, low)
         if found is not None:
             return found

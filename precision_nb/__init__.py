@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",
     "DistributedError": "precision_nb.engine.distributed.results",
+    "autocast_policy": "precision_nb.engine.inspect.policy",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",

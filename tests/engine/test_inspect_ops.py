@@ -98,6 +98,21 @@ def test_an_op_whose_policy_differs_between_cuda_and_cpu_is_flagged():
     assert ln[0]["output"] == "bf16"  # on CPU layer_norm runs in its input's dtype
 
 
+def test_a_call_on_integers_gets_no_cross_device_flag():
+    class Count(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, mask):
+            return self.lin(x).float().mean() + mask.sum() * 0  # sum: fp32 on CUDA, int64 here
+
+    batch = {"x": torch.randn(2, 4), "mask": torch.ones(2, 4, dtype=torch.long)}
+    data = run_inspection(Count(), [batch], "bf16")
+    assert _rows(data, phase="forward", call="sum", output="int64")
+    assert not [f for f in data.flags if f.kind == "cross_device_policy"]
+
+
 class _Square(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sparse):

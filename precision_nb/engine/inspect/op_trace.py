@@ -376,6 +376,7 @@ def flags(
             or name in seen
             or not r["phase"].startswith("forward")
             or r["kind"] not in ("compute", "in-place")
+            or r["output"] not in ("fp32", "bf16", "fp16")  # autocast casts floats only
         ):
             continue
         seen.add(name)

@@ -36,6 +36,7 @@ from precision_nb.engine.inspect.documented_policy import documented_policy_of
 
 __all__ = [
     "FP32",
+    "autocast_policy",
     "LOW",
     "PROMOTE",
     "REFUSED",
@@ -95,6 +96,20 @@ def lookup(
         if found is not None:
             return found
     return None
+
+
+def autocast_policy(
+    device_type: str, call: str | None, op: str | None = None, dtype: Any = None
+) -> Measured | None:
+    """What autocast does to a torch ``call`` (``"layer_norm"``) on ``device_type`` (``"cpu"``,
+    ``"cuda"`` or ``"mps"``) in the installed torch, read from its dispatcher (no GPU needed).
+
+    ``op``: the ATen op the call ran, where known (``interpolate`` runs ``upsample_nearest2d``).
+    Returns a ``Measured`` (``op``: the ATen overload whose kernel applies, ``policy``: ``"lower
+    precision"``, ``"float32"``, ``"widest input type"`` or ``"refused under autocast"``,
+    ``evidence``: what the measurement saw), or None when autocast leaves the call alone.
+    """
+    return lookup(device_type, call, op, dtype)
 
 
 def policy_of(

@@ -48,7 +48,7 @@ __all__ = [
     "spellings",
 ]
 
-SOURCE = f"{METHOD}; torch {torch.__version__.split('+')[0]}"
+SOURCE = f"autocast's policy, not a trace: {METHOD}; torch {torch.__version__.split('+')[0]}"
 
 # torch-level names that differ from the ATen op autocast's kernel is registered on.
 _ALIASES = {

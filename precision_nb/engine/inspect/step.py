@@ -142,7 +142,7 @@ def simulated_inspection(
     policy = policy_rows(device.type, plan.dtype) if device.type in DISPATCH_KEYS else []
     message = (
         f"{device} is simulated: nothing ran. Memory shows hand arithmetic only; the ops table is "
-        f"autocast's policy for {device.type}, not a trace ({SOURCE})"
+        f"for {device.type}: {SOURCE}"
         if policy
         else f"{device} is simulated and autocast has no policy for its device type"
     )

@@ -75,7 +75,7 @@ def test_simulated_device_shows_the_policy_read_from_torch(plans):
     assert set(sim.policy["source"]) == {sim.data.policy[0]["source"]}
     assert {"evidence", "documented"} <= set(sim.policy.columns)
     page = sim._repr_html_()
-    assert "autocast&#x27;s policy for cuda, not a trace (measured" in page
+    assert "the ops table is for cuda: autocast&#x27;s policy, not a trace: measured" in page
     assert (
         "(expected, simulated)"
         in I.memory_breakdown_figure([sim]).axes[0].get_xticklabels()[0].get_text()

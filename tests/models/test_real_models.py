@@ -198,7 +198,7 @@ def _bytes(data: Any, kind: str) -> dict[str, int]:
     return {r["dtype"]: r["bytes"] for r in data.memory if r["kind"] == kind}
 
 
-def test_inspect_measures_every_byte_hand_arithmetic_predicts(case: Case) -> None:
+def test_inspect_measures_every_byte_hand_arithmetic_predicts(case: Case, against_policy) -> None:
     model = case.build()
     assert sum(p.numel() for p in model.parameters()) == case.params
     assert len(list(model.parameters())) == case.tensors
@@ -210,6 +210,7 @@ def test_inspect_measures_every_byte_hand_arithmetic_predicts(case: Case) -> Non
     copies = [r for r in data.memory if r["kind"] == mem.COPIES]
     assert copies[0]["expected_bytes"] == case.copies
     assert "each parameter autocast cast in this trace once" in copies[0]["method"]
+    assert against_policy(data.ops) == []  # every forward op has the dtype its policy says
 
 
 def test_fit_counts_tokens_in_every_fit_and_the_flops_inspect_counts(case: Case) -> None:

@@ -79,8 +79,9 @@ ALIAS_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "detach", "lif
 #: ATen ops that copy or fill memory without arithmetic (a same-dtype ``_to_copy`` too; ops with
 #: no tensor input, such as ``ones`` or ``arange``, count as such as well).
 COPY_OPS = frozenset(
-    {"clone", "contiguous", "copy", "lift_fresh_copy", "_to_copy", "empty_like", "zeros_like",
-     "ones_like", "full_like", "new_empty", "new_zeros", "new_ones", "new_full", "fill"}
+    {"clone", "contiguous", "copy", "copy_", "lift_fresh_copy", "_to_copy", "empty_like",
+     "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones", "new_full",
+     "fill", "fill_", "zero_"}
 )  # fmt: skip
 
 # verdicts, one per trace row

@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "write_spec": "precision_nb.engine.distributed.launcher",
     "node_commands": "precision_nb.engine.distributed.nodes",
     "gather": "precision_nb.engine.distributed.gather",
+    "autocast_policy": "precision_nb.engine.inspect.policy",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",

@@ -209,3 +209,33 @@ def setup_dry_run() -> Callable[..., tuple[list[list[str]], str]]:
         return commands, done.stderr if done.returncode == 0 else f"exit {done.returncode}"
 
     return run
+
+
+def rows_against_policy(rows: list[dict[str, Any]], device_type: str = "cpu") -> list[dict]:
+    """The forward rows of an op trace whose output dtype is not the one autocast's policy (read
+    from torch: ``policy_of``) says: low precision -> the low dtype, fp32 -> fp32, widest input ->
+    fp32 when an input is fp32, no kernel -> one of its inputs' dtypes. Empty when all agree."""
+    from precision_nb.engine.inspect.policy import policy_of
+
+    wrong = []
+    for r in rows:
+        if not r["phase"].startswith("forward") or r["kind"] not in ("compute", "in-place"):
+            continue
+        if r["output"] not in ("fp32", "bf16", "fp16"):
+            continue
+        listed = policy_of(device_type, r["call"], r["op"])
+        inputs = set(r["inputs"].split("+")) & {"fp32", "bf16", "fp16"} or {"fp32"}
+        low = inputs - {"fp32"} or {"bf16", "fp16"}
+        allowed = {
+            "lower precision": low,
+            "float32": {"fp32"},
+            "widest input type": {"fp32"} if "fp32" in inputs else inputs,
+        }.get(listed, inputs)
+        if r["output"] not in allowed or r.get("autocast_list", listed) != listed:
+            wrong.append(r)
+    return wrong
+
+
+@pytest.fixture
+def against_policy() -> Callable[..., list[dict]]:
+    return rows_against_policy

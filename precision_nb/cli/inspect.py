@@ -29,8 +29,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=paragraphs(
             "Run one instrumented training step (on a copy of the model) under each precision "
             "plan and write memory by kind and dtype, the op-by-op dtype trace, figures and an "
-            "HTML section into --out. With --simulate, show autocast's documented policy for "
-            "the simulated device instead of a trace.",
+            "HTML section into --out. With --simulate, show autocast's policy for the "
+            "simulated device type, read from the installed torch, instead of a trace.",
             "--model and --batches load your own model as for `precision-nb profile`.",
         ),
     )

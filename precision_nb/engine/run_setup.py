@@ -71,7 +71,8 @@ def describe_run(session: FitSession, first: Any) -> tuple[BatchShape, int, Peak
         t.model, batch_shape(first, None).signature, lambda: session.loss(first)
     )
     # The FLOP count is cached per model shape, so on a cache hit the loss did not run and the
-    # task is unknown; the workload's own task keeps tokens/s for built-in workloads.
+    # task is unknown here (a built-in workload names its own); tokens per step do not depend on
+    # it: batch_shape reads them from the batch's token ids.
     task = session._task or t.workload_info.get("task")
     session._task = task
     shape = batch_shape(first, task)

@@ -175,7 +175,7 @@ class FitSession:
 
     def loss(self, batch: Any) -> torch.Tensor:
         """The model's loss on one microbatch under the plan's forward context."""
-        args, kwargs, labels = split_batch(batch)
+        args, kwargs, labels = split_batch(batch, self.trainer.model, self.trainer.loss_fn)
         with self.amp.forward_context():
             out = self.trainer.model(*args, **kwargs)
             loss, self._task = output_to_loss(out, labels, self.trainer.loss_fn)

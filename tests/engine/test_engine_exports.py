@@ -15,6 +15,7 @@ from precision_nb.core.distributed import (
 )
 from precision_nb.engine.amp_step import AmpStep
 from precision_nb.engine.distributed.results import DistributedError
+from precision_nb.engine.inspect.policy import autocast_policy
 from precision_nb.engine.results import FitError, LossScaleFloorError
 from precision_nb.engine.session import FitSession
 
@@ -27,6 +28,7 @@ NAMES = {
     "expected_comm_bytes": expected_comm_bytes,
     "ring_seconds": ring_seconds,
     "DistributedError": DistributedError,
+    "autocast_policy": autocast_policy,
 }
 
 

@@ -6,8 +6,8 @@ saved-tensor hooks on. The caller's model, optimizer and RNG stream are never to
 state is forked and restored), and nothing of it runs inside timed steps.
 
 Where the plan's device is simulated (a capability preset naming hardware this machine lacks),
-nothing can run: the result carries the analytic memory rows (``bytes`` None) and the documented
-autocast policy table, labelled as such.
+nothing can run: the result carries the analytic memory rows (``bytes`` None) and autocast's
+policy table for that device type, read from the installed torch (not a trace), labelled as such.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from precision_nb.core.resolution import explain_precision
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect.op_trace import Flag, OpTracer, flags, summarise
-from precision_nb.engine.inspect.policy import SOURCE, policy_rows
+from precision_nb.engine.inspect.policy import DISPATCH_KEYS, SOURCE, policy_rows
 from precision_nb.engine.metrics import host_rss
 from precision_nb.engine.results import DeviceOutOfMemoryError
 from precision_nb.engine.trainer import prepare
@@ -137,14 +137,14 @@ def plan_device(plan: PrecisionPlan, device: Any) -> str:
 def simulated_inspection(
     model: nn.Module, plan: PrecisionPlan, device: torch.device, label: str, events: list[Event]
 ) -> InspectionData:
-    """What can be said without running: analytic memory rows and the documented policy."""
+    """What can be said without running: analytic memory rows and autocast's policy table."""
     rows = mem.expected_rows(model, plan, "expected only: simulated device (AdamW state)")
-    policy = policy_rows(device.type, plan.dtype) if device.type in ("cuda", "cpu") else []
+    policy = policy_rows(device.type, plan.dtype) if device.type in DISPATCH_KEYS else []
     message = (
         f"{device} is simulated: nothing ran. Memory shows hand arithmetic only; the ops table is "
-        f"the {SOURCE}"
+        f"for {device.type}: {SOURCE}"
         if policy
-        else f"{device} is simulated and has no documented policy table"
+        else f"{device} is simulated and autocast has no policy for its device type"
     )
     return InspectionData(
         label,
@@ -191,7 +191,7 @@ def run_inspection(
     ``model``: an ``nn.Module`` with ``batches``, or a built-in workload (name + ``preset``, or a
     :class:`Workload`) built as ``fit()`` builds it. ``precision``: a :class:`PrecisionPlan`, a
     ``PrecisionConfig`` or a mode string. ``capabilities``: a preset name or ``Capabilities``
-    (simulated hardware -> documented policy). Raises ``DeviceOutOfMemoryError`` (the run's
+    (simulated hardware -> autocast's policy table). Raises ``DeviceOutOfMemoryError`` (the run's
     message) when the step does not fit.
     """
     if isinstance(model, (str, Workload)):
@@ -251,7 +251,7 @@ def _instrumented_step(
     input_ptrs = _storages(_batch_tensors(batch))
     tracer = OpTracer(param_ptrs, input_ptrs)
     saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
-    args, kwargs, labels = split_batch(batch)
+    args, kwargs, labels = split_batch(batch, work, loss_fn)
     with tracer, saved:
         with autocast_context(plan, dev):
             out = work(*args, **kwargs)
@@ -267,7 +267,9 @@ def _instrumented_step(
     else:
         opt.step()
     rows += mem.optimizer_rows(work, opt)
-    rows += mem.weight_copy_rows(work, [(d, n) for _p, d, n in copies], plan)
+    rows += mem.weight_copy_rows(
+        work, [(d, n) for _p, d, n in copies], plan, tracer.parameter_casts()
+    )
     rows += saved.rows() + mem.scaler_rows(scaler)
     rows += mem.device_rows(dev, rows, base)
     ops = tracer.rows(plan)

@@ -143,7 +143,7 @@ def _run(
     collector = ActivationCollector(formats, scale)
     collector.attach(twin)
     try:
-        args, kwargs, labels = split_batch(batch)
+        args, kwargs, labels = split_batch(batch, twin, loss_fn)
         with torch.autocast(where.type, enabled=False):
             loss, _task = output_to_loss(twin(*args, **kwargs), labels, loss_fn)
         loss = loss.float()

@@ -92,8 +92,11 @@ class Inspection:
 
     @property
     def policy(self) -> Any:
-        """DataFrame of the documented autocast policy (simulated devices; not a trace)."""
-        return _frame(self.data.policy, ["op", "policy", "dtype", "source"])
+        """DataFrame of autocast's policy read from torch (simulated devices; not a trace), with
+        torch's documented list beside it as a cross-check."""
+        return _frame(
+            self.data.policy, ["op", "policy", "dtype", "evidence", "documented", "source"]
+        )
 
     @property
     def unattributed(self) -> Any:
@@ -134,7 +137,7 @@ def inspect(
     ``model``: an ``nn.Module`` (with ``batches``: an iterable, DataLoader or callable, of which
     the first batch is used) or a built-in workload name (``inspect("mlp", preset="small")``).
     ``plan_or_request``: a ``PrecisionPlan``, a ``PrecisionConfig`` or a mode string.
-    ``capabilities``: a preset name for simulated hardware (then the documented autocast policy
+    ``capabilities``: a preset name for simulated hardware (then autocast's policy read from torch
     is shown instead of a trace). The model, its optimizer and the RNG stream are not changed.
     """
     data = run_inspection(
@@ -210,7 +213,7 @@ def inspection_body(
         parts.append(table_html(data.memory, MEMORY_COLUMNS, cell=_cell))
         if data.simulated:
             parts.append(f"<p><strong>{html.escape(data.flags[0].message)}</strong></p>")
-            parts.append(table_html(data.policy, ["op", "policy", "dtype"]))
+            parts.append(table_html(data.policy, ["op", "policy", "dtype", "documented"]))
             continue
         stem = f"inspection_ops_{_slug(label)}"
         if stem in pngs:

@@ -129,7 +129,7 @@ def op_dtype_figure(inspection: Any) -> Figure:
         ax.text(
             0.5,
             0.5,
-            "simulated device: nothing ran (see the documented policy table)",
+            "simulated device: nothing ran (see the autocast policy table)",
             ha="center",
             va="center",
             transform=ax.transAxes,

@@ -82,12 +82,13 @@ def test_the_op_table_fits_the_page_verdicts_head_groups_of_rows(plans):
     assert "<td>fp32 → bf16</td>" in ops  # a cast, its dtypes in one cell
 
 
-def test_simulated_device_shows_the_documented_policy(plans):
+def test_simulated_device_shows_the_policy_read_from_torch(plans):
     sim = precision_nb.inspect("mlp", preset="tiny", capabilities="cuda-bf16")
     assert sim.simulated and sim.ops.empty
     assert set(sim.policy["source"]) == {sim.data.policy[0]["source"]}
+    assert {"evidence", "documented"} <= set(sim.policy.columns)
     page = sim._repr_html_()
-    assert "documented policy, not a trace" in page
+    assert "the ops table is for cuda: autocast&#x27;s policy, not a trace: measured" in page
     assert (
         "(expected, simulated)"
         in I.memory_breakdown_figure([sim]).axes[0].get_xticklabels()[0].get_text()

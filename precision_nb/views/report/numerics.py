@@ -28,9 +28,9 @@ METHOD = (
     "Exact counts for one batch and one optimizer step, from an fp32 forward and backward on a "
     "copy of the model: each tensor is cast to the format on the device (the mean relative error "
     "of fp16 subnormals is estimated from an evenly strided sample in tensors with more than "
-    f"{ERROR_SAMPLE_LIMIT:,} candidate elements). Which gradients a real fp16 step holds in fp16 comes from one "
-    "traced forward under fp16 autocast. Other batches give other fractions; rerun on a few to "
-    "see how much they move."
+    f"{ERROR_SAMPLE_LIMIT:,} candidate elements). Which gradients a real fp16 step holds in "
+    "fp16 comes from one traced forward under fp16 autocast. Other batches give other "
+    "fractions; rerun on a few to see how much they move."
 )
 
 

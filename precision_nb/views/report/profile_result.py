@@ -98,7 +98,7 @@ class Profile:
         parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
         if self.hints:
             items = "".join(
-                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(measured: {e(h.measurement)}; "
+                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(from: {e(h.measurement)}; "
                 f"see {e(h.figure)})</small></li>"
                 for h in self.hints
             )
@@ -180,7 +180,8 @@ def measurement_settings(comparison: Any, hint_list: tuple[Hint, ...]) -> dict[s
             out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
     ratios = getattr(comparison, "peak_ratios", None) or {}
     if ratios:
-        out["measured matmul peak vs fp32"] = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
+        out[f"{kind} matmul peak vs fp32"] = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
     method: Mapping[str, Any] = getattr(comparison, "method", None) or {}
     out.update(method)
     out["what to try next"] = " | ".join(what_to_try_next(hint_list))

@@ -230,6 +230,11 @@ def _basis(trace: Fp16Trace, counted: int, every: int) -> dict[str, Any]:
             f"every gradient ({every} tensors): the fp16 trace that tells which ones a real fp16 "
             f"step holds in fp16 failed ({trace.error})"
         )
+    elif counted == every:
+        text = (
+            f"all {every} gradient tensors: a real fp16 autocast step holds each of them in fp16 "
+            "(parameters autocast casts to fp16, fp16 module outputs)"
+        )
     else:
         text = (
             f"the {counted} of {every} gradient tensors a real fp16 autocast step holds in fp16 "

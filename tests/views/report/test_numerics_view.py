@@ -100,7 +100,10 @@ def test_window_text_gives_the_subnormal_share_and_what_was_counted(analysed):
     text = analysed.window_text()
     win = analysed.window
     assert f"at 2^{win['lo']} {win['lo_subnormal_fraction']:.1%}" in text
-    assert "Counted: the" in text and "holds in fp16" in text
+    counted = (
+        f"the {win['counted_tensors']} of" if win["counted_tensors"] < win["tensors"] else "all"
+    )
+    assert f"Counted: {counted}" in text and "autocast step holds" in text
     fig = analysed.window_figure()
     left = fig.axes[0]
     labels = {line.get_label() for line in left.get_lines()}

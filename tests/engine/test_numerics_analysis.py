@@ -271,3 +271,15 @@ def test_a_model_that_cannot_run_in_fp16_counts_every_gradient_and_says_so():
     assert result.window["basis"].startswith("every gradient")
     row = result.scale_window[0]
     assert row["underflow_fraction"] == row["all_underflow_fraction"]
+
+
+def test_a_model_autocast_keeps_wholly_in_fp32_has_no_window_and_says_why():
+    model = nn.Sequential(nn.Embedding(10, 4), nn.LayerNorm(4))
+    result = analyze(
+        model, [torch.randint(0, 10, (6,))], loss_fn=lambda out: out.sum(), device="cpu"
+    )
+    assert {r["fp16_run"] for r in result.gradients} == {"fp32"}
+    assert result.window["lo"] is None and result.window["counted_tensors"] == 0
+    assert "holds no gradient in fp16" in result.window["reason"]
+    (no_window,) = [e for e in result.findings if e.data["finding"] == "no_window"]
+    assert "nothing to protect" in no_window.message

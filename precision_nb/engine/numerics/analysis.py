@@ -191,7 +191,13 @@ def _run(
     a_in, a_all = R.sweep_totals({k: v["grad"] for k, v in host["outputs"].items()}, in_fp16_a)
     result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
     result.window = window(result.scale_window, threshold)
-    result.window.update(_basis(trace, p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors))
+    counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
+    result.window.update(_basis(trace, counted, every))
+    if not trace.error and counted == 0 and every:
+        result.window["reason"] = (
+            "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
+            "a loss scale has nothing to protect"
+        )
     loss_value = float(host["loss"])
     result.findings = R.findings(result, loss_value, scale)
     if trace.error:

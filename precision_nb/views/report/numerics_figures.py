@@ -45,8 +45,8 @@ def underflow_heatmap(
     """Heat map: one row per layer (tensor), one column per format; the colour is the fraction
     of non-zero fp32 elements that a cast turns into 0. Grey cells name tensors with no gradient
     or frozen ones; a row label shows the structural zeros (already 0 in fp32) beside the name,
-    and "fp32 in fp16 run" (or "partly fp32") for a gradient a real fp16 autocast step does not
-    hold in fp16: its fp16 cells are a what-if."""
+    and "fp32 in fp16 run" (or "partly fp16 in fp16 run") for a gradient a real fp16 autocast
+    step does not hold in fp16 whole: its fp16 cells are a what-if."""
     layers, variants, values, status, zeros = _grid(rows)
     total = len(layers)
     if total > MAX_ROWS:
@@ -68,7 +68,7 @@ def underflow_heatmap(
         z, held = zeros.get(name) or (None, None)
         notes = [f"{z:.0%} zeros"] if z else []
         if held is not None and held != "fp16":
-            notes.append("fp32 in fp16 run" if held == "fp32" else "partly fp32")
+            notes.append("partly fp16 in fp16 run" if "+" in held else f"{held} in fp16 run")
         labels.append(f"{name}  [{'; '.join(notes)}]" if notes else name)
     ax.set_yticks(range(len(layers)), labels, fontsize=8)
     small = len(layers) * len(variants) <= 400

@@ -8,7 +8,9 @@ views turn them into DataFrames and figures.
 Memory: besides the deep copy (parameters, their gradients, optimizer state), the analysis holds
 at most one extra copy of the gradients at a time: the weights before the optimizer step (the
 same size), kept to measure the update, and freed right after. Every other statistic is computed
-one tensor at a time (a few temporaries the size of that tensor) and kept only as counts.
+one tensor at a time (a few temporaries the size of that tensor) and kept only as counts. Last,
+one forward of the copy under fp16 autocast is traced (what a real fp16 step holds in fp16); its
+activations live until it returns.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ DEFAULT_SCALE = 2.0**16
 
 MEMORY_NOTE = (
     "Works on a deep copy of the model (and optimizer state); holds at most one extra copy of the "
-    "gradients at a time (the weights before the step, to measure the update)."
+    "gradients at a time (the weights before the step, to measure the update), and afterwards, "
+    "for one fp16 autocast forward of the copy, that forward's activations."
 )
 
 

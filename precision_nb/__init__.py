@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "get_workload": "precision_nb.engine.workloads",
     "WORKLOADS": "precision_nb.engine.workloads",
     "compare": "precision_nb.engine.compare",
+    "time_adamw": "precision_nb.engine.adamw_timing",
+    "AdamWTiming": "precision_nb.engine.adamw_timing",
     "Comparison": "precision_nb.engine.compare",
     "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",

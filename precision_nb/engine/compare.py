@@ -55,7 +55,7 @@ class Comparison:
     method: dict[str, Any] = field(default_factory=dict)
     #: The model measured: ``class`` (qualified name) and ``params`` (parameter count).
     model_info: dict[str, Any] = field(default_factory=dict)
-    #: dtype name -> its peak FLOP/s over the fp32 peak here: what it can gain at best.
+    #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
     peak_ratios: dict[str, float] = field(default_factory=dict)
 
     @property

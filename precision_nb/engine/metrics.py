@@ -4,7 +4,7 @@
   restores everything it touched (grads, buffers, RNG), cached per model type, size and batch shape.
 - :func:`peak_flops` looks a GPU up in :data:`GPU_PEAK_TFLOPS` (datasheet, dense) or, on CPU,
   measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`);
-  :func:`peak_ratios` says what a low-precision dtype can gain over fp32 at best.
+  :func:`peak_ratios` estimates what a low-precision dtype could gain over fp32 (not a bound).
 - Attention is counted on every device (:data:`ATTENTION_FLOPS`); :func:`tf32_state` records
   whether CUDA fp32 may really run as TF32.
 - :class:`MemoryProbe` reads CUDA allocator / MPS / host RSS memory, only when asked (log time).
@@ -132,7 +132,8 @@ def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05
 
 
 def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
-    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: what it can gain at best.
+    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: an estimate of what it could
+    gain on matmul-bound work if both reached the same fraction of their peaks (not a bound).
 
     On CPU these are measured (:func:`calibrate_cpu_peak`); on CUDA they come from the datasheet
     table. Dtypes without a known peak are left out.

@@ -171,6 +171,9 @@ class OpTracer:
         self.cast_params: dict[tuple[Any, ...], int] = {}
         #: output storage pointer -> weakref, for casts of the batch's tensors
         self.input_copies: dict[int, Any] = {}
+        #: parameter storage pointer -> the dtypes its values entered arithmetic in (a cast's
+        #: output dtype, else the parameter's own; views are not uses)
+        self.param_uses: dict[int, set[str]] = {}
         self._modes: list[Any] = []
 
     def __enter__(self) -> OpTracer:
@@ -223,6 +226,12 @@ class OpTracer:
             kind = "compute"
         key = (phase, api or "", op, in_dtypes, out_dtype, kind)
         self.calls[key] += 1
+        if kind != "view" and outs:
+            for t in ins:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in self.param_storages:
+                    used = out_dtype if kind == "weight cast" else short(t.dtype)
+                    self.param_uses.setdefault(ptr, set()).add(used)
         if kind in ("cast", "weight cast"):
             nbytes = outs[0].numel() * outs[0].element_size()
             self.cast_bytes[key] += nbytes

@@ -8,7 +8,9 @@ views turn them into DataFrames and figures.
 Memory: besides the deep copy (parameters, their gradients, optimizer state), the analysis holds
 at most one extra copy of the gradients at a time: the weights before the optimizer step (the
 same size), kept to measure the update, and freed right after. Every other statistic is computed
-one tensor at a time (a few temporaries the size of that tensor) and kept only as counts.
+one tensor at a time (a few temporaries the size of that tensor) and kept only as counts. Last,
+one forward of the copy under fp16 autocast is traced (what a real fp16 step holds in fp16); its
+activations live until it returns.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from precision_nb.engine.numerics.collect import (
 )
 from precision_nb.engine.numerics.formats import format_name, overflow_behaviour
 from precision_nb.engine.numerics.fp8 import hardware_note
+from precision_nb.engine.numerics.fp16_run import Fp16Trace, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
 from precision_nb.engine.trainer import prepare
@@ -47,7 +50,8 @@ DEFAULT_SCALE = 2.0**16
 
 MEMORY_NOTE = (
     "Works on a deep copy of the model (and optimizer state); holds at most one extra copy of the "
-    "gradients at a time (the weights before the step, to measure the update)."
+    "gradients at a time (the weights before the step, to measure the update), and afterwards, "
+    "for one fp16 autocast forward of the copy, that forward's activations."
 )
 
 
@@ -84,7 +88,9 @@ def analyze(
     loss scale of the fp16 "at scale" column (default 2^16). ``threshold``: the largest underflowed
     fraction the safe window accepts. ``optimizer``: the caller's optimizer (its state is copied,
     the analysis runs where the model's parameters are), an ``OptimizerConfig`` or ``None`` (a
-    fresh AdamW with default settings: its first step moves every weight by about ``lr``).
+    fresh AdamW with default settings: its first step moves a weight by ``lr * |g| / (|g| + eps)``
+    plus the weight decay ``lr * weight_decay * w``, so a weight with a zero gradient moves by
+    the decay alone).
     """
     if isinstance(formats, (str, torch.dtype)):
         formats = (formats,)
@@ -172,17 +178,41 @@ def _run(
             },
         }
     )
+    trace = trace_fp16(twin, args, kwargs, where)
+    held_p = {n: trace.param(n) for n, _ in params}
+    held_a = {k: trace.output(k) for k in collector.outputs}
     result = NumericsResult()
-    result.gradients = R.gradient_rows(params, host["params"], formats, scale)
-    result.activations = R.activation_rows(collector.outputs, host["outputs"], formats, scale)
+    result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
+    result.activations = R.activation_rows(
+        collector.outputs, host["outputs"], formats, scale, held_a
+    )
     result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
     result.stagnation = R.stagnation_rows(params, host["stagnation"])
-    p_sweep, p_live = R.sweep_total(v["grad"] for v in host["params"].values())
-    a_sweep, a_live = R.sweep_total(v["grad"] for v in host["outputs"].values())
-    result.scale_window = sweep_rows(p_sweep, a_sweep, p_live, a_live, threshold)
+    in_fp16 = (lambda _n: True) if trace.error else (lambda n: held_p.get(n) == "fp16")
+    p_in, p_all = R.sweep_totals({n: v["grad"] for n, v in host["params"].items()}, in_fp16)
+    in_fp16_a = (lambda _k: True) if trace.error else (lambda k: held_a.get(k) == "fp16")
+    a_in, a_all = R.sweep_totals({k: v["grad"] for k, v in host["outputs"].items()}, in_fp16_a)
+    result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
     result.window = window(result.scale_window, threshold)
+    counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
+    result.window.update(_basis(trace, counted, every))
+    if not trace.error and counted == 0 and every:
+        result.window["reason"] = (
+            "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
+            "a loss scale has nothing to protect"
+        )
     loss_value = float(host["loss"])
     result.findings = R.findings(result, loss_value, scale)
+    if trace.error:
+        result.findings.append(
+            Event(
+                "warning",
+                f"Which gradients a real fp16 step holds in fp16 could not be traced "
+                f"({trace.error}): the window counts every gradient, also those autocast would "
+                "keep in fp32.",
+                {"finding": "fp16_trace_failed", "error": trace.error},
+            )
+        )
     result.info = {
         "model": type(model).__name__,
         "workload": workload,
@@ -195,9 +225,32 @@ def _run(
         "optimizer": _optimizer_text(optimizer, opt),
         "coverage": COVERAGE,
         "fp8": hardware_note(),
+        "fp16_run": {"source": trace.source, "error": trace.error},
         "memory": MEMORY_NOTE,
     }
     return result
+
+
+def _basis(trace: Fp16Trace, counted: int, every: int) -> dict[str, Any]:
+    """What the window counts: the gradients a real fp16 step holds in fp16, or, when the fp16
+    trace failed, every gradient (and why)."""
+    if trace.error:
+        text = (
+            f"every gradient ({every} tensors): the fp16 trace that tells which ones a real fp16 "
+            f"step holds in fp16 failed ({trace.error})"
+        )
+    elif counted == every:
+        text = (
+            f"all {every} gradient tensors: a real fp16 autocast step holds each of them in fp16 "
+            "(parameters autocast casts to fp16, fp16 module outputs)"
+        )
+    else:
+        text = (
+            f"the {counted} of {every} gradient tensors a real fp16 autocast step holds in fp16 "
+            "(parameters autocast casts to fp16, fp16 module outputs); the others stay fp32 "
+            "there and are left out"
+        )
+    return {"basis": text, "counted_tensors": every if trace.error else counted, "tensors": every}
 
 
 def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any) -> dict[str, Any]:
@@ -218,4 +271,7 @@ def _optimizer_text(requested: Any, opt: Any) -> str:
     lr = float(group.get("lr", float("nan")))
     if isinstance(requested, torch.optim.Optimizer):
         return f"the given {type(opt).__name__} with its state, one step (lr {lr:g})"
-    return f"a fresh AdamW, its first step (lr {lr:g}: each update is about lr in size)"
+    return (
+        f"a fresh AdamW, its first step (lr {lr:g}: a weight moves by lr * |g| / (|g| + eps) plus "
+        "the weight decay, by the decay alone where its gradient is 0)"
+    )

@@ -66,10 +66,14 @@ MEMORY_KIND_LABELS = {
 
 
 def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]) -> None:
-    """Loss against optimizer step, one line per run."""
+    """Loss against optimizer step, one line per run. Records that share a step number (logging
+    intervals made only of skipped attempts count no step) are drawn once, the last of them, so the
+    line never jumps vertically at one step."""
     drawn = False
     for index, label in enumerate(labels):
         rows = frame[frame["run"] == label]
+        if "step" in rows:
+            rows = rows.drop_duplicates("step", keep="last")
         loss = numeric(rows["loss"]) if "loss" in rows else None
         if loss is None or loss.notna().sum() == 0:
             continue
@@ -96,7 +100,8 @@ def draw_loss_scale(
     colors: Mapping[str, str],
     histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> None:
-    """Loss scale on a log2 axis, skipped (overflow) steps marked with a red ``x``.
+    """Loss scale on a log2 axis, skipped steps (an inf or a NaN in the gradients) marked with a
+    red ``x``.
 
     With a run's ``scale_history`` (every optimizer attempt) the line follows each attempt and
     every skipped attempt is marked; from records alone the scale is the logged value and a logged
@@ -144,7 +149,7 @@ def draw_loss_scale(
                 color="#d62728",
                 s=36,
                 zorder=3,
-                label=None if skip_marked else "skipped step (overflow)",
+                label=None if skip_marked else "skipped step (inf or NaN)",
             )
             skip_marked = True
     xlabel = "optimizer attempt (skipped ones included)" if by_attempt else "optimizer step"

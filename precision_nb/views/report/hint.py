@@ -25,7 +25,7 @@ class Hint:
     next_step: str = ""
 
     def __str__(self) -> str:
-        return f"[{self.run}] {self.message} (measured: {self.measurement}; see {self.figure})"
+        return f"[{self.run}] {self.message} (from: {self.measurement}; see {self.figure})"
 
     def applies_to(self, label: str) -> bool:
         """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""

@@ -244,7 +244,7 @@ def _hints_html(hint_list: Sequence[Hint]) -> str:
         return "<p>No hint: nothing else in the measurements stands out.</p>"
     items = "".join(
         f'<li class="hint" data-topic="{e(h.topic)}"><b>{e(h.run)}</b>: {e(h.message)} '
-        f'<span class="measure">(measured: {e(h.measurement)}; see {e(h.figure)})</span></li>'
+        f'<span class="measure">(from: {e(h.measurement)}; see {e(h.figure)})</span></li>'
         for h in hint_list
     )
     return f"<ul>{items}</ul>"

@@ -15,7 +15,11 @@ import pandas as pd
 
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
-from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, history_vs_window
+from precision_nb.engine.numerics.scale_window import (
+    DEFAULT_THRESHOLD,
+    ERROR_SAMPLE_LIMIT,
+    history_vs_window,
+)
 from precision_nb.views.report.figure_base import PlanFigure, figure_to_png
 from precision_nb.views.report.markup import fmt, img_html, table_html
 from precision_nb.views.report.numerics_figures import scale_window_figure, underflow_heatmap
@@ -33,8 +37,11 @@ NUMERICS_FILES = (
 
 METHOD = (
     "Exact counts for one batch and one optimizer step, from an fp32 forward and backward on a "
-    "copy of the model: each tensor is cast to the format on the device. Other batches give "
-    "other fractions; rerun on a few to see how much they move."
+    "copy of the model: each tensor is cast to the format on the device (the mean relative error "
+    "of fp16 subnormals is estimated from an evenly strided sample in tensors with more than "
+    f"{ERROR_SAMPLE_LIMIT:,} candidate elements). Which gradients a real fp16 step holds in "
+    "fp16 comes from one traced forward under fp16 autocast. Other batches give other "
+    "fractions; rerun on a few to see how much they move."
 )
 
 
@@ -166,6 +173,9 @@ class Numerics:
                 f"Safe fp16 loss scales: 2^{w['lo']} to 2^{w['hi']} (at most "
                 f"{w['threshold']:.2g} of the non-zero gradients flush to 0, nothing overflows)."
             )
+            text += _subnormal_text(w)
+        if w.get("basis"):
+            text += f" Counted: {w['basis']}."
         run = w.get("run")
         if run and run["attempts"]:
             text += (
@@ -211,6 +221,24 @@ class Numerics:
             f"Memory: {html.escape(str(info.get('memory')))}</small></p></div>"
         )
         return "\n".join(parts)
+
+
+def _subnormal_text(w: dict[str, Any]) -> str:
+    """The subnormal share and its mean relative error at the window's edges, in words."""
+    parts = []
+    for edge in ("lo", "hi"):
+        share = w.get(f"{edge}_subnormal_fraction")
+        if share is None:
+            continue
+        error = w.get(f"{edge}_subnormal_rel_error")
+        detail = f", mean relative error {error:.1e}" if error is not None else ""
+        parts.append(f"at 2^{w[edge]} {share:.1%}{detail}")
+    if not parts:
+        return ""
+    return (
+        " Subnormal in fp16 (kept, but with fewer significant bits; share of the non-zero "
+        "gradients): " + "; ".join(parts) + "."
+    )
 
 
 def _stagnation_table(rows: Sequence[dict[str, Any]]) -> str:

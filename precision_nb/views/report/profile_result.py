@@ -110,7 +110,7 @@ class Profile:
         shown = other_hints(self.hints, plans)
         if shown:
             items = "".join(
-                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(measured: {e(h.measurement)}; "
+                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(from: {e(h.measurement)}; "
                 f"see {e(h.figure)})</small></li>"
                 for h in shown
             )
@@ -180,7 +180,8 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
         if tf32:
             out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
     if comparison.peak_ratios:
-        out["measured matmul peak vs fp32"] = ", ".join(
+        kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
+        out[f"{kind} matmul peak vs fp32"] = ", ".join(
             f"{k} {v:.2f}x" for k, v in comparison.peak_ratios.items()
         )
     out.update(comparison.method)

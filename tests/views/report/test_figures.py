@@ -50,6 +50,15 @@ def test_loss_figure_one_line_per_plan_with_labels(three_plans):
     assert lines["fp16"].get_ydata()[0] == pytest.approx(2.2 * 0.9048374, rel=1e-5)
 
 
+def test_loss_line_never_jumps_at_a_step_that_skipped_attempts_share(make_records):
+    records = make_records("fp16", "fp16", steps=4, use_scaler=True)
+    early = [{**records[0], "step": 0, "loss": 9.0 + i} for i in range(3)]  # skipped attempts
+    ax = F.loss_figure(early + records).axes[0]
+    (line,) = ax.get_lines()
+    xs = list(line.get_xdata())
+    assert xs == [0, 1, 2, 3, 4] and line.get_ydata()[0] == 11.0  # the last record of step 0
+
+
 def test_loss_scale_axis_is_log2_and_skips_are_marked(three_plans):
     ax = F.loss_scale_figure(three_plans).axes[0]
     assert ax.get_yscale() == "log"
@@ -57,7 +66,7 @@ def test_loss_scale_axis_is_log2_and_skips_are_marked(three_plans):
     assert "log2" in ax.get_ylabel()
     # Only the scaled plan draws a scale line.
     assert [line.get_label() for line in ax.get_lines()] == ["fp16"]
-    markers = [c for c in ax.collections if c.get_label() == "skipped step (overflow)"]
+    markers = [c for c in ax.collections if c.get_label() == "skipped step (inf or NaN)"]
     assert len(markers) == 1
     offsets = markers[0].get_offsets()
     assert [tuple(p) for p in offsets] == [(3.0, 2.0**15), (7.0, 2.0**14)]
@@ -71,7 +80,7 @@ def test_loss_scale_uses_scale_history_when_given(three_plans):
     ]
     ax = F.loss_scale_figure(three_plans, histories={"fp16": history}).axes[0]
     assert "attempt" in ax.get_xlabel()
-    markers = [c for c in ax.collections if c.get_label() == "skipped step (overflow)"]
+    markers = [c for c in ax.collections if c.get_label() == "skipped step (inf or NaN)"]
     assert [tuple(p) for p in markers[0].get_offsets()] == [(2.0, 32768.0)]
 
 

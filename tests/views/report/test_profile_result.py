@@ -67,7 +67,7 @@ def test_notebook_html_opens_with_the_verdicts_then_table_hints_and_figure(make_
     assert page.count(verdict) == 1 and page.count('class="card"') == 2
     assert page.index("fp32 is the baseline.") < page.index(verdict) < page.index("<table")
     assert "speedup_ci_low" in page and "data:image/png;base64," in page
-    assert "measured: calibrated peaks" in page  # the other hints follow
+    assert "from: peak_ratios from measured peaks" in page  # the other hints follow
     assert "what to try next" in page
 
 

@@ -89,6 +89,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 ):
     from types import SimpleNamespace
 
+    from precision_nb.engine.compare import ComparisonError
     from precision_nb.views.report import profile as report
 
     comparison = SimpleNamespace(
@@ -100,9 +101,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
     )
 
     def partial(request, *args):
-        exc = RuntimeError("bf16 kernel failed")
-        exc.precision_nb_comparison = comparison
-        raise exc
+        raise ComparisonError("plan bf16 failed: bf16 kernel failed", comparison)
 
     monkeypatch.setattr(report, "_compare", partial)
     out = tmp_path / "out"
@@ -115,6 +114,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 
 
 def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
+    from precision_nb.engine.compare import ComparisonError
     from precision_nb.views.report import profile as report
 
     def failing(request, *args):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.views.panel.analysis import Target
 from precision_nb.views.panel.controls import SIM_PREFIX
 
@@ -42,10 +43,9 @@ class AnalysisMixin:
         if explanation is None:
             return None
         plan = explanation.plan
-        lab = bool(explanation.config.loss_scale_lab and plan.use_scaler)
         device = str(self.controls.selection().device)
         sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
-        label = plan.mode + (" (loss-scale lab)" if lab else "")
+        label = run_label(plan.mode, lab_applies(explanation))
         return Target(label, plan, str(explanation.device), explanation.simulated, sim)
 
     def _is_running(self) -> bool:

@@ -114,13 +114,16 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 
 
 def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
     from precision_nb.engine.compare import ComparisonError
     from precision_nb.views.report import profile as report
 
     def failing(request, *args):
-        raise RuntimeError("every plan failed")
+        nothing = SimpleNamespace(results={}, failures={"fp32": "failed in round 1"})
+        raise ComparisonError("plan fp32 failed: every plan failed", nothing)
 
     monkeypatch.setattr(report, "_compare", failing)
     assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
-    assert "run failed: every plan failed" in capsys.readouterr().err
+    assert "run failed: plan fp32 failed: every plan failed" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

@@ -100,6 +100,7 @@ def test_at_scale_zero_torch_finds_no_inf_so_the_floor_must_stop_it():
     out = amp.step(opt)
     assert float(out.scale) == 0.0 and float(amp.scale_tensor()) == 0.0
     assert float(out.found_inf) == 0.0 and out.stepped is True
+    assert all(torch.isnan(p).all() for p in model.parameters())  # unscaled by 1/0: NaN
 
 
 def test_state_dict_round_trip_and_base_has_no_state():

@@ -1,6 +1,7 @@
-"""What every rank does before and around its training, whatever it runs (one fit or a measured
-profile): join the process group, build the model the run file names, make the engine's
-:class:`~precision_nb.engine.trainer.Trainer` on its slice of every global batch, and write its
+"""The set-up every rank shares, one fit or a measured profile: process group, model, trainer, log.
+
+Each rank joins the process group, builds the model the run file names, makes the engine's
+:class:`~precision_nb.engine.trainer.Trainer` on its slice of every global batch, and writes its
 JSON lines (:class:`RankLog`, :class:`CommObserver`, the memory by kind and dtype).
 """
 

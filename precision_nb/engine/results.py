@@ -166,6 +166,13 @@ class FitError(RuntimeError):
     def __init__(self, message: str, result: Any = None) -> None:
         super().__init__(message)
         self.result = result
+        self._wraps: BaseException | None = None
+
+    @property
+    def original(self) -> BaseException:
+        """The error to show first: the user's (or torch's) error this one only wraps to carry
+        the result (see :meth:`caused_by`), else this error itself."""
+        return self._wraps if self._wraps is not None else self
 
     @classmethod
     def caused_by(cls, exc: Exception, result: Any) -> FitError:
@@ -180,6 +187,7 @@ class FitError(RuntimeError):
         else:
             error = cls(f"{type(exc).__name__}: {exc}", result)
         error.__cause__ = exc
+        error._wraps = exc
         return error
 
 

@@ -93,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         run(spec, log)
     except BaseException as exc:  # noqa: BLE001 - recorded for the launcher, then exit code 1
         partial = exc.result if isinstance(exc, FitError) else None
+        error = exc.original if isinstance(exc, FitError) else exc  # the rank's own error
         log.write(
             "error",
-            type=type(exc).__name__,
-            message=str(exc),
-            traceback=traceback.format_exc(),
+            type=type(error).__name__,
+            message=str(error),
+            traceback="".join(traceback.format_exception(error)),
             result=partial.to_dict() if hasattr(partial, "to_dict") else None,
         )
         return 1

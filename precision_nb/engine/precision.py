@@ -9,7 +9,7 @@
 The base has every hook with a default that does nothing special; each subclass overrides only what
 differs (Lightning's ``fabric/plugins/precision`` is the model). One object lives as long as its
 :class:`~precision_nb.engine.trainer.Trainer`: :meth:`Precision.start_fit` resets what a fresh fit
-must reset (a new grad scaler per fit, as the spec asks, with checkpointed scaler state restored
+must reset (a new grad scaler for every fit, with checkpointed scaler state restored
 into it), and :meth:`Precision.load_state_dict` keeps a checkpoint's scaler state for that moment.
 The loop, the inspection step and the numerics analysis all train through ``forward_context()``,
 ``backward(loss)`` and ``step(optimizer, clip, params)``, so none of them branches on precision.

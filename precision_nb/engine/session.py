@@ -102,6 +102,7 @@ class FitSession:
         self.counted = 0
         self.stop_reason: str | None = None
         self.task: str | None = None
+        self._last_task: str | None = None
         self._closed = False
         self._loss_checked = False
         with self._guard():
@@ -169,6 +170,8 @@ class FitSession:
         self.callbacks.fit_start(result)
         named = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
+        # the precision's overflow injection, looked up once: only the lab asks for it
+        self.inject = self.precision.inject_overflow if cfg.overflow_at_steps else None
         self.stats_every = cfg.grad_stats_every
         if self.stats_every:
             cast_limits("fp16")  # found by casting (a host read): once here, cached for the loop
@@ -229,18 +232,21 @@ class FitSession:
             raise DeviceOutOfMemoryError(str(exc), self.result) from exc
 
     def loss(self, batch: Any) -> torch.Tensor:
-        """The model's loss on one microbatch under the plan's forward context."""
-        return self._loss_and_task(batch)[0]
-
-    def _loss_and_task(self, batch: Any) -> tuple[torch.Tensor, str | None]:
+        """The model's loss on one microbatch under the plan's forward context (the task the
+        output showed is kept in ``task``)."""
         args, kwargs, labels = split_batch(batch)
         with self.precision.forward_context():
             out = self.trainer.model(*args, **kwargs)
             loss, task = output_to_loss(out, labels, self.trainer.loss_fn)
+        self._last_task = task
         if not self._loss_checked:
             check_loss(loss, self.trainer.loss_fn)
             self._loss_checked = True
-        return loss, task
+        return loss
+
+    def _loss_and_task(self, batch: Any) -> tuple[torch.Tensor, str | None]:
+        loss = self.loss(batch)
+        return loss, self._last_task
 
     # ------------------------------------------------------------------------ the loop
 
@@ -299,7 +305,8 @@ class FitSession:
             total = loss.detach() if total is None else total + loss.detach()
             amp.backward(loss / K if K > 1 else loss)
         counters.attempts += 1
-        amp.inject_overflow(counters.attempts, self.params)  # teaching: the lab's overflows
+        if self.inject is not None:  # teaching: the lab's overflow_at_steps
+            self.inject(counters.attempts, self.params)
         # the counted step this attempt makes unless skipped (skips are known at the next flush)
         if self.stats_every and (self.counted + len(chunk.losses) + 1) % self.stats_every == 0:
             chunk.add_stats(self._grad_stats())

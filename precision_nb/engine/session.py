@@ -81,7 +81,7 @@ class FitSession:
         self,
         trainer: Trainer,
         cfg: TrainConfig,
-        callbacks: Callbacks,
+        callbacks: Callbacks | Sequence[Any],
         stop: Any,
         events: Sequence[Event] = (),
     ) -> None:
@@ -98,6 +98,7 @@ class FitSession:
             events=list(events),
         )
         self.progress = ProgressBar(cfg.steps, self.counters.steps) if cfg.progress else None
+        callbacks = Callbacks(callbacks)
         self.callbacks = callbacks.plus(self.progress) if self.progress else callbacks
         self.counted = 0
         self.stop_reason: str | None = None

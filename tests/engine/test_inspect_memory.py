@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.entry import fit
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect import run_inspection
-from precision_nb.engine.trainer import fit
+from precision_nb.engine.precision import ScalerInternals
 
 LINEAR_PARAMS = 1024 * 1024 + 1024
 
@@ -124,7 +125,7 @@ def test_process_memory_is_labelled_and_not_counted_on_cpu():
 def test_grad_scaler_fields_read_by_the_inspection_exist_in_this_torch():
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(torch.ones(()))  # creates _scale and _growth_tracker lazily
-    rows = mem.scaler_rows(scaler)
+    rows = mem.scaler_rows(ScalerInternals.tensors(scaler))
     assert {r["dtype"]: r["bytes"] for r in rows} == {"fp32": 4, "int32": 4}
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from precision_nb.engine.inspect import autocast_probe as probe
-from precision_nb.engine.inspect import documented_policy, policy, run_inspection
+from precision_nb.engine.inspect import policy, run_inspection
 from precision_nb.engine.inspect.op_trace import OpTracer
 
 LOW, FP32, PROMOTE = policy.LOW, policy.FP32, policy.PROMOTE
@@ -157,10 +157,7 @@ KNOWN_DISAGREEMENTS = {
 
 @pytest.mark.parametrize("device_type", ["cuda", "cpu"])
 def test_every_disagreement_with_the_documented_lists_is_reported(device_type):
-    found = {
-        r["op"]: (r["documented"], r["measured"])
-        for r in documented_policy.disagreements(device_type)
-    }
+    found = {r["op"]: (r["documented"], r["measured"]) for r in policy.disagreements(device_type)}
     new = {op: v for op, v in found.items() if KNOWN_DISAGREEMENTS[device_type].get(op) != v}
     gone = sorted(set(KNOWN_DISAGREEMENTS[device_type]) - set(found))
     assert (new, gone) == ({}, []), f"new or changed: {new}; no longer disagreeing: {gone}"

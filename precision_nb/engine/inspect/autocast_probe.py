@@ -341,3 +341,31 @@ def _cpp_output_to_debug_log() -> Iterator[None]:
             text = sink.read().decode(errors="replace").strip()
             if text:
                 log.debug("torch printed while probing autocast kernels: %s", text)
+
+
+# torch-level names that differ from the ATen op autocast's kernel is registered on.
+_ALIASES = {
+    "cross_entropy": ("cross_entropy_loss",),
+    "grid_sample": ("grid_sampler",),
+    "softmin": ("softmax",),
+    "multi_dot": ("linalg_multi_dot",),
+    "GRUCell": ("gru_cell",),
+    "LSTMCell": ("lstm_cell",),
+    "RNNCell": ("rnn_tanh_cell", "rnn_relu_cell"),
+}
+
+
+def spellings(name: str | None) -> list[str]:
+    """The ATen op names a torch-level or ATen ``name`` may reach autocast as, most likely first
+    (``"__matmul__"`` -> ``["__matmul__", "matmul"]``, ``"_log_softmax"`` -> ``log_softmax``)."""
+    if not name:
+        return []
+    out = [name, name.strip("_")]
+    for suffix in ("_forward", "_backward"):
+        if name.endswith(suffix):
+            out.append(name[: -len(suffix)].strip("_"))
+    if name.startswith("__r") and name.endswith("__"):  # __rpow__ -> pow
+        out.append(name[3:-2])
+    for spelled in list(out):
+        out.extend(_ALIASES.get(spelled, ()))
+    return list(dict.fromkeys(out))

@@ -4,7 +4,7 @@ running torch (:mod:`.policy`): the documentation lags the dispatcher.
 The lists are those of the "Autocast Op Reference" in torch's documentation (``torch.amp``; the
 ``autocast`` docstring in ``torch/amp/autocast_mode.py`` points to it), in the reference's own
 spellings: torch-level names for CUDA (``linear``, ``__matmul__``, ``cross_entropy``), ATen names
-for CPU. :func:`disagreements` lists every op where they and the measured policy differ.
+for CPU. :func:`~.policy.disagreements` lists every op where they and the measured policy differ.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
-from precision_nb.engine.inspect.autocast_probe import FP32, LOW, PROMOTE
+from precision_nb.engine.inspect.autocast_probe import FP32, LOW, PROMOTE, spellings
 
 SOURCE = "torch's Autocast Op Reference (torch.amp documentation)"
 
@@ -78,48 +77,9 @@ def documented_policy_of(device_type: str, name: str) -> str | None:
 
 @functools.cache
 def _by_aten_name(device_type: str) -> dict[str, str]:
-    from precision_nb.engine.inspect.policy import spellings
-
     out: dict[str, str] = {}
     for policy in (LOW, FP32, PROMOTE):
         for name in sorted(DOCUMENTED.get(device_type, {}).get(policy, ())):
             for spelled in spellings(name):
                 out.setdefault(spelled, policy)
     return out
-
-
-def disagreements(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
-    """Every op where the documented list and the measured policy differ, as rows
-    (``op``, ``documented``, ``measured``, ``measured_op``): each documented name looked up as a
-    trace looks up a torch call, then each op with an autocast kernel the reference names nowhere
-    (or on another list)."""
-    from precision_nb.engine.inspect.autocast_probe import measure_name, overloads_by_name
-    from precision_nb.engine.inspect.policy import lookup, probe_dtype
-
-    if device_type not in DOCUMENTED:
-        raise ValueError(
-            f"device_type: invalid value {device_type!r}; allowed: {', '.join(DOCUMENTED)} "
-            "(the device types the reference documents)"
-        )
-    rows: dict[str, dict[str, Any]] = {}
-    for policy in (LOW, FP32, PROMOTE):
-        for name in sorted(DOCUMENTED[device_type][policy]):
-            found = lookup(device_type, name, None, dtype)
-            measured = found.policy if found is not None else None
-            if measured != policy:
-                rows[name] = {
-                    "op": name,
-                    "documented": policy,
-                    "measured": measured,
-                    "measured_op": found.op if found is not None else None,
-                }
-    low = probe_dtype(device_type, dtype)
-    for name in sorted(overloads_by_name(device_type)):
-        found = measure_name(device_type, name, low)
-        documented = documented_policy_of(device_type, name)
-        if found is not None and found.policy != documented and name not in rows:
-            rows[name] = {
-                "op": name, "documented": documented, "measured": found.policy,
-                "measured_op": found.op,
-            }  # fmt: skip
-    return list(rows.values())

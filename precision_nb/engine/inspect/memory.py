@@ -11,7 +11,7 @@ weights are not double counted; expected bytes are ``numel x element size`` from
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -230,11 +230,11 @@ def estimate_weight_copies(model: nn.Module, plan: Any) -> dict[Any, int]:
     return numel_bytes(low, plan.dtype)
 
 
-def scaler_rows(scaler: Any) -> list[dict[str, Any]]:
-    """The grad scaler's device tensors: the scale (fp32 scalar) and the growth tracker (int32)."""
-    if scaler is None:
+def scaler_rows(tensors: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+    """The grad scaler's device tensors (``Precision.state_tensors()``): the scale (fp32 scalar)
+    and the growth tracker (int32); none without a scaler."""
+    if not tensors:
         return []
-    tensors = [t for t in (scaler._scale, scaler._growth_tracker) if t is not None]
     return _merge(
         SCALER,
         storage_bytes(tensors),

@@ -30,9 +30,11 @@ from precision_nb.engine.inspect.autocast_probe import (
     Measured,
     device_table,
     measure_name,
+    overloads_by_name,
     probe_dtype,
+    spellings,
 )
-from precision_nb.engine.inspect.documented_policy import documented_policy_of
+from precision_nb.engine.inspect.documented_policy import DOCUMENTED, documented_policy_of
 
 __all__ = [
     "FP32",
@@ -42,6 +44,7 @@ __all__ = [
     "REFUSED",
     "SOURCE",
     "cross_device_difference",
+    "disagreements",
     "lookup",
     "policy_of",
     "policy_rows",
@@ -49,33 +52,6 @@ __all__ = [
 ]
 
 SOURCE = f"autocast's policy, not a trace: {METHOD}; torch {torch.__version__.split('+')[0]}"
-
-# torch-level names that differ from the ATen op autocast's kernel is registered on.
-_ALIASES = {
-    "cross_entropy": ("cross_entropy_loss",),
-    "grid_sample": ("grid_sampler",),
-    "softmin": ("softmax",),
-    "multi_dot": ("linalg_multi_dot",),
-    "GRUCell": ("gru_cell",),
-    "LSTMCell": ("lstm_cell",),
-    "RNNCell": ("rnn_tanh_cell", "rnn_relu_cell"),
-}
-
-
-def spellings(name: str | None) -> list[str]:
-    """The ATen op names a torch-level or ATen ``name`` may reach autocast as, most likely first
-    (``"__matmul__"`` -> ``["__matmul__", "matmul"]``, ``"_log_softmax"`` -> ``log_softmax``)."""
-    if not name:
-        return []
-    out = [name, name.strip("_")]
-    for suffix in ("_forward", "_backward"):
-        if name.endswith(suffix):
-            out.append(name[: -len(suffix)].strip("_"))
-    if name.startswith("__r") and name.endswith("__"):  # __rpow__ -> pow
-        out.append(name[3:-2])
-    for spelled in list(out):
-        out.extend(_ALIASES.get(spelled, ()))
-    return list(dict.fromkeys(out))
 
 
 def lookup(
@@ -174,3 +150,37 @@ def cross_device_difference(
         if there != here and FP32 in (here, there):
             return f"{other}: {there or 'no autocast kernel'}"
     return None
+
+
+def disagreements(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
+    """Every op where the documented list and the measured policy differ, as rows
+    (``op``, ``documented``, ``measured``, ``measured_op``): each documented name looked up as a
+    trace looks up a torch call, then each op with an autocast kernel the reference names nowhere
+    (or on another list)."""
+    if device_type not in DOCUMENTED:
+        raise ValueError(
+            f"device_type: invalid value {device_type!r}; allowed: {', '.join(DOCUMENTED)} "
+            "(the device types the reference documents)"
+        )
+    rows: dict[str, dict[str, Any]] = {}
+    for policy in (LOW, FP32, PROMOTE):
+        for name in sorted(DOCUMENTED[device_type][policy]):
+            found = lookup(device_type, name, None, dtype)
+            measured = found.policy if found is not None else None
+            if measured != policy:
+                rows[name] = {
+                    "op": name,
+                    "documented": policy,
+                    "measured": measured,
+                    "measured_op": found.op if found is not None else None,
+                }
+    low = probe_dtype(device_type, dtype)
+    for name in sorted(overloads_by_name(device_type)):
+        found = measure_name(device_type, name, low)
+        documented = documented_policy_of(device_type, name)
+        if found is not None and found.policy != documented and name not in rows:
+            rows[name] = {
+                "op": name, "documented": documented, "measured": found.policy,
+                "measured_op": found.op,
+            }  # fmt: skip
+    return list(rows.values())

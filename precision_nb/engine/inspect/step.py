@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionPlan
@@ -32,8 +31,9 @@ from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect.op_trace import Flag, OpTracer, flags, summarise
 from precision_nb.engine.inspect.policy import DISPATCH_KEYS, SOURCE, policy_rows
 from precision_nb.engine.metrics import host_rss
+from precision_nb.engine.precision import Precision, lab_applies, run_label
+from precision_nb.engine.request import prepare
 from precision_nb.engine.results import DeviceOutOfMemoryError
-from precision_nb.engine.trainer import prepare
 from precision_nb.engine.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def resolve(
     """The plan, device, label and resolution events for a plan, config or mode string."""
     if isinstance(precision, PrecisionPlan):
         dev = torch.device(plan_device(precision, device))
-        return precision, dev, precision.mode, []
+        return precision, dev, run_label(precision.mode, False), []
     explanation = explain_precision(
         precision if precision is not None else "auto", device, capabilities, optimizer
     )
@@ -119,8 +119,7 @@ def resolve(
         )
         for d in explanation.fallbacks
     ]
-    lab = bool(explanation.config.loss_scale_lab and explanation.plan.use_scaler)
-    label = explanation.plan.mode + (" (loss-scale lab)" if lab else "")
+    label = run_label(explanation.plan.mode, lab_applies(explanation))
     return explanation.plan, torch.device(explanation.device), label, events
 
 
@@ -214,9 +213,14 @@ def run_inspection(
     batch = None
     with torch.random.fork_rng(devices=cuda):
         try:
+            # The peak window opens before the copy and the batch exist: both are the step's
+            # memory (a model already on the GPU is copied there), as the counted rows say.
+            base = mem.start_peak_window(dev)
             work = _copy(model)
             batch = to_device(source.get(0), dev)
-            return _instrumented_step(work, batch, plan, dev, label, events, loss_fn, optimizer)
+            return _instrumented_step(
+                work, batch, plan, dev, label, events, loss_fn, optimizer, base
+            )
         except torch.OutOfMemoryError as exc:
             work = None
             raise _oom_error(exc, plan, dev, _batch_tensors(batch or ())) from exc
@@ -241,36 +245,35 @@ def _instrumented_step(
     events: list[Event],
     loss_fn: Any,
     optimizer: OptimizerConfig | None,
+    base: int,
 ) -> InspectionData:
+    """One step of ``work`` through the plan's :class:`Precision`, traced; ``base``: what the
+    allocator held when the peak window opened."""
     t0 = time.perf_counter()
-    base = mem.start_peak_window(dev)
     opt = build_optimizer(work, optimizer or OptimizerConfig(), dev)
     work.zero_grad(set_to_none=True)
-    scaler = make_grad_scaler(plan) if plan.use_scaler else None
+    amp = Precision.for_plan(plan, dev)
+    amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
     param_ptrs = _storages(work.parameters())
     input_ptrs = _storages(_batch_tensors(batch))
     tracer = OpTracer(param_ptrs, input_ptrs)
     saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
     args, kwargs, labels = split_batch(batch, work, loss_fn)
     with tracer, saved:
-        with autocast_context(plan, dev):
+        with amp.forward_context():
             out = work(*args, **kwargs)
             loss, _task = output_to_loss(out, labels, loss_fn)
         del out
         tracer.phase = "backward"
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        amp.backward(loss)
     copies = {(ptr, d, n) for ptr, (_ref, d, n) in tracer.weight_copies.items()}
     rows = mem.parameter_rows(work) + mem.gradient_rows(work)
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    amp.step(opt)
     rows += mem.optimizer_rows(work, opt)
     rows += mem.weight_copy_rows(
         work, [(d, n) for _p, d, n in copies], plan, tracer.parameter_casts()
     )
-    rows += saved.rows() + mem.scaler_rows(scaler)
+    rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
     rows += mem.device_rows(dev, rows, base)
     ops = tracer.rows(plan)
     unattributed = tracer.unattributed_rows() + [

@@ -27,6 +27,8 @@ from torch import nn
 from precision_nb.core.device import resolve_device
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.resolution import resolve_precision
 from precision_nb.core.validate import number
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
 from precision_nb.engine.numerics import rows as R
@@ -42,7 +44,8 @@ from precision_nb.engine.numerics.fp8 import hardware_note
 from precision_nb.engine.numerics.fp16_run import Fp16Trace, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
-from precision_nb.engine.trainer import prepare
+from precision_nb.engine.precision import Precision
+from precision_nb.engine.request import prepare
 
 DEFAULT_FORMATS: tuple[str, ...] = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 #: The loss scale fp16 counts use when none is given: GradScaler's default init_scale.
@@ -146,14 +149,17 @@ def _run(
     twin, opt, where = _copy(model, optimizer, device)
     twin.zero_grad(set_to_none=True)
     batch = to_device(BatchSource(batches).get(0), where)
+    # the step runs through the fp32 precision a run of this plan uses
+    amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
     collector = ActivationCollector(formats, scale)
     collector.attach(twin)
     try:
         args, kwargs, labels = split_batch(batch, twin, loss_fn)
-        with torch.autocast(where.type, enabled=False):
+        # fp32 even inside a caller's autocast region
+        with torch.autocast(where.type, enabled=False), amp.forward_context():
             loss, _task = output_to_loss(twin(*args, **kwargs), labels, loss_fn)
         loss = loss.float()
-        loss.backward()
+        amp.backward(loss)
     finally:
         collector.detach()
     params = list(twin.named_parameters())
@@ -168,7 +174,7 @@ def _run(
                 for n, p in params
                 if p.grad is not None
             },
-            "stagnation": _stagnation(params, opt),
+            "stagnation": _stagnation(params, opt, amp),
         }
     host = to_host(
         {
@@ -253,11 +259,11 @@ def _basis(trace: Fp16Trace, counted: int, every: int) -> dict[str, Any]:
     return {"basis": text, "counted_tensors": every if trace.error else counted, "tensors": every}
 
 
-def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any) -> dict[str, Any]:
+def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any, amp: Precision) -> dict[str, Any]:
     """Step the copy's optimizer once; per parameter ``[updated, lost]`` in bf16 and fp16."""
     stepped = [(n, p) for n, p in params if p.grad is not None]
     before = [p.detach().clone() for _, p in stepped]  # the one extra gradient-sized copy
-    opt.step()
+    amp.step(opt)
     out = {
         n: {f: lost_updates(old, p, f) for f in WEIGHT_FORMATS}
         for (n, p), old in zip(stepped, before, strict=True)

@@ -342,13 +342,15 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
     stay rare. When a plan fails part-way and another completed, the comparison is returned with
     ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
+    from precision_nb.engine.compare import ComparisonError
+
     try:
         return _compare(request, progress, stop)
-    except (RuntimeError, ValueError) as exc:
-        comparison = getattr(exc, "precision_nb_comparison", None)
+    except ComparisonError as exc:
+        comparison = exc.result
         failed = getattr(comparison, "failures", None) or {}
         done = [k for k in getattr(comparison, "results", {}) if k not in failed]
-        if comparison is None or not done:
+        if not done:
             raise
         log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
         return comparison

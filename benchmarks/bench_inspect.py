@@ -37,7 +37,7 @@ TARGET_S = 2.0
 def plain_step(model: torch.nn.Module, batch: Any, plan: Any, opt: Any, steps: int = 3) -> float:
     """Median seconds of ``steps`` plain training steps (after the caller's warm-up)."""
     times = []
-    args, kwargs, labels = split_batch(batch)
+    args, kwargs, labels = split_batch(batch, model)
     for _ in range(steps):
         t0 = time.perf_counter()
         with autocast_context(plan):

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from precision_nb.engine.trainer import fit
+from precision_nb.engine.entry import fit
 from precision_nb.views.panel import Panel
 
 CHANGES: list[tuple[str, Any]] = [

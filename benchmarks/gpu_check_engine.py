@@ -27,8 +27,9 @@ import torch
 
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.engine.compare import compare
+from precision_nb.engine.entry import fit
 from precision_nb.engine.results import RECORD_KEYS, DeviceOutOfMemoryError
-from precision_nb.engine.trainer import TrainConfig, Trainer, fit
+from precision_nb.engine.trainer import TrainConfig, Trainer
 from precision_nb.engine.workloads import get_workload
 
 FUSED = OptimizerConfig(fused=True)

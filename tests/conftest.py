@@ -1,8 +1,18 @@
 """Shared fixtures: torch's hardware queries patched to pose as other machines, and hand-built
-run records that follow the engine's record schema (docs/architecture.md)."""
+run records that follow the engine's record schema (docs/architecture.md).
+
+The suite's set-up for the test extras: torchvision's wheel beside a CPU build of torch cannot load
+its C ops (``_C.so``), and its import then stops at ``register_fake("torchvision::nms")``
+("operator torchvision::nms does not exist"), as does the import of ``transformers`` (and its
+``Trainer``), which imports torchvision when it is installed. Here, and only when the library
+really cannot load, the two operators torchvision registers fake kernels for are defined as
+schemas without kernels, so both import; nothing the tests run calls them. Nothing is downloaded
+from a model hub (``HF_HUB_OFFLINE=1``).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shlex
@@ -15,6 +25,34 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+TORCHVISION_OPS_WITHOUT_KERNELS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
+
+
+def _torchvision_library() -> torch.library.Library | None:
+    """Define torchvision's two faked operators when its C ops cannot load beside this torch."""
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        return None
+    found = sorted(Path(spec.origin).parent.glob("_C.*"))
+    try:
+        if found:
+            torch.ops.load_library(str(found[0]))
+            return None
+    except OSError:
+        pass
+    library = torch.library.Library("torchvision", "DEF")  # kept alive in _LIBRARY
+    for schema in TORCHVISION_OPS_WITHOUT_KERNELS:
+        library.define(schema)
+    return library
+
+
+_LIBRARY = _torchvision_library()
 
 
 @pytest.fixture
@@ -122,6 +160,72 @@ def three_plans() -> list[dict[str, Any]]:
 
 
 @pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``full_disk(".png")``: every ``Path.write_bytes`` of a file with that suffix fails with
+    ENOSPC, as on a full disk (other writes go through)."""
+    import errno
+
+    real = Path.write_bytes
+
+    def apply(suffix: str) -> None:
+        def full(self: Path, data: bytes) -> int:
+            if self.suffix == suffix:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(self, data)
+
+        monkeypatch.setattr(Path, "write_bytes", full)
+
+    return apply
+
+
+def build_result(label: str, mode: str, **kwargs: Any) -> Any:
+    """A ``RunResult`` for ``label`` whose records are :func:`build_records`'s (keyword arguments
+    of both are accepted: ``explanation``, ``optimizer_outcome``, ``scale_history``, ``events``,
+    ``workload`` go to the result, the rest to the records)."""
+    from precision_nb.core.plan import PrecisionPlan
+    from precision_nb.engine.results import RunResult
+
+    fields = {"explanation", "optimizer_outcome", "scale_history", "events", "workload"}
+    own = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
+    records = build_records(label, mode, **kwargs)
+    last = records[-1]
+    return RunResult(
+        label=label,
+        plan=PrecisionPlan.from_dict(last),
+        explanation=own.pop("explanation", None),
+        optimizer_outcome=own.pop("optimizer_outcome", None),
+        device=last["device"],
+        records=records,
+        steps=last["step"],
+        skipped_total=last["skipped_total"],
+        final_loss=last["loss"],
+        **own,
+    )
+
+
+@pytest.fixture
+def make_result() -> Callable[..., Any]:
+    return build_result
+
+
+@pytest.fixture
+def make_comparison() -> Callable[..., Any]:
+    """``make_comparison(fp32=result, bf16=result, drift=..., figures=..., ...)``: a
+    ``Comparison`` of the given results (keyword names that are Comparison fields set those)."""
+    from dataclasses import fields
+
+    from precision_nb.engine.compare import Comparison
+
+    names = {f.name for f in fields(Comparison)}
+
+    def make(**kwargs: Any) -> Any:
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        return Comparison(results=dict(kwargs), **own)
+
+    return make
+
+
+@pytest.fixture
 def setup_dry_run() -> Callable[..., tuple[list[list[str]], str]]:
     """Run ``scripts/setup.sh ARGS`` with ``PRECISION_NB_DRY_RUN=1`` and extra environment.
 
@@ -143,3 +247,33 @@ def setup_dry_run() -> Callable[..., tuple[list[list[str]], str]]:
         return commands, done.stderr if done.returncode == 0 else f"exit {done.returncode}"
 
     return run
+
+
+def rows_against_policy(rows: list[dict[str, Any]], device_type: str = "cpu") -> list[dict]:
+    """The forward rows of an op trace whose output dtype is not the one autocast's policy (read
+    from torch: ``policy_of``) says: low precision -> the low dtype, fp32 -> fp32, widest input ->
+    fp32 when an input is fp32, no kernel -> one of its inputs' dtypes. Empty when all agree."""
+    from precision_nb.engine.inspect.policy import policy_of
+
+    wrong = []
+    for r in rows:
+        if not r["phase"].startswith("forward") or r["kind"] not in ("compute", "in-place"):
+            continue
+        if r["output"] not in ("fp32", "bf16", "fp16"):
+            continue
+        listed = policy_of(device_type, r["call"], r["op"])
+        inputs = set(r["inputs"].split("+")) & {"fp32", "bf16", "fp16"} or {"fp32"}
+        low = inputs - {"fp32"} or {"bf16", "fp16"}
+        allowed = {
+            "lower precision": low,
+            "float32": {"fp32"},
+            "widest input type": {"fp32"} if "fp32" in inputs else inputs,
+        }.get(listed, inputs)
+        if r["output"] not in allowed or r.get("autocast_list", listed) != listed:
+            wrong.append(r)
+    return wrong
+
+
+@pytest.fixture
+def against_policy() -> Callable[..., list[dict]]:
+    return rows_against_policy

@@ -334,11 +334,12 @@ def test_readme_has_a_short_example_each_for_the_panel_fit_profile_and_distribut
 
 @pytest.mark.parametrize("code", EXAMPLES, ids=["panel", "fit", "profile", "distributed"])
 def test_readme_example_runs(code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)  # the profile example writes profile-out/ here
+    monkeypatch.chdir(tmp_path)  # the profile example writes profile-tiny/ here
     namespace: dict[str, object] = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), namespace)
     if "pnb.profile(" in code:
-        assert (tmp_path / "profile-out" / "report.html").is_file()
+        assert (tmp_path / "profile-tiny" / "report.html").is_file()
+        assert not (tmp_path / "profile-out").exists()  # the demo's report is left alone
     produced = [namespace.get(name) for name in ("result", "prof", "panel")]
     assert any(value is not None for value in produced), "the example produced nothing"
     if "prof" in namespace:

@@ -44,7 +44,7 @@ def test_profile_in_python_raises_the_models_own_error(tmp_path) -> None:
             inspect=False, numerics=False, out=tmp_path / "out",
         )  # fmt: skip
     assert not isinstance(info.value, ZeroDivisionError)
-    comparison = info.value.precision_nb_comparison  # the comparison travels with the error
+    comparison = info.value.result  # the comparison travels with the error
     assert set(comparison.failures) == {"fp32", "bf16"}
     assert all("failed in warm-up" in why for why in comparison.failures.values())
 

@@ -284,9 +284,9 @@ def test_run_result_html_draws_the_loss_curve():
 def test_the_progress_bar_is_tqdm_auto():
     import tqdm.auto
 
-    from precision_nb.engine import session
+    from precision_nb.engine import callbacks
 
-    assert session.tqdm is tqdm.auto.tqdm  # a widget in Jupyter, text in a terminal
+    assert callbacks.tqdm is tqdm.auto.tqdm  # a widget in Jupyter, text in a terminal
 
 
 # "spec" as a word: the user has no specification; "SPEC" (a placeholder) and identifiers are fine

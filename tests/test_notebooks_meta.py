@@ -164,6 +164,20 @@ def test_stored_outputs_stay_small(name: str) -> None:
     assert images <= MAX_IMAGES
 
 
+#: A display whose plain-text form is only an object's address (a pandas ``Styler``, say): what
+#: nbconvert to text, GitHub's diff view and nbval's logs would show of it.
+OBJECT_REPR = re.compile(r"^<[\w.]+ (object )?at 0x[0-9a-fA-F]+>$")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_display_has_a_text_form(name: str) -> None:
+    for cell in code_cells(load(name)):
+        for out in cell["outputs"]:
+            plain = out.get("data", {}).get("text/plain", "")
+            text = (plain if isinstance(plain, str) else "".join(plain)).strip()
+            assert not OBJECT_REPR.match(text), f"{name}: {text!r} in {source(cell)[:60]!r}"
+
+
 def test_sanitizer_is_the_one_the_test_command_uses_and_is_valid() -> None:
     cfg = NOTEBOOKS / "sanitize.cfg"
     assert "--nbval-sanitize-with notebooks/sanitize.cfg" in (ROOT / "scripts/test.sh").read_text()

@@ -100,7 +100,15 @@ def test_dry_run_installs_torch_first_from_the_chosen_index_then_the_extra(setup
     assert installs[0][-1] == "torch>=2.13"
     assert installs[0][-5:-1] == list(CPU_ARGS)
     assert installs[1][-2:] == ["-e", ".[test]"]
+    assert installs[2][-2:] == ["--no-deps", "torchvision==0.28.0"]  # never a torch of its own
+    assert len(installs) == 3
     assert "torch: PRECISION_NB_TORCH_INDEX=cpu" in log
+
+
+def test_the_plain_install_gets_no_torchvision(setup_dry_run) -> None:
+    commands, _ = setup_dry_run(PRECISION_NB_TORCH_INDEX="cpu")
+    installs = [c for c in commands if c[1:4] == ["-m", "pip", "install"]]
+    assert installs[-1][-2:] == ["-e", ".[notebook]"] and len(installs) == 2
 
 
 def test_dry_run_refuses_a_bad_setting_and_an_unknown_extra(setup_dry_run) -> None:

@@ -3,13 +3,16 @@
 Only argparse is imported at module level; torch, the engine, matplotlib and pandas load inside
 :func:`run`. Writes ``inspection_memory.csv``, ``inspection_ops.csv`` (and
 ``inspection_policy.csv`` for a simulated device), PNG figures and ``inspection.html`` into
-``--out``. Exit codes: 0 success, 2 bad input, 1 a failed inspection (e.g. out of memory).
+``--out``, atomically (staged, moved in when complete). Exit codes: 0 success, 2 bad input
+(``--out`` an existing file included), 1 a failed inspection (e.g. out of memory) or write (e.g.
+a full disk; ``--out`` is then left as it was), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs
@@ -26,8 +29,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=paragraphs(
             "Run one instrumented training step (on a copy of the model) under each precision "
             "plan and write memory by kind and dtype, the op-by-op dtype trace, figures and an "
-            "HTML section into --out. With --simulate, show autocast's documented policy for "
-            "the simulated device instead of a trace.",
+            "HTML section into --out. With --simulate, show autocast's policy for the "
+            "simulated device type, read from the installed torch, instead of a trace.",
             "--model and --batches load your own model as for `precision-nb profile`.",
         ),
     )
@@ -83,10 +86,12 @@ def _error(message: str) -> int:
 
 
 def check_flags(args: argparse.Namespace) -> None:
-    """Check the flag values without importing torch (``ValueError`` naming the flag)."""
+    """Check the flag values and ``--out`` without importing torch (``ValueError`` naming the
+    flag)."""
     from precision_nb.cli.profile import PRESET_NAMES, WORKLOAD_NAMES
     from precision_nb.core.names import device_string, precision_list
     from precision_nb.core.validate import choice
+    from precision_nb.views.report.folder import check_output_folder
 
     if args.workload is not None:
         choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
@@ -94,6 +99,10 @@ def check_flags(args: argparse.Namespace) -> None:
         choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
     precision_list(args.precision, "--precision")
     device_string(args.device, "--device")
+    try:
+        check_output_folder(Path(args.out).expanduser())
+    except ValueError as err:
+        raise ValueError(f"--{err}") from err  # "out: ..." -> "--out: ..."
 
 
 def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
@@ -145,7 +154,13 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
         print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
         return 1
-    files = write_inspection(results, args.out)
+    from precision_nb.views.report.folder import ReportWriteError
+
+    try:  # staged and moved in when complete: a failed write leaves --out as it was
+        files = write_inspection(results, Path(args.out).expanduser())
+    except ReportWriteError as err:
+        print(f"precision-nb inspect: error: {err.strerror}", file=sys.stderr)
+        return 1
     for label, item in results.items():
         print(repr(item))
         for flag in item.flags:

@@ -186,7 +186,8 @@ def _ctrl_c_stops(stop: threading.Event) -> Iterator[None]:
             raise KeyboardInterrupt
         stop.set()
         print(
-            "precision-nb profile: stopping after this step (Ctrl-C again to abort)",
+            "precision-nb profile: stopping after this step; --out is left as it was (Ctrl-C "
+            "again to abort now)",
             file=sys.stderr,
         )
 
@@ -291,6 +292,13 @@ def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _print_outcome(output: Any) -> None:
+    """One line per plan, the verdict first (merged requests under their plan), then the
+    table, the other hints and where the report is."""
+    from precision_nb.views.report.answer import other_hints, terminal_lines
+
+    plans = output.answers()
+    for line in terminal_lines(plans):
+        print(cli_text(line))
     table = output.summary
     columns = [
         c
@@ -311,8 +319,6 @@ def _print_outcome(output: Any) -> None:
         if c in table
     ]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    for verdict in getattr(output, "verdicts", {}).values():
-        print(f"verdict: {cli_text(verdict)}")
-    for hint in output.hints:
+    for hint in other_hints(output.hints, plans):
         print(f"hint: {cli_text(str(hint))}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")

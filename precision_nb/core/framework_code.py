@@ -1,6 +1,6 @@
 """A resolved plan as PyTorch Lightning, Hugging Face Accelerate and Transformers configuration.
 
-Each writer turns a :class:`~precision_nb.core.plan_code.CodeSpec` into a runnable script with a
+Each writer turns a :class:`~precision_nb.core.code_spec.CodeSpec` into a runnable script with a
 stand-in model and random data, using the framework's documented settings:
 ``lightning.Trainer(precision="32-true" | "bf16-mixed" | "16-mixed")``,
 ``accelerate.Accelerator(mixed_precision="no" | "bf16" | "fp16")`` and
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from precision_nb.core.plan_code import (
+from precision_nb.core.code_spec import (
     STAND_IN_MODEL,
     CodeSpec,
     adamw_call,

@@ -37,6 +37,14 @@ FUSED_ERRORS = (TypeError, RuntimeError, ValueError)
 
 _FUSED_ALLOWED = "null/None (probe), true (attempt), false (disable)"
 
+#: What plain AdamW costs against fused, in words that hold on every device (it is measured, per
+#: device and model, by ``precision_nb.time_adamw``).
+PLAIN_ADAMW_COST = (
+    "plain AdamW runs several ops per parameter tensor where fused AdamW updates each tensor in "
+    "one kernel; depending on the device and the model that makes the optimizer step several "
+    "times slower, about as fast, or faster (precision_nb.time_adamw(model) times both here)"
+)
+
 
 def _number(name: str, value: Any, minimum: float, strict: bool) -> float:
     # YAML reads "1e-3" (no dot) as a string, so numeric strings are accepted.
@@ -199,7 +207,10 @@ def describe_fused(
             )
         cpu_note = ""
         if kind == "cpu":
-            cpu_note = " " + _cpu_kernel_note() + "; set optimizer.fused=true to use it."
+            cpu_note = (
+                f" {_cpu_kernel_note()}; set optimizer.fused=true to use it. What plain AdamW "
+                f"costs: {PLAIN_ADAMW_COST}."
+            )
         return (
             "plain AdamW",
             "optimizer.fused=null probes, and the fused AdamW probe (supports_fused_adamw) is "
@@ -308,7 +319,8 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
             else:
                 reason = (
                     f"fused=None: the fused AdamW probe is false off CUDA, so {dev.type} gets "
-                    "plain AdamW (torch's CPU fused AdamW exists; fused=True attempts it)"
+                    "plain AdamW (torch's CPU fused AdamW exists; fused=True attempts it): "
+                    + PLAIN_ADAMW_COST
                     if dev.type == "cpu"
                     else f"fused=None: the fused AdamW probe is false off CUDA; plain AdamW on "
                     f"{dev}"

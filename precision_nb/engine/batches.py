@@ -1,13 +1,17 @@
 """Batch sources (iterable, DataLoader, callable) and model-output -> loss adapters.
 
-A batch is a tensor, a tuple/list of tensors ``(inputs, labels)`` or a mapping of tensors (the
-optional ``"labels"`` entry is kept out of the model call). The model output may be
+A batch is a tensor, a tuple/list of tensors ``(inputs, labels)`` (the model gets the inputs) or
+a mapping of tensors (the model gets them as keyword arguments). A mapping's ``"labels"`` entry is
+handed to the model as its library does it (Hugging Face: labels in, ``.loss`` out) when the
+model's ``forward`` has a ``labels`` parameter and no ``loss_fn`` is given; otherwise it is kept
+out of the call. The model output may be
 
 - a scalar loss tensor,
 - a mapping (or object) with a ``loss`` entry,
-- logits with labels from the batch: ``(N, C)`` logits with ``(N,)`` labels -> cross entropy;
-  ``(N, T, V)`` logits with ``(N, T)`` labels -> causal LM (position t predicts label t + 1, the
-  Hugging Face convention: labels are the input ids, the shift happens here).
+- logits with labels from the batch: ``(N, C)`` logits with ``(N,)`` integer labels -> cross
+  entropy; ``(N, T, V)`` logits with ``(N, T)`` labels -> causal LM (position t predicts label
+  t + 1, the Hugging Face convention: labels are the input ids, the shift happens here; -100 is
+  ignored, as in cross entropy).
 """
 
 from __future__ import annotations
@@ -117,38 +121,104 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def split_batch(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
-    """Return ``(args, kwargs, labels)`` for the model call."""
+def split_batch(
+    batch: Any, model: Any = None, loss_fn: Any = None
+) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+    """Return ``(args, kwargs, labels)`` for the model call.
+
+    A mapping's ``labels`` stay in ``kwargs`` too when ``model`` takes a ``labels`` argument and
+    there is no ``loss_fn`` (:func:`takes_labels`): the model then computes its own loss.
+    """
     if isinstance(batch, torch.Tensor):
         return (batch,), {}, None
     if isinstance(batch, (tuple, list)):
         if len(batch) == 1:
             return (batch[0],), {}, None
         return tuple(batch[:-1]), {}, batch[-1]
+    labels = batch.get("labels")
+    if labels is not None and loss_fn is None and model is not None and takes_labels(model):
+        return (), dict(batch), labels
     kwargs = {k: v for k, v in batch.items() if k != "labels"}
-    return (), kwargs, batch.get("labels")
+    return (), kwargs, labels
+
+
+def takes_labels(model: Any) -> bool:
+    """Whether ``model``'s ``forward`` names a ``labels`` parameter (Hugging Face models do).
+
+    Wrappers whose ``forward`` takes only ``*args, **kwargs`` (DistributedDataParallel's
+    ``.module``, ``torch.compile``'s ``._orig_mod``) are looked through.
+    """
+    for _ in range(4):
+        params = _forward_parameters(type(model))
+        if "labels" in params:
+            return True
+        if any(kind not in _VARIADIC for kind in params.values()):
+            return False
+        inner = getattr(model, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return False
+        model = inner
+    return False
+
+
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(cls: type) -> dict[str, Any]:
+    forward = getattr(cls, "forward", None)
+    if forward is None:
+        return {}
+    try:
+        params = inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to read
+        return {}
+    return {name: p.kind for name, p in params.items() if name != "self"}
 
 
 @dataclass(frozen=True)
 class BatchShape:
-    """Sizes of one microbatch, taken from the first one: samples, tokens (LM only), signature."""
+    """Sizes of one microbatch, taken from the first one: samples, tokens (token-id inputs
+    only), signature."""
 
     samples: int
     tokens: int | None
     signature: tuple[Any, ...]
 
 
-def batch_shape(batch: Any, task: str | None) -> BatchShape:
+def batch_shape(batch: Any, task: str | None = None) -> BatchShape:
+    """Samples, tokens and the shape signature of one microbatch.
+
+    ``tokens`` is read from the batch alone, so it does not depend on having run the model: the
+    positions of the model's input when that is an integer tensor of two or more dimensions
+    (token ids, ``input_ids`` in a mapping; padding included), else, for a ``task`` of
+    ``"causal_lm"``, the labels' positions; None otherwise.
+    """
     tensors = _tensors(batch)
     first = tensors[0]
     samples = int(first.shape[0]) if first.dim() > 0 else 1
+    args, kwargs, labels = split_batch(batch)
+    model_input = kwargs.get("input_ids", args[0] if args else next(iter(kwargs.values()), None))
     tokens = None
-    if task == "causal_lm":
-        _, _, labels = split_batch(batch)
+    if _token_ids(model_input):
+        tokens = int(model_input.numel())
+    elif task == "causal_lm":
         ref = labels if isinstance(labels, torch.Tensor) else first
         tokens = int(ref.numel())
     sig = tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
     return BatchShape(samples, tokens, sig)
+
+
+def _token_ids(t: Any) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and t.dim() >= 2
+        and not t.dtype.is_floating_point
+        and not t.dtype.is_complex
+        and t.dtype != torch.bool
+    )
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -174,7 +244,8 @@ def _arity_cached(fn: Callable[..., Any]) -> int:
 def output_to_loss(
     output: Any, labels: Any, loss_fn: Callable[..., torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, str]:
-    """Turn a model output into ``(scalar loss, task)``; task is loss/classification/causal_lm."""
+    """Turn a model output into ``(scalar loss, task)``; task is custom, loss, classification or
+    causal_lm (a model's own loss beside logits shaped like one of the last two is named so)."""
     if loss_fn is not None:
         n = _arity(loss_fn)
         return (loss_fn(output, labels) if n >= 2 else loss_fn(output)), "custom"
@@ -191,7 +262,7 @@ def output_to_loss(
         loss = getattr(output, "loss", None)
         logits = getattr(output, "logits", None)
     if isinstance(loss, torch.Tensor):
-        return loss, "loss"
+        return loss, _task_of(logits, labels)
     if isinstance(logits, torch.Tensor) and logits.dim() == 0:
         return logits, "loss"
     if not isinstance(logits, torch.Tensor):
@@ -200,6 +271,15 @@ def output_to_loss(
             "mapping with 'loss', or logits (with labels in the batch)"
         )
     return _logits_loss(logits, labels)
+
+
+def _task_of(logits: Any, labels: Any) -> str:
+    if isinstance(logits, torch.Tensor) and isinstance(labels, torch.Tensor):
+        if logits.dim() == 3 and labels.dim() == 2:
+            return "causal_lm"
+        if logits.dim() == 2 and labels.dim() == 1 and not labels.dtype.is_floating_point:
+            return "classification"
+    return "loss"
 
 
 def _logits_loss(logits: torch.Tensor, labels: Any) -> tuple[torch.Tensor, str]:
@@ -213,6 +293,13 @@ def _logits_loss(logits: torch.Tensor, labels: Any) -> tuple[torch.Tensor, str]:
         shifted = logits[:, :-1, :].reshape(-1, v)
         return F.cross_entropy(shifted.float(), labels[:, 1:].reshape(-1)), "causal_lm"
     if logits.dim() == 2 and labels.dim() == 1:
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            raise ValueError(
+                f"logits of shape {tuple(logits.shape)} with {str(labels.dtype)[6:]} labels of "
+                f"shape {tuple(labels.shape)}: the built-in classification loss (cross entropy) "
+                "needs integer class labels; pass loss_fn for regression or other targets (a "
+                "model that takes labels and returns .loss computes its own)"
+            )
         return F.cross_entropy(logits.float(), labels), "classification"
     raise ValueError(
         f"logits of shape {tuple(logits.shape)} with labels of shape {tuple(labels.shape)}: "

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from precision_nb.core.validate import integer, number, short_repr
+from precision_nb.core.validate import integer, short_repr
+from precision_nb.engine.precision import scaler_state_problems
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,6 @@ FORMAT = "precision_nb.checkpoint"
 VERSION = 2  # 2: payload + SHA-256 in a wrapper; 1: the state at top level, no checksum
 REQUIRED = ("model", "optimizer", "scaler", "counters", "rng", "plan")
 COUNTERS = ("steps", "attempts", "microbatches")
-#: ``torch.amp.GradScaler.state_dict()`` keys (an empty dict: a disabled scaler).
-SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
 
 def rng_state() -> dict[str, Any]:
@@ -251,27 +250,6 @@ def _check_rng(rng: Any) -> list[str]:
     return problems
 
 
-def _check_scaler(scaler: Any) -> list[str]:
-    if scaler is None or scaler == {}:
-        return []
-    if not isinstance(scaler, Mapping) or set(scaler) != set(SCALER_KEYS):
-        found = sorted(scaler) if isinstance(scaler, Mapping) else type(scaler).__name__
-        return [f"scaler: keys {short_repr(found)}; expected {sorted(SCALER_KEYS)}"]
-    return _problems(
-        [
-            (_positive_number, "scaler.scale", scaler["scale"]),
-            (_positive_number, "scaler.growth_factor", scaler["growth_factor"]),
-            (_positive_number, "scaler.backoff_factor", scaler["backoff_factor"]),
-            (integer, "scaler.growth_interval", scaler["growth_interval"], 1),
-            (integer, "scaler._growth_tracker", scaler["_growth_tracker"], 0),
-        ]
-    )
-
-
-def _positive_number(field: str, value: Any) -> float:
-    return number(field, value, minimum=0.0, strict=True)
-
-
 def validate_state(
     payload: Mapping[str, Any],
     model: torch.nn.Module,
@@ -285,7 +263,7 @@ def validate_state(
         *_check_optimizer(payload.get("optimizer"), optimizer),
         *_check_counters(payload.get("counters")),
         *_check_rng(payload.get("rng")),
-        *_check_scaler(payload.get("scaler")),
+        *scaler_state_problems(payload.get("scaler")),
     ]
     if not isinstance(payload.get("plan"), Mapping):
         problems.append("plan: expected the plan as a dict")

@@ -27,10 +27,14 @@ from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
 from precision_nb.engine import stats
 from precision_nb.engine.batches import BatchSource
+from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.measure import MeasureConfig, Measurement, measure_plans
 from precision_nb.engine.metrics import compute_dtype, peak_ratios, tf32_state
-from precision_nb.engine.results import RunResult
-from precision_nb.engine.trainer import TrainConfig, Trainer, make_train_config, prepare
+from precision_nb.engine.precision import lab_applies, run_label
+from precision_nb.engine.request import RunRequest
+from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.train_config import TrainConfig
+from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
 
 log = logging.getLogger(__name__)
@@ -55,13 +59,28 @@ class Comparison:
     method: dict[str, Any] = field(default_factory=dict)
     #: The model measured: ``class`` (qualified name) and ``params`` (parameter count).
     model_info: dict[str, Any] = field(default_factory=dict)
-    #: dtype name -> its peak FLOP/s over the fp32 peak here: what it can gain at best.
+    #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
     peak_ratios: dict[str, float] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
         """Every record of every run, in run order (the ``run`` key tells them apart)."""
         return [r for res in self.results.values() for r in res.records]
+
+
+class ComparisonError(FitError):
+    """A plan of a comparison failed; ``.result`` is the whole :class:`Comparison` (the other
+    plans finished, ``failures`` says which plan stopped where). The first plan's failure is the
+    ``__cause__``."""
+
+    result: Comparison
+
+
+class ComparisonValueError(ComparisonError, ValueError):
+    """A comparison whose first failing plan failed on a bad value (a ``ValueError``)."""
+
+
+ComparisonError.value_error = ComparisonValueError
 
 
 def _tokens_per_sample(result: RunResult) -> float | None:
@@ -162,16 +181,14 @@ def plan_figures(
     return out, events
 
 
-def _as_request(mode: Any, lab: bool) -> tuple[str, PrecisionConfig]:
+def _as_request(mode: Any, lab: bool) -> PrecisionConfig:
+    """A requested mode as a config; ``lab`` turns a plain fp16 request into the lab's."""
     if isinstance(mode, PrecisionConfig):
-        cfg = mode
-    else:
-        cfg = PrecisionConfig(
-            mode=mode,
-            loss_scale_lab=lab and str(mode).strip().lower() in ("fp16", "float16", "half"),
-        )
-    label = cfg.requested + (" (loss-scale lab)" if cfg.loss_scale_lab else "")
-    return label, cfg
+        return mode
+    return PrecisionConfig(
+        mode=mode,
+        loss_scale_lab=lab and str(mode).strip().lower() in ("fp16", "float16", "half"),
+    )
 
 
 def _param_vector(model: nn.Module) -> torch.Tensor:
@@ -179,31 +196,32 @@ def _param_vector(model: nn.Module) -> torch.Tensor:
 
 
 def _plan_requests(
-    modes: Sequence[Any],
-    loss_scale_lab: bool,
+    requests: Sequence[PrecisionConfig],
     device: Any,
-    optimizer: OptimizerConfig | None,
+    optimizer: OptimizerConfig,
     out: Comparison,
 ) -> dict[str, PrecisionConfig]:
-    """Label -> request for every distinct plan; merged and relabelled requests become events."""
+    """Label -> request for every distinct plan; merged and relabelled requests become events.
+
+    A label is the requested mode, with " (loss-scale lab)" where the lab applies.
+    """
     planned: dict[str, PrecisionConfig] = {}
     seen: dict[Any, str] = {}
-    for mode in modes:
-        label, request = _as_request(mode, loss_scale_lab)
+    for request in requests:
         explanation = explain_precision(request, device, optimizer=optimizer)
         plan = explanation.plan
-        if request.loss_scale_lab and not (explanation.row and explanation.row.source == "lab"):
+        label = run_label(request.requested, lab_applies(explanation))
+        if request.loss_scale_lab and not lab_applies(explanation):
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
             # not claim it.
             out.events.append(
                 Event(
                     "fallback",
-                    f"{label}: the loss-scale lab applies to fp16 on CPU only; on "
-                    f"{explanation.device} this runs as plain {request.requested}",
+                    f"{run_label(label, True)}: the loss-scale lab applies to fp16 on CPU only; "
+                    f"on {explanation.device} this runs as plain {request.requested}",
                     {"field": "loss_scale_lab", "requested": True, "used": False, "run": label},
                 )
             )
-            label = request.requested
         if label in planned or label in out.merged:
             out.events.append(
                 Event(
@@ -255,8 +273,9 @@ def compare(
     ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``. ``measure`` sets
     the warm-up rule and the rounds (:class:`MeasureConfig`); ``steps`` (a TrainConfig field) is
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
-    still finish; then the first failure is raised with the whole comparison attached as
-    ``exc.precision_nb_comparison`` (``failures`` says which plans stopped where).
+    still finish; then a :class:`ComparisonError` is raised with the whole comparison as
+    ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
+    ``__cause__``.
     """
     if isinstance(modes, (str, PrecisionConfig)):
         modes = [modes]
@@ -264,12 +283,29 @@ def compare(
     if not modes:
         raise ValueError("modes is empty; allowed: one or more of auto, fp32, bf16, fp16")
     validate.boolean("loss_scale_lab", loss_scale_lab)
-    cfg = make_train_config(train, train_options)
     if model is not None and batches is None:
         raise ValueError("batches is None; pass batches together with your own model")
-    model, batches, info = prepare(
-        model if model is not None else workload, batches, preset, device, cfg.seed
-    )
+    request = RunRequest.of(
+        model if model is not None else workload, batches, preset=preset, device=device,
+        precision=[_as_request(m, loss_scale_lab) for m in modes], optimizer=optimizer,
+        train=train, loss_fn=loss_fn, **train_options,
+    )  # fmt: skip
+    return run_comparison(request, callbacks=callbacks, stop=stop, measure=measure)
+
+
+def run_comparison(
+    request: RunRequest,
+    *,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    measure: MeasureConfig | None = None,
+) -> Comparison:
+    """:func:`compare` for a request already checked (``RunRequest.of``): every precision of
+    ``request.precisions`` on the same weights and data."""
+    cfg, device, optimizer = request.train, request.device, request.optimizer
+    loss_fn = request.loss_fn
+    dispatch = Callbacks(callbacks)
+    model, batches, info = request.prepare()
     if isinstance(batches, Iterable) and iter(batches) is batches:
         raise ValueError(
             f"batches has type {type(batches).__name__}, a one-shot iterator; compare needs "
@@ -281,10 +317,9 @@ def compare(
         "class": type(model).__qualname__,
         "params": sum(p.numel() for p in model.parameters()),
     }
-    planned = _plan_requests(modes, loss_scale_lab, device, optimizer, out)
+    planned = _plan_requests(request.precisions, device, optimizer, out)
     mcfg = measure if measure is not None else MeasureConfig()
     trainers: dict[str, Trainer] = {}
-    callbacks = list(callbacks)
 
     def make_session(label: str, steps: int, warmup: bool) -> Any:
         train = dataclasses.replace(cfg, label=label, progress=cfg.progress and not warmup)
@@ -301,17 +336,11 @@ def compare(
         if not warmup:
             trainers[label] = trainer
         return trainer.start(
-            steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
+            steps=steps, callbacks=() if warmup else dispatch, stop=None if warmup else stop
         )
 
-    def on_warmup(label: str, warm: Any) -> None:
-        for callback in callbacks:  # optional hook: ``on_warmup(label, Warmup | None)``
-            hook = getattr(callback, "on_warmup", None)
-            if hook is not None:
-                hook(label, warm)
-
     measurement, sessions, failures = measure_plans(
-        list(planned), make_session, cfg.steps, mcfg, stop, on_warmup
+        list(planned), make_session, cfg.steps, mcfg, stop, dispatch.warmup
     )
     out.measurement = measurement
     out.events.extend(measurement.events)
@@ -319,7 +348,8 @@ def compare(
     ref_label: str | None = None
     for label, session in sessions.items():
         failure = failures.get(label)
-        result = getattr(failure, "result", None) or session.result
+        partial = failure.result if isinstance(failure, FitError) else None
+        result = partial if isinstance(partial, RunResult) else session.result
         if failure is None:
             result = session.finish()
         out.results[label] = result
@@ -352,7 +382,7 @@ def compare(
     if reference is None:
         out.events.append(Event("warning", "no fp32 run among the requests: drift is None"))
     if failures:  # loud, after the other plans finished; the comparison travels with the error
-        first = next(iter(failures.values()))
-        first.precision_nb_comparison = out  # type: ignore[attr-defined]
-        raise first
+        label, first = next(iter(failures.items()))
+        kind = ComparisonError.value_error if isinstance(first, ValueError) else ComparisonError
+        raise kind(f"plan {label} failed: {first}", out) from first
     return out

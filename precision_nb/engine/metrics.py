@@ -4,7 +4,7 @@
   restores everything it touched (grads, buffers, RNG), cached per model type, size and batch shape.
 - :func:`peak_flops` looks a GPU up in :data:`GPU_PEAK_TFLOPS` (datasheet, dense) or, on CPU,
   measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`);
-  :func:`peak_ratios` says what a low-precision dtype can gain over fp32 at best.
+  :func:`peak_ratios` estimates what a low-precision dtype could gain over fp32 (not a bound).
 - Attention is counted on every device (:data:`ATTENTION_FLOPS`); :func:`tf32_state` records
   whether CUDA fp32 may really run as TF32.
 - :class:`MemoryProbe` reads CUDA allocator / MPS / host RSS memory, only when asked (log time).
@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,18 +29,46 @@ log = logging.getLogger(__name__)
 
 # Dense (no sparsity) datasheet peaks in TFLOP/s; fp32 is the non-tensor-core rate (torch's
 # default matmul precision "highest" does not use TF32). Sources: NVIDIA datasheets / whitepapers
-# (A100, H100 SXM/PCIe, H200, L4, T4, GA102 and AD102 whitepapers), as also tabulated in
-# Lightning's lightning/fabric/utilities/throughput.py.
+# (A100, H100 SXM/PCIe/NVL, H200 SXM/NVL, L4, T4, GA102 and AD102 whitepapers; the NVL parts'
+# bf16 is half their datasheet's sparse figure, 1,671), as also tabulated in Lightning's
+# lightning/fabric/utilities/throughput.py; RTX 3090 Ti: its spec sheet's 40 shader TFLOPS and
+# 320 sparse fp16 tensor TFLOPS, dense with fp32 accumulation a quarter of that (80).
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "h200": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
+    "h200 nvl": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
     "h100 sxm": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
     "h100 pcie": {"float32": 51.0, "bfloat16": 756.5, "float16": 756.5},
+    "h100 nvl": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
     "a100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},
     "l4": {"float32": 30.3, "bfloat16": 121.0, "float16": 121.0},
     "t4": {"float32": 8.1, "float16": 65.0},
     "rtx 4090": {"float32": 82.6, "bfloat16": 165.2, "float16": 165.2},
+    "rtx 3090 ti": {"float32": 40.0, "bfloat16": 80.0, "float16": 80.0},
     "rtx 3090": {"float32": 35.6, "bfloat16": 71.0, "float16": 71.0},
 }
+
+# CUDA device names -> table rows: (row, the chip's token, variant tokens the name must carry,
+# variant tokens it may carry). A name matches a row only when every other token of it is one of
+# _ANY_NAME (vendor words, memory sizes): "RTX 4090 D", "RTX 4090 Laptop GPU", "H100 NVL" or a
+# MIG slice ("... MIG 1g.10gb") is another product than the row, with other peaks.
+_GPU_NAMES: tuple[tuple[str, str, frozenset[str], frozenset[str]], ...] = tuple(
+    (row, chip, frozenset(need.split()), frozenset(may.split()) | frozenset(need.split()))
+    for row, chip, need, may in (
+        ("h200 nvl", "h200", "nvl", ""),
+        ("h200", "h200", "", "sxm sxm5 hbm3e"),
+        ("h100 nvl", "h100", "nvl", "hbm3"),
+        ("h100 pcie", "h100", "pcie", "hbm2e"),
+        ("h100 pcie", "h100", "hbm2e", ""),
+        ("h100 sxm", "h100", "", "sxm sxm5 hbm3"),
+        ("a100", "a100", "", "sxm sxm4 pcie"),
+        ("l4", "l4", "", ""),
+        ("t4", "t4", "", ""),
+        ("rtx 4090", "4090", "", ""),
+        ("rtx 3090 ti", "3090", "ti", ""),
+        ("rtx 3090", "3090", "", ""),
+    )
+)
+_ANY_NAME = re.compile(r"nvidia|geforce|rtx|tesla|\d+gb")
 
 
 @dataclass(frozen=True)
@@ -50,20 +80,13 @@ class Peak:
 
 
 def gpu_table_key(device_name: str) -> str | None:
-    """Map a CUDA device name (e.g. 'NVIDIA H100 80GB HBM3') to a key of the peak table."""
-    name = device_name.lower()
-    if "h200" in name:
-        return "h200"
-    if "h100" in name:
-        return "h100 pcie" if ("pcie" in name or "hbm2e" in name) else "h100 sxm"
-    tokens = name.replace("-", " ").split()
-    for key in ("a100", "l4", "t4"):
-        if key in tokens:
-            return key
-    if "4090" in name:
-        return "rtx 4090"
-    if "3090" in name:
-        return "rtx 3090"
+    """The peak table's row for a CUDA device name (``"NVIDIA H100 80GB HBM3"`` -> ``"h100
+    sxm"``), or None when no row is that product (see ``_GPU_NAMES``)."""
+    tokens = set(re.split(r"[\s\-_/()]+", device_name.lower())) - {""}
+    rest = {t for t in tokens if not _ANY_NAME.fullmatch(t)}
+    for row, chip, need, may in _GPU_NAMES:
+        if chip in rest and need <= rest and rest - {chip} <= may:
+            return row
     return None
 
 
@@ -109,7 +132,8 @@ def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05
 
 
 def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
-    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: what it can gain at best.
+    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: an estimate of what it could
+    gain on matmul-bound work if both reached the same fraction of their peaks (not a bound).
 
     On CPU these are measured (:func:`calibrate_cpu_peak`); on CUDA they come from the datasheet
     table. Dtypes without a known peak are left out.
@@ -199,6 +223,14 @@ ATTENTION_FLOPS: dict[Any, Any] = {
 def flop_counter() -> FlopCounterMode:
     """A ``FlopCounterMode`` that also counts scaled-dot-product attention on every device."""
     return FlopCounterMode(display=False, custom_mapping=ATTENTION_FLOPS)
+
+
+@functools.cache
+def flop_formulas() -> dict[Any, Callable[..., int]]:
+    """The formulas :func:`flop_counter` counts with, by ATen op packet (called as
+    ``formula(*args, **kwargs, out_val=out)``): the one FLOP count of every entry point, so the
+    inspection's op trace and a run's ``flops_per_step`` agree."""
+    return dict(flop_counter().flop_registry)
 
 
 def count_step_flops(

@@ -4,25 +4,27 @@ The loop appends each attempt's loss (sum over microbatches) and its :class:`Ste
 scale it used, the scaler's found-inf flag, the grad norm) to a :class:`Chunk` as device tensors.
 :meth:`Recorder.flush` brings the whole chunk home with a single ``tolist()``, takes the skipped
 attempts from the found-inf flags (never from the scale going down), counts the rest, stops the
-run when the scale left ``[min_loss_scale, inf)``, and collects the attempts' times;
-:meth:`Recorder.emit` writes one record. Gradient underflow statistics
-(``TrainConfig.grad_stats_every``) travel in the same transfer.
+run when the precision says the scale left ``[min_loss_scale, inf)``, and collects the attempts'
+times; :meth:`Recorder.emit` writes one record. Gradient underflow statistics
+(``TrainConfig.grad_stats_every``) travel in the same transfer. What stays fixed for the whole fit
+(record fields, batch shape, FLOPs, peak, the precision) is one frozen :class:`RunContext`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from precision_nb.core.events import Event
-from precision_nb.engine.amp_step import StepOutcome
 from precision_nb.engine.batches import BatchShape
+from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.metrics import MemoryProbe, Peak
+from precision_nb.engine.precision import Precision, StepOutcome
 from precision_nb.engine.results import (
     RECORD_KEYS,
     LossScaleFloorError,
@@ -72,32 +74,43 @@ _NO_STATS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What one fit's records are made from, fixed before its first step.
+
+    ``base``: the record fields that never change in the fit (label, plan fields, device, fused
+    AdamW, lab). ``where``: "plan <mode> on <device>", for error messages.
+    """
+
+    base: Mapping[str, Any]
+    shape: BatchShape
+    flops_per_step: int
+    peak: Peak | None
+    accumulation: int
+    where: str
+    precision: Precision
+    param_names: tuple[str, ...] = ()
+
+
 class Recorder:
-    """Host-side bookkeeping of one fit: counted steps, skips, scale history and records."""
+    """Host-side bookkeeping of one fit: counted steps, skips, scale history and records.
+
+    ``steps_done``: the trainer's counted steps before the fit (records continue from there).
+    """
 
     def __init__(
         self,
+        context: RunContext,
         result: RunResult,
-        base: dict[str, Any],
         probe: MemoryProbe,
-        shape: BatchShape,
-        flops_step: int,
-        peak: Peak | None,
-        cfg: Any,
-        callbacks: list[Any],
-        steps_done: int,
-        where: str,
         timer: StepTimer,
-        scaled: bool,
-        param_names: Sequence[str] = (),
+        callbacks: Callbacks,
+        steps_done: int,
     ) -> None:
-        self.result, self.base, self.probe, self.shape = result, base, probe, shape
-        self.flops_step, self.peak, self.callbacks = flops_step, peak, callbacks
-        self.K, self.floor = cfg.accumulation, cfg.min_loss_scale
+        self.context, self.result, self.probe, self.timer = context, result, probe, timer
+        self.callbacks, self.steps_done = callbacks, steps_done
+        self.K = context.accumulation
         self.host_scale: float | None = None
-        self.steps_done = steps_done
-        self.where, self.timer, self.scaled = where, timer, scaled
-        self.param_names = list(param_names)
         self.t_start = time.perf_counter()
         self._reset()
         self.lr: float | None = None
@@ -120,10 +133,11 @@ class Recorder:
         dt = max(self.busy, 1e-12)
         finite = [v for v in self.losses if math.isfinite(v)]
         mem = self.probe.read()
-        fps = self.flops_step * n / dt
-        peak, shape, K = self.peak, self.shape, self.K
+        ctx = self.context
+        fps = ctx.flops_per_step * n / dt
+        peak, shape, K = ctx.peak, ctx.shape, self.K
         values = dict(
-            self.base,
+            ctx.base,
             step=self.steps_done,
             loss=sum(finite) / len(finite) if finite else float("nan"),
             loss_scale=self.host_scale,
@@ -158,9 +172,7 @@ class Recorder:
             )
         self.result.records.append(record)
         self._reset()
-        for cb in self.callbacks:
-            if hasattr(cb, "on_log"):
-                cb.on_log(record)
+        self.callbacks.log(record)
 
     def flush(self, chunk: Chunk, lr: float) -> int:
         """One host transfer for the chunk; returns the number of counted (not skipped) steps."""
@@ -217,16 +229,18 @@ class Recorder:
                 self.result.skipped_total += 1
             if after is not None:
                 self.host_scale = after
-                if not (self.floor <= after < math.inf):
+                if self.context.precision.outside_floor(after):
                     self._account(i + 1, good)
-                    self._below_floor(attempt, after)
+                    self.below_floor(attempt, after)
         self._account(n, good)
+        if final is not None:
+            self.context.precision.scale_seen(final)
         return good
 
     def _grad_stats(self, values: list[float], attempt: int, step: int, scale: Any) -> None:
         """Keep one attempt's underflow stats for the next record and in ``result.grad_stats``."""
         under, worst, index, over = values
-        names = self.param_names
+        names = self.context.param_names
         # nothing underflowed: no layer is the worst
         name = names[int(index)] if worst > 0 and 0 <= index < len(names) else None
         self.grad_stats = {
@@ -248,37 +262,44 @@ class Recorder:
     def _non_finite(self, good: int, value: float) -> None:
         step = self.steps_done + 1
         self.emit(time.perf_counter())
+        scaled = self.context.precision.scaled
         why = (
             "the grad scaler did not skip it: its gradients were finite"
-            if self.scaled
+            if scaled
             else "no grad scaler to skip it"
         )
         hint = (
             "check the loss function and the data"
-            if self.scaled
+            if scaled
             else "pass TrainConfig(skip_nonfinite=True) to skip such steps"
         )
         msg = (
-            f"loss became {value} at step {step} ({self.where}, {why}); lower the learning "
+            f"loss became {value} at step {step} ({self.context.where}, {why}); lower the learning "
             f"rate, check the data, or {hint}"
         )
         self.result.events.append(Event("stop", msg, {"reason": "non-finite loss", "step": step}))
         raise NonFiniteLossError(msg, self.result, step)
 
-    def _below_floor(self, attempt: int, scale: float) -> None:
+    def below_floor(self, attempt: int, scale: float, *, before: bool = False) -> None:
+        """Stop the run: the loss scale left ``[min_loss_scale, inf)`` after ``attempt`` (or,
+        ``before=True``, it was already outside before ``attempt`` could run)."""
         self.emit(time.perf_counter())
+        floor = self.context.precision.min_loss_scale
         state = "fell below the floor" if math.isfinite(scale) else "is not finite"
+        when = f"before attempt {attempt} ran" if before else f"after attempt {attempt}"
         msg = (
-            f"the loss scale {state}: {scale:g} after attempt {attempt} (step {self.steps_done}, "
-            f"{self.where}; floor train.min_loss_scale={self.floor:g}), so the run stopped: a "
-            "scale outside [floor, inf) means the scaler keeps finding inf/NaN gradients and "
-            "skipping steps. Lower the learning rate, check the data and the loss for inf/NaN, "
-            "use bf16 where the device has it, or change train.min_loss_scale / train.init_scale"
+            f"the loss scale {state}: {scale:g} {when} (step {self.steps_done}, "
+            f"{self.context.where}; floor train.min_loss_scale={floor:g}), so the run stopped "
+            "without another step at that scale: a scale outside [floor, inf) means the scaler "
+            "keeps finding inf/NaN gradients and skipping steps (and at a scale of 0 a step "
+            "would write NaN into the weights). Lower the learning rate, check the data and the "
+            "loss for inf/NaN, use bf16 where the device has it, or change "
+            "train.min_loss_scale / train.init_scale"
         )
         data = {
             "reason": "loss scale below floor" if math.isfinite(scale) else "loss scale not finite",
             "scale": scale,
-            "floor": self.floor,
+            "floor": floor,
             "attempt": attempt,
             "step": self.steps_done,
         }

@@ -1,6 +1,9 @@
-"""What a run produces: :class:`RunResult`, callbacks, errors that carry records.
+"""What a run produces: :class:`RunResult`, and errors that carry what was recorded.
 
 Records are flat dicts with the stable keys listed in docs/architecture.md (``RECORD_KEYS``).
+A failure carries its partial result one way only: it is a :class:`FitError` (or a subclass) with
+``.result``; an error raised by the user's code or by torch inside a run becomes its
+``__cause__``, so the user still sees their own error in the traceback.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from precision_nb.core.events import Event
 from precision_nb.core.svg_chart import chart_svg
@@ -150,23 +153,49 @@ class RunResult:
         )
 
 
-@runtime_checkable
-class Callback(Protocol):
-    """Progress hooks; implement any subset (missing methods are skipped)."""
-
-    def on_fit_start(self, result: RunResult) -> None: ...
-
-    def on_log(self, record: dict[str, Any]) -> None: ...
-
-    def on_fit_end(self, result: RunResult) -> None: ...
-
-
 class FitError(RuntimeError):
-    """A run failed; ``.result`` holds every record made before the failure."""
+    """A run failed; ``.result`` holds everything recorded before the failure.
 
-    def __init__(self, message: str, result: RunResult | None = None) -> None:
+    A :class:`RunResult` here; a comparison's failure (``ComparisonError``) carries the partial
+    ``Comparison`` and a distributed run's (``DistributedError``) its ``DistributedResult``.
+    """
+
+    #: The class :meth:`caused_by` picks when the cause is a ``ValueError``.
+    value_error: ClassVar[type[FitError]]
+
+    def __init__(self, message: str, result: Any = None) -> None:
         super().__init__(message)
         self.result = result
+        self._wraps: BaseException | None = None
+
+    @property
+    def original(self) -> BaseException:
+        """The error to show first: the user's (or torch's) error this one only wraps to carry
+        the result (see :meth:`caused_by`), else this error itself."""
+        return self._wraps if self._wraps is not None else self
+
+    @classmethod
+    def caused_by(cls, exc: Exception, result: Any) -> FitError:
+        """``exc``, raised inside a run, as this error with the partial ``result``.
+
+        ``exc`` is the new error's ``__cause__``. A ``ValueError`` (a bad value found while
+        running: a loss that is not a scalar, a batch that is not one) stays a ``ValueError``:
+        the error is then of :attr:`value_error`, which is both.
+        """
+        if isinstance(exc, ValueError):
+            error = cls.value_error(str(exc), result)
+        else:
+            error = cls(f"{type(exc).__name__}: {exc}", result)
+        error.__cause__ = exc
+        error._wraps = exc
+        return error
+
+
+class FitValueError(FitError, ValueError):
+    """A bad value found while running (its ``ValueError`` is the ``__cause__``); ``.result``."""
+
+
+FitError.value_error = FitValueError
 
 
 class NonFiniteLossError(FitError):

@@ -1,7 +1,9 @@
-"""What a fit works out once before its first step: seed, scaler state, sizes, loss check."""
+"""What a fit works out once before its first step: seed, sizes and FLOPs, the loss check."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,10 +13,8 @@ from precision_nb.engine.batches import BatchShape, batch_shape
 from precision_nb.engine.metrics import Peak, compute_dtype, count_step_flops, peak_flops
 
 if TYPE_CHECKING:
-    from precision_nb.engine.amp_step import AmpStep
-    from precision_nb.engine.session import FitSession
+    from precision_nb.core.plan import PrecisionPlan
     from precision_nb.engine.train_config import TrainConfig
-    from precision_nb.engine.trainer import Trainer
 
 
 def seed_everything(seed: int) -> None:
@@ -31,70 +31,66 @@ def seed_everything(seed: int) -> None:
         torch.mps.manual_seed(seed)
 
 
-def restore_scaler(trainer: Trainer, amp: AmpStep, cfg: TrainConfig) -> list[Event]:
-    """Load scaler state from a checkpoint loaded since the last fit; events say what happened."""
-    events = []
-    pending = trainer._pending_scaler
-    if pending is not None:
-        if amp.scaler is not None:
-            amp.load_state_dict(pending)
-            scale = float(pending.get("scale", cfg.init_scale))
-            events.append(
-                Event(
-                    "checkpoint",
-                    f"grad scaler state restored from checkpoint (scale {scale:g})",
-                    {"scale": scale},
-                )
-            )
-        else:
-            msg = "checkpoint grad scaler state not used: this plan has no scaler"
-            events.append(Event("checkpoint", msg))
-        trainer._pending_scaler = None
-    if cfg.overflow_at_steps and amp.scaler is None:
-        events.append(
-            Event(
-                "warning",
-                f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {trainer.plan.mode} has "
-                "no grad scaler (use fp16 on CUDA or "
-                "PrecisionConfig(mode='fp16', loss_scale_lab=True))",
-            )
-        )
-    return events
+@dataclass(frozen=True)
+class RunShape:
+    """What a fit works out from its first microbatch: the batch's shape, FLOPs per optimizer
+    step, the peak FLOP/s its MFU divides by, the task and the ``RunResult.workload`` entry."""
+
+    shape: BatchShape
+    flops_per_step: int
+    peak: Peak | None
+    task: str | None
+    workload: dict[str, Any]
+    events: tuple[Event, ...] = ()
 
 
-def describe_run(session: FitSession, first: Any) -> tuple[BatchShape, int, Peak | None]:
-    """Batch shape, FLOPs per step and peak FLOP/s from the first microbatch; fills
-    ``result.workload`` (FLOPs are counted once per workload and shape)."""
-    t, cfg, result = session.trainer, session.cfg, session.result
-    t.workload_info.setdefault("batch_size", batch_shape(first, None).samples)
-    flops_mb = count_step_flops(
-        t.model, batch_shape(first, None).signature, lambda: session.loss(first)
-    )
+def describe_run(
+    model: torch.nn.Module,
+    device: torch.device,
+    plan: PrecisionPlan,
+    cfg: TrainConfig,
+    info: dict[str, Any],
+    first: Any,
+    loss_and_task: Callable[[Any], tuple[torch.Tensor, str | None]],
+) -> RunShape:
+    """Shape, FLOPs per step and peak FLOP/s of a fit from its first microbatch ``first``.
+
+    ``loss_and_task(batch)`` computes the loss as the fit does (FLOPs are counted by running it
+    once per model and shape; the count is cached). ``info``: the workload info the trainer was
+    given (its ``task`` names the task when the cached count ran no loss).
+    """
+    seen: list[str | None] = []
+
+    def loss() -> torch.Tensor:
+        value, task = loss_and_task(first)
+        seen.append(task)
+        return value
+
+    flops_mb = count_step_flops(model, batch_shape(first, None).signature, loss)
     # The FLOP count is cached per model shape, so on a cache hit the loss did not run and the
-    # task is unknown; the workload's own task keeps tokens/s for built-in workloads.
-    task = session._task or t.workload_info.get("task")
-    session._task = task
+    # task is unknown here (a built-in workload names its own); tokens per step do not depend on
+    # it: batch_shape reads them from the batch's token ids.
+    task = (seen[-1] if seen else None) or info.get("task")
     shape = batch_shape(first, task)
     flops_step = flops_mb * cfg.accumulation
-    peak = peak_flops(t.device, compute_dtype(t.plan), calibrate=cfg.measure_peak)
-    result.workload = {
-        "name": t.workload_info.get("name", type(t.model).__name__),
-        "preset": t.workload_info.get("preset"),
+    peak = peak_flops(device, compute_dtype(plan), calibrate=cfg.measure_peak)
+    workload = {
+        "name": info.get("name", type(model).__name__),
+        "preset": info.get("preset"),
         "batch_size": shape.samples,
         "accumulation": cfg.accumulation,
-        "params": sum(p.numel() for p in t.model.parameters()),
+        "params": sum(p.numel() for p in model.parameters()),
         "flops_per_step": flops_step,
         "flops_source": "torch.utils.flop_counter (one microbatch forward+backward x K)",
         "peak_flops_per_s": peak.flops_per_s if peak else None,
         "peak_source": peak.source if peak else None,
         "task": task,
-        "dims": t.workload_info.get("dims", {}),
+        "dims": info.get("dims", {}),
     }
+    events = ()
     if peak is None:
-        result.events.append(
-            Event("calibration", f"no peak FLOP/s known for {t.device}: mfu is None")
-        )
-    return shape, flops_step, peak
+        events = (Event("calibration", f"no peak FLOP/s known for {device}: mfu is None"),)
+    return RunShape(shape, flops_step, peak, task, workload, events)
 
 
 def check_loss(loss: Any, loss_fn: Any) -> None:

@@ -4,8 +4,13 @@
 parameters are the same however its steps are split into ``advance`` calls. The loop
 (:meth:`FitSession._chunk` and :meth:`FitSession._attempt`) runs optimizer attempts in chunks that
 end at logging points (or at the end of an ``advance``); each attempt runs K microbatches, one
-:class:`~precision_nb.engine.amp_step.AmpStep` step and ``zero_grad``; losses, scales and found-inf
-flags stay on the device until the chunk's one host transfer (:class:`Recorder`).
+step of the trainer's :class:`~precision_nb.engine.precision.Precision` and ``zero_grad``; losses,
+scales and found-inf flags stay on the device until the chunk's one host transfer
+(:class:`Recorder`).
+
+The session owns what belongs to one fit (its ``RunResult``, the record fields, the events handed
+to it, the recorder, the timer, the callbacks) and reads the trainer's long-lived state (model,
+optimizer, precision); the only trainer state it changes is the :class:`Counters` it is given.
 """
 
 from __future__ import annotations
@@ -15,28 +20,30 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
 
 from precision_nb.core import validate
 from precision_nb.core.events import Event
-from precision_nb.engine.amp_step import AmpStep, poison_gradient
-from precision_nb.engine.batches import BatchesExhausted, output_to_loss, split_batch, to_device
+from precision_nb.engine.batches import (
+    BatchesExhausted,
+    batch_shape,
+    output_to_loss,
+    split_batch,
+    to_device,
+)
+from precision_nb.engine.callbacks import Callbacks, ProgressBar
+from precision_nb.engine.inspect.step import run_inspection
 from precision_nb.engine.metrics import MemoryProbe
 from precision_nb.engine.numerics.scale_window import cast_limits
 from precision_nb.engine.numerics.training import grad_underflow_stats
 from precision_nb.engine.preflight import fallback_events, verify_event
-from precision_nb.engine.recorder import Chunk, Recorder
+from precision_nb.engine.recorder import Chunk, Recorder, RunContext
 from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult
-from precision_nb.engine.run_setup import (
-    check_loss,
-    describe_run,
-    restore_scaler,
-    seed_everything,
-)
+from precision_nb.engine.run_setup import check_loss, describe_run, seed_everything
 from precision_nb.engine.step_timer import StepTimer
 from precision_nb.engine.train_config import CountedLR, TrainConfig
 
@@ -46,21 +53,59 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class FitSession:
-    """A started fit. ``advance(n)`` runs up to n more counted steps; ``finish()`` ends it."""
+@dataclass
+class Counters:
+    """A trainer's counters: counted optimizer steps, attempts (steps + skipped), microbatches.
 
-    def __init__(self, trainer: Trainer, cfg: TrainConfig, callbacks: list[Any], stop: Any):
-        self.trainer, self.cfg, self.callbacks, self.stop = trainer, cfg, callbacks, stop
-        label = cfg.label or trainer.plan.mode + (" (loss-scale lab)" if trainer.lab else "")
-        self.result = trainer._new_result(label)
-        self.result.events.extend(trainer._pending_events)
-        trainer._pending_events = []
-        trainer.last_result = self.result
+    The trainer owns them (they go into checkpoints); the session of a fit advances them.
+    """
+
+    steps: int = 0
+    attempts: int = 0
+    microbatches: int = 0
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing trained yet (a fit then seeds the RNG with ``train.seed``)."""
+        return self.steps == 0 and self.attempts == 0
+
+
+class FitSession:
+    """A started fit. ``advance(n)`` runs up to n more counted steps; ``finish()`` ends it.
+
+    Made by :meth:`Trainer.start`, which hands it the fit's settings, callbacks, stop flag, the
+    events of this fit so far (a checkpoint's, the precision's) and the trainer's counters.
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        cfg: TrainConfig,
+        callbacks: Callbacks | Sequence[Any],
+        stop: Any,
+        events: Sequence[Event] = (),
+    ) -> None:
+        self.trainer, self.cfg, self.stop = trainer, cfg, stop
+        self.precision = trainer.precision
+        self.counters = trainer.counters
+        label = cfg.label or self.precision.label
+        self.result = RunResult(
+            label=label,
+            plan=trainer.plan,
+            explanation=trainer.explanation,
+            optimizer_outcome=trainer.optimizer_outcome,
+            device=str(trainer.device),
+            events=list(events),
+        )
+        self.progress = ProgressBar(cfg.steps, self.counters.steps) if cfg.progress else None
+        callbacks = Callbacks(callbacks)
+        self.callbacks = callbacks.plus(self.progress) if self.progress else callbacks
         self.counted = 0
         self.stop_reason: str | None = None
+        self.task: str | None = None
+        self._last_task: str | None = None
         self._closed = False
         self._loss_checked = False
-        self._task: str | None = None
         with self._guard():
             self._setup()
 
@@ -100,22 +145,15 @@ class FitSession:
         result.seconds = time.perf_counter() - self.rec.t_start
         finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
         result.final_loss = finite[-1] if finite else None
-        for cb in self.callbacks:
-            if hasattr(cb, "on_fit_end"):
-                cb.on_fit_end(result)
+        self.callbacks.fit_end(result)
         return result
 
     # ------------------------------------------------------------------------ setup
 
     def _setup(self) -> None:
         t, cfg, result = self.trainer, self.cfg, self.result
-        if cfg.seed is not None and t.steps_done == 0 and t.attempts_done == 0:
+        if cfg.seed is not None and self.counters.fresh:
             seed_everything(cfg.seed)
-        self.amp = AmpStep.for_plan(
-            t.plan, t.device, cfg.scaler_settings(), skip_nonfinite=cfg.skip_nonfinite
-        )
-        t.amp = self.amp
-        result.events.extend(restore_scaler(t, self.amp, cfg))
         result.events.extend(fallback_events(t.explanation, t.optimizer_outcome))
         result.events.append(verify_event(t.plan, t.device))
         self._peeked: tuple[int, Any] | None = None
@@ -124,42 +162,64 @@ class FitSession:
             result.inspection = self._inspect(first)
         self.probe = MemoryProbe(t.device)
         self.probe.reset()
-        shape, flops_step, peak = describe_run(self, first)
-        for cb in self.callbacks:
-            if hasattr(cb, "on_fit_start"):
-                cb.on_fit_start(result)
+        run = describe_run(
+            t.model, t.device, t.plan, cfg, t.workload_info, first, self._loss_and_task
+        )
+        self.task = run.task
+        result.workload = run.workload
+        result.events.extend(run.events)
+        self.callbacks.fit_start(result)
         named = [(n, p) for n, p in t.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
+        # the precision's overflow injection, looked up once: only the lab asks for it
+        self.inject = self.precision.inject_overflow if cfg.overflow_at_steps else None
         self.stats_every = cfg.grad_stats_every
         if self.stats_every:
             cast_limits("fp16")  # found by casting (a host read): once here, cached for the loop
-        # attempts of this fit, numbered from 1, that get an injected overflow (lab / teaching)
-        scaled = self.amp.scaler is not None
-        self.overflow = {t.attempts_done + a for a in cfg.overflow_at_steps} if scaled else set()
-        self.lr = CountedLR(t.optimizer, cfg, t.steps_done)
-        self.bar = tqdm(
-            total=cfg.steps, desc=result.label, unit="step", disable=not cfg.progress, leave=False
-        )
+        self.lr = CountedLR(t.optimizer, cfg, self.counters.steps)
         self.sync_mode = cfg.cuda_sync_debug if t.device.type == "cuda" else None
         self.timer = StepTimer(t.device)
-        where = f"plan {t.plan.mode} on {t.device}"
+        context = RunContext(
+            base=self._record_base(result.label),
+            shape=run.shape,
+            flops_per_step=run.flops_per_step,
+            peak=run.peak,
+            accumulation=cfg.accumulation,
+            where=f"plan {t.plan.mode} on {t.device}",
+            precision=self.precision,
+            param_names=tuple(n for n, _ in named),
+        )
         self.rec = Recorder(
-            result, t._record_base(result.label), self.probe, shape, flops_step, peak, cfg,
-            self.callbacks, t.steps_done, where, self.timer, scaled, [n for n, _ in named],
-        )  # fmt: skip
+            context, result, self.probe, self.timer, self.callbacks, self.counters.steps
+        )
+
+    def _record_base(self, label: str) -> dict[str, Any]:
+        """The record fields that stay the same for the whole fit."""
+        t = self.trainer
+        p = t.plan.to_dict()
+        return {
+            "run": label,
+            "mode": p["mode"],
+            "dtype": p["dtype"],
+            "use_scaler": p["use_scaler"],
+            "autocast_enabled": p["autocast_enabled"],
+            "device_type": p["device_type"],
+            "device": str(t.device),
+            "fused_adamw": t.fused,
+            "loss_scale_lab": self.precision.lab,
+        }
 
     def _first_batch(self) -> Any:
         """The first microbatch, peeked: measured for shape and FLOPs, then trained on."""
-        index = self.trainer.microbatches_done
+        index = self.counters.microbatches
         batch = to_device(self.trainer.source.get(index), self.trainer.device)
         self._peeked = (index, batch)
+        self.samples = batch_shape(batch, None).samples
         return batch
 
     def _inspect(self, first: Any) -> Any:
         """One instrumented step on a copy of the model, on the first microbatch of this fit
         (the model, optimizer and RNG stream are untouched, so training is the same)."""
-        from precision_nb.engine.inspect.step import run_inspection  # it imports the trainer
-
         t = self.trainer
         try:
             return run_inspection(
@@ -170,19 +230,24 @@ class FitSession:
             probe = MemoryProbe(t.device)
             data = {"peak_bytes": probe.read().peak, "memory_kind": probe.kind}
             self.result.events.append(Event("oom", str(exc), dict(data, phase="inspection")))
-            exc.result = self.result
-            raise
+            raise DeviceOutOfMemoryError(str(exc), self.result) from exc
 
     def loss(self, batch: Any) -> torch.Tensor:
-        """The model's loss on one microbatch under the plan's forward context."""
-        args, kwargs, labels = split_batch(batch)
-        with self.amp.forward_context():
+        """The model's loss on one microbatch under the plan's forward context (the task the
+        output showed is kept in ``task``)."""
+        args, kwargs, labels = split_batch(batch, self.trainer.model, self.trainer.loss_fn)
+        with self.precision.forward_context():
             out = self.trainer.model(*args, **kwargs)
-            loss, self._task = output_to_loss(out, labels, self.trainer.loss_fn)
+            loss, task = output_to_loss(out, labels, self.trainer.loss_fn)
+        self._last_task = task
         if not self._loss_checked:
             check_loss(loss, self.trainer.loss_fn)
             self._loss_checked = True
         return loss
+
+    def _loss_and_task(self, batch: Any) -> tuple[torch.Tensor, str | None]:
+        loss = self.loss(batch)
+        return loss, self._last_task
 
     # ------------------------------------------------------------------------ the loop
 
@@ -191,13 +256,19 @@ class FitSession:
 
     def _chunk(self, want: int) -> None:
         """Up to ``want`` attempts, one host transfer, a record at a logging point."""
-        opt, rec = self.trainer.optimizer, self.rec
-        chunk = Chunk(first_attempt=self.trainer.attempts_done)
+        opt, rec, precision = self.trainer.optimizer, self.rec, self.precision
+        chunk = Chunk(first_attempt=self.counters.attempts)
+        floor_check = precision.scale_below_floor if precision.scaled else None
+        below: float | None = None
         try:
             with self._sync_debug():
                 for i in range(want):
                     if self.stop is not None and self.stop.is_set():
                         self.stop_reason = "stopped by request"
+                        break
+                    # never an attempt at a scale below the floor (at 0 it writes NaN weights)
+                    below = floor_check() if floor_check is not None else None
+                    if below is not None:
                         break
                     self._attempt(chunk, last=i == want - 1)
         except KeyboardInterrupt:
@@ -212,9 +283,10 @@ class FitSession:
             except Exception:
                 log.exception("could not record the steps made before the failure")
             raise
-        good = self._flush(chunk)
+        good = self._flush(chunk)  # stops the run if the chunk's last attempt left the floor
+        if below is not None:  # the scale was below the floor before this chunk's first attempt
+            rec.below_floor(self.counters.attempts + 1, below, before=True)
         self.counted += good
-        self.bar.update(good)
         if self.counted % self.cfg.log_every == 0 or self.done:
             rec.emit(time.perf_counter())
             # only here, so the LR does not depend on how a run is split into advance() calls
@@ -222,19 +294,20 @@ class FitSession:
 
     def _attempt(self, chunk: Chunk, last: bool) -> None:
         """One optimizer attempt: K microbatches, one precision step, zero_grad."""
-        t, amp, K, lr = self.trainer, self.amp, self.cfg.accumulation, self.lr
+        t, amp, K, lr = self.trainer, self.precision, self.cfg.accumulation, self.lr
+        counters = self.counters
         if lr.active:  # a constant LR without warmup needs no per-step work
             lr.before_attempt()
         self.timer.start()
         total = None
         for _ in range(K):
             loss = self.loss(self._next_batch())
-            t.microbatches_done += 1
+            counters.microbatches += 1
             total = loss.detach() if total is None else total + loss.detach()
             amp.backward(loss / K if K > 1 else loss)
-        t.attempts_done += 1
-        if t.attempts_done in self.overflow:  # teaching: a real overflow the scaler must catch
-            poison_gradient(self.params)
+        counters.attempts += 1
+        if self.inject is not None:  # teaching: the lab's overflow_at_steps
+            self.inject(counters.attempts, self.params)
         # the counted step this attempt makes unless skipped (skips are known at the next flush)
         if self.stats_every and (self.counted + len(chunk.losses) + 1) % self.stats_every == 0:
             chunk.add_stats(self._grad_stats())
@@ -254,18 +327,18 @@ class FitSession:
         return grad_underflow_stats(grads, None, "fp16")
 
     def _next_batch(self) -> Any:
-        index = self.trainer.microbatches_done
+        index = self.counters.microbatches
         if self._peeked is not None and self._peeked[0] == index:
             batch, self._peeked = self._peeked[1], None
             return batch
         return to_device(self.trainer.source.get(index), self.trainer.device)
 
     def _flush(self, chunk: Chunk) -> int:
-        chunk.final_scale = self.amp.scale_tensor() if chunk.losses else None
+        chunk.final_scale = self.precision.scale_tensor() if chunk.losses else None
         try:
             return self.rec.flush(chunk, self.trainer.optimizer.param_groups[0]["lr"])
         finally:
-            self.trainer.steps_done = self.rec.steps_done
+            self.counters.steps = self.rec.steps_done
 
     # ------------------------------------------------------------------------ plumbing
 
@@ -284,7 +357,8 @@ class FitSession:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Errors carry the result: OOM becomes DeviceOutOfMemoryError; the session closes."""
+        """Every failure is a ``FitError`` carrying the result (OOM: ``DeviceOutOfMemoryError``;
+        anything else raised in the run: its ``__cause__``); the session closes."""
         try:
             yield
         except torch.OutOfMemoryError as exc:
@@ -293,16 +367,17 @@ class FitSession:
         except FitError:
             self._close()
             raise
-        except BaseException as exc:
+        except Exception as exc:
             self._close()
-            exc.precision_nb_result = self.result  # type: ignore[attr-defined]
+            raise FitError.caused_by(exc, self.result) from exc
+        except BaseException:  # Ctrl-C outside the loop, SystemExit: not a failure of the run
+            self._close()
             raise
 
     def _close(self) -> None:
         self._closed = True
-        bar = getattr(self, "bar", None)
-        if bar is not None:
-            bar.close()
+        if self.progress is not None:
+            self.progress.close()
 
     def _oom(self, exc: BaseException) -> FitError:
         t, cfg = self.trainer, self.cfg
@@ -312,7 +387,7 @@ class FitSession:
         gc.collect()
         if t.device.type == "cuda":
             torch.cuda.empty_cache()
-        samples = t.workload_info.get("batch_size", "?")
+        samples = getattr(self, "samples", None) or t.workload_info.get("batch_size", "?")
         msg = (
             f"out of memory on {t.device} with plan {t.plan.mode} "
             f"(dtype {t.plan.dtype}, scaler {t.plan.use_scaler}), batch size {samples} "

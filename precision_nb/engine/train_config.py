@@ -6,6 +6,7 @@ move it (:class:`CountedLR`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,24 @@ class TrainConfig:
             backoff_factor=self.backoff_factor,
             growth_interval=self.growth_interval,
         )
+
+
+def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+    """``train`` (or the defaults) with ``options`` applied; unknown names list the fields."""
+    cfg = train if train is not None else TrainConfig()
+    if not isinstance(cfg, TrainConfig):
+        raise ValueError(
+            f"train: invalid value {validate.short_repr(train)} ({type(train).__name__}); "
+            "allowed: a TrainConfig or None"
+        )
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    unknown = [validate.short_repr(k) for k in options if k not in names]
+    if unknown:
+        raise ValueError(
+            f"unknown train option(s) {', '.join(unknown[:5])}; TrainConfig fields: "
+            + ", ".join(names)
+        )
+    return dataclasses.replace(cfg, **options) if options else cfg
 
 
 def lr_factor(step: int, cfg: TrainConfig, total: int) -> float:

@@ -1,4 +1,4 @@
-"""Views: figures, tables, reports, the panel and the CLI.
+"""Views: the report (tables, figures, hints, report.html, profile()) and the ipywidgets panel.
 
 Submodules import matplotlib / ipywidgets / pandas; this package itself imports none of them.
 """

@@ -88,3 +88,29 @@ def test_inspect_a_simulated_device_writes_the_documented_policy(tmp_path):
 def test_bad_input_exits_2_with_the_field(argv, message, tmp_path, capsys):
     assert main(["inspect", *argv, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_out_that_is_an_existing_file_exits_2_naming_it(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("keep")
+    assert main(["inspect", "--workload", "mlp", "--preset", "tiny", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert f"--out: {str(target)!r} exists and is not a folder" in err
+    assert target.read_text() == "keep"
+
+
+def test_a_full_disk_leaves_out_as_it_was_and_says_what_and_how_much(tmp_path, capsys, full_disk):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "inspection.html").write_text("previous page")
+    full_disk(".png")
+    argv = ["inspect", "--workload", "mlp", "--preset", "tiny", "--precision", "fp32"]
+    assert main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert "could not write" in err and ".png" in err and "No space left on device" in err
+    assert "MiB free" in err and "left as it was" in err
+    assert [p.name for p in out.iterdir()] == ["inspection.html"]  # nothing half-written
+    assert (out / "inspection.html").read_text() == "previous page"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -6,13 +6,13 @@ import csv
 import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from precision_nb.cli.main import main
 from precision_nb.views.report import folder
 from precision_nb.views.report import profile as report
+from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -20,7 +20,6 @@ FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png",
 # Two plans ran (fp32, bf16): their inspections, and the numerics of the MLP (ReLU: activation
 # gradients are covered, so the activation heat map is there too).
 INSPECTION_FILES = (
-    "inspection.html",
     "inspection_memory.csv",
     "inspection_ops.csv",
     "inspection_memory.png",
@@ -55,7 +54,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_profile_writes_every_file(profiled):
     out, code = profiled
     assert code == 0
-    expected = (*report.OUTPUT_FILES, *INSPECTION_FILES, *NUMERICS_FILES)
+    expected = (*OUTPUT_FILES, *INSPECTION_FILES, *NUMERICS_FILES)
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)
     # Nothing staged is left beside the output folder, which has the usual permissions.
     assert [p.name for p in out.parent.iterdir()] == ["out"]
@@ -99,11 +98,13 @@ def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
     text = (profiled[0] / "report.html").read_text(encoding="utf-8")
     images = re.findall(r'data-figure="([a-z_0-9]+)" src="data:image/png;base64,', text)
     pngs = [n for n in (*FIGURE_FILES, *INSPECTION_FILES, *NUMERICS_FILES) if n.endswith(".png")]
-    assert images == [n.removesuffix(".png") for n in pngs]
+    # No plan scales its loss (fp16 merged into fp32 on a CPU): loss_scale.png is written (it
+    # says so) but not shown.
+    assert images == [n.removesuffix(".png") for n in pngs if n != "loss_scale.png"]
     assert not re.search(r'(src|href)="(https?:|file:|/)', text)
     assert "Precision plan: fp32 on cpu" in text
     assert "Precision plan: bf16 on cpu" in text
-    assert "<b>fp16</b> resolved to the same plan as <b>fp32</b>" in text
+    assert "fp16 resolved to the same plan as fp32 (fp32 on cpu" in text
     assert "fp16 on CPU falls back to fp32" in text
     assert 'id="summary"' in text
     assert "measured:" in text  # hints name their measurement
@@ -112,8 +113,8 @@ def test_report_html_is_self_contained_with_plans_and_merge_reason(profiled):
 def test_report_has_the_inspection_and_numerics_sections(profiled):
     out = profiled[0]
     text = (out / "report.html").read_text(encoding="utf-8")
-    assert '<section class="inspection">' in text
-    assert '<section class="numerics">' in text
+    assert '<section id="inspection">' in text
+    assert '<section id="numerics">' in text
     assert "No plan here ran with a grad scaler" in text  # fp16 merged into fp32 on a CPU
     memory = _rows(out / "inspection_memory.csv")
     assert {r["plan"] for r in memory} == {"fp32", "bf16"}
@@ -134,24 +135,20 @@ def test_no_inspect_and_no_numerics_leave_the_sections_out(tmp_path):
         "--device", "cpu", "--no-inspect", "--no-numerics", "--out", str(out),
     )  # fmt: skip
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.OUTPUT_FILES)
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
     text = (out / "report.html").read_text(encoding="utf-8")
-    assert "inspection" not in text and "numerics" not in text
+    assert '<section id="inspection"' not in text and '<section id="numerics"' not in text
+    assert "inspection_memory.png" not in text and "numerics_scale_window" not in text
 
 
 def test_profile_into_an_existing_folder_keeps_other_files(
-    tmp_path, capsys, monkeypatch, make_records
+    tmp_path, capsys, monkeypatch, make_result, make_comparison
 ):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     (out / "report.html").write_text("previous report")
-    fake = SimpleNamespace(
-        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
-        drift={},
-        merged={},
-        events=[],
-    )
+    fake = make_comparison(fp32=make_result("fp32", "fp32"))
     monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--compare", "fp32", "--no-inspect", "--no-numerics",
@@ -160,7 +157,7 @@ def test_profile_into_an_existing_folder_keeps_other_files(
     assert code == 0
     assert (out / "notes.txt").read_text() == "mine"
     assert (out / "report.html").read_text() != "previous report"
-    assert sorted(p.name for p in out.iterdir()) == sorted([*report.OUTPUT_FILES, "notes.txt"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*OUTPUT_FILES, "notes.txt"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert "wrote 8 files" in capsys.readouterr().out
 
@@ -285,3 +282,37 @@ def test_token_workload_reports_tokens_per_s_for_every_plan(tmp_path):
     # The second plan reuses the cached FLOP count; its tokens/s must not get lost with it.
     for row in by_run.values():
         assert float(row["tokens_per_s"]) > 0
+
+
+def test_the_terminal_opens_with_one_verdict_line_per_plan_said_once(
+    tmp_path, capsys, monkeypatch, make_result, make_comparison
+):
+    from precision_nb.core.events import Event
+
+    verdict = "bf16 is 1.31x the fp32 speed (95 % CI 1.22-1.40, 8 rounds)."
+    fake = make_comparison(
+        fp32=make_result("fp32", "fp32"),
+        bf16=make_result("bf16", "bf16"),
+        merged={"fp32": "fp32", "bf16": "bf16", "fp16": "fp32"},
+        events=[Event("merged", "m", {"label": "fp16", "why": "no CPU GradScaler path"})],
+        figures={
+            "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
+            "bf16": {"verdict": verdict, "verdict_kind": "faster", "speedup_vs_fp32": 1.31},
+        },
+    )
+    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    code = _profile(
+        "--preset", "tiny", "--steps", "2", "--no-inspect", "--no-numerics",
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "fp32  fp32 is the baseline."
+    assert lines[1] == f"bf16  {verdict}"
+    # fp16 merged into fp32: said in words, as the HTML says it
+    assert lines[2] == (
+        "merged: fp16 resolved to the same plan as fp32, so it was run once. "
+        "Why: no CPU GradScaler path"
+    )
+    assert sum(verdict in line for line in lines) == 1  # not again as `verdict:` or a hint
+    assert not any(line.startswith("verdict:") for line in lines)

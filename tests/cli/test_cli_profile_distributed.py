@@ -53,8 +53,8 @@ def test_ddp_profile_reports_per_rank_steps_memory_and_bf16_all_reduce(tmp_path,
     )
     text = (out / "report.html").read_text(encoding="utf-8")
     assert "distributed step time" in text and "slowest rank" in text
-    assert '<section class="distributed">' in text and "ddp x2 on cpu over gloo" in text
-    assert "inspection" not in text  # per-rank memory comes from the run
+    assert '<section id="distributed">' in text and "ddp x2 on cpu over gloo" in text
+    assert '<section id="inspection"' not in text  # per-rank memory comes from the run
 
 
 @pytest.mark.parametrize(

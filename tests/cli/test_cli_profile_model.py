@@ -85,24 +85,18 @@ def test_model_and_workload_together_are_refused(user_module, capsys, tmp_path):
 
 
 def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
-    tmp_path, capsys, monkeypatch, make_records
+    tmp_path, capsys, monkeypatch, make_result, make_comparison
 ):
-    from types import SimpleNamespace
-
+    from precision_nb.engine.compare import ComparisonError
     from precision_nb.views.report import profile as report
 
-    comparison = SimpleNamespace(
-        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
-        drift={},
-        merged={},
-        events=[],
+    comparison = make_comparison(
+        fp32=make_result("fp32", "fp32"),
         failures={"bf16": "failed in round 3: RuntimeError: bf16 kernel failed"},
     )
 
     def partial(request, *args):
-        exc = RuntimeError("bf16 kernel failed")
-        exc.precision_nb_comparison = comparison
-        raise exc
+        raise ComparisonError("plan bf16 failed: bf16 kernel failed", comparison)
 
     monkeypatch.setattr(report, "_compare", partial)
     out = tmp_path / "out"
@@ -115,12 +109,16 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 
 
 def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from precision_nb.engine.compare import ComparisonError
     from precision_nb.views.report import profile as report
 
     def failing(request, *args):
-        raise RuntimeError("every plan failed")
+        nothing = SimpleNamespace(results={}, failures={"fp32": "failed in round 1"})
+        raise ComparisonError("plan fp32 failed: every plan failed", nothing)
 
     monkeypatch.setattr(report, "_compare", failing)
     assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
-    assert "run failed: every plan failed" in capsys.readouterr().err
+    assert "run failed: plan fp32 failed: every plan failed" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

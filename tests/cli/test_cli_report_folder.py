@@ -9,14 +9,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from precision_nb.cli.main import main
 from precision_nb.views.report import folder
 from precision_nb.views.report import profile as report
-from precision_nb.views.report.html import write_report
+from precision_nb.views.report.html import OUTPUT_FILES, write_report
 
 # The fake comparisons below have records only: no model to inspect or analyse.
 ARGS = (
@@ -34,14 +33,8 @@ def _dirs(root: Path) -> list[str]:
 
 
 @pytest.fixture
-def fake(make_records):
-    return SimpleNamespace(
-        results={"fp32": SimpleNamespace(label="fp32", records=make_records("fp32", "fp32"))},
-        drift={},
-        merged={},
-        events=[],
-        stopped=False,
-    )
+def fake(make_result, make_comparison):
+    return make_comparison(fp32=make_result("fp32", "fp32"))
 
 
 @pytest.fixture
@@ -79,16 +72,125 @@ def test_ctrl_c_while_the_report_is_written_leaves_out_as_it_was(
     tmp_path, old_report, monkeypatch, fake
 ):
     monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    real = pathlib.Path.write_bytes
+    written = []
 
-    def half_written(comparison, staging, **kwargs):
-        (Path(staging) / "report.html").write_text("half")
-        raise KeyboardInterrupt
+    def interrupted(self, data):
+        written.append(self.name)
+        real(self, data)
+        if len(written) == 3:  # a few files are staged when Ctrl-C lands
+            raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "write_report", half_written)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", interrupted)
+    before = _snapshot(tmp_path)
+    assert main([*ARGS, "--out", str(old_report)]) == 130
+    assert len(written) == 3
+    assert _snapshot(tmp_path) == before
+    assert _dirs(tmp_path) == ["out"]
+
+
+def test_a_stop_that_arrives_while_writing_leaves_out_as_it_was(
+    tmp_path, old_report, monkeypatch, fake
+):
+    """The CLI's first Ctrl-C sets the stop flag: the write then ends without moving anything."""
+    import threading
+
+    from precision_nb.cli import profile as cli_profile
+
+    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    real = pathlib.Path.write_bytes
+    stops: list[threading.Event] = []
+    real_stops = cli_profile._ctrl_c_stops
+
+    def capture(stop):
+        stops.append(stop)
+        return real_stops(stop)
+
+    def write_then_stop(self, data):
+        real(self, data)
+        stops[0].set()  # as the first Ctrl-C does
+
+    monkeypatch.setattr(cli_profile, "_ctrl_c_stops", capture)
+    monkeypatch.setattr(pathlib.Path, "write_bytes", write_then_stop)
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 130
     assert _snapshot(tmp_path) == before
     assert _dirs(tmp_path) == ["out"]
+
+
+# A driver that runs the CLI with every staged write slowed down and announced in a marker file,
+# so a signal can be sent while the report files are being written.
+_SLOW_WRITES = """
+import pathlib, sys, time
+marker = pathlib.Path(sys.argv[1])
+real = pathlib.Path.write_bytes
+def slow(self, data):
+    if self.parent.name.endswith(".partial"):
+        marker.write_text(self.name)
+        time.sleep(0.4)
+    return real(self, data)
+pathlib.Path.write_bytes = slow
+from precision_nb.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _start_writing(tmp_path: Path, out: Path) -> tuple[subprocess.Popen, Path]:
+    """The CLI (a real, short profile) in a subprocess, returned once it writes the report."""
+    repo = Path(__file__).resolve().parents[2]
+    driver, marker = tmp_path / "driver.py", tmp_path / "writing"
+    driver.write_text(_SLOW_WRITES)
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), str(marker), *ARGS, "--device", "cpu", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the report was never written"
+        time.sleep(0.05)
+    return proc, marker
+
+
+def test_a_real_ctrl_c_while_the_report_is_written_keeps_the_old_report(tmp_path, old_report):
+    import signal
+
+    before = _snapshot(old_report)
+    proc, marker = _start_writing(tmp_path, old_report)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].endswith("was left as it was")
+    assert _snapshot(old_report) == before
+    assert _dirs(old_report) == []
+
+
+def test_a_kill_while_the_report_is_written_leaves_a_staging_folder_the_next_run_removes(
+    tmp_path, old_report, monkeypatch
+):
+    import signal
+
+    before = _snapshot(old_report)
+    proc, _ = _start_writing(tmp_path, old_report)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    staged = _dirs(old_report)
+    assert len(staged) == 1 and staged[0].endswith(".partial")  # what SIGKILL cannot clean
+    after = _snapshot(old_report)
+    assert {k: v for k, v in after.items() if not k.startswith(staged[0])} == before
+
+    def interrupted(request, **kwargs):  # even a next run that is itself interrupted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "run_comparison", interrupted)
+    assert main([*ARGS, "--out", str(old_report)]) == 130
+    assert _dirs(old_report) == []
+    assert _snapshot(old_report) == before
 
 
 def test_interrupting_a_new_folder_leaves_no_folder(tmp_path, monkeypatch):
@@ -119,17 +221,10 @@ def test_a_failed_move_puts_the_old_report_back(tmp_path, old_report, monkeypatc
 
 
 def test_disk_full_keeps_the_old_report_and_says_what_and_how_much(
-    tmp_path, old_report, monkeypatch, capsys, fake
+    tmp_path, old_report, monkeypatch, capsys, fake, full_disk
 ):
     monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
-    real = pathlib.Path.write_bytes
-
-    def full(self, data):
-        if self.suffix == ".png":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data)
-
-    monkeypatch.setattr(pathlib.Path, "write_bytes", full)
+    full_disk(".png")
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 1
     err = capsys.readouterr().err
@@ -193,7 +288,7 @@ def test_new_out_under_a_read_only_folder_names_that_folder(tmp_path, monkeypatc
 def test_write_report_creates_a_missing_folder(tmp_path, fake):
     target = tmp_path / "not" / "yet"
     files = write_report(fake, target)
-    assert set(files) == set(report.OUTPUT_FILES)
+    assert set(files) == set(OUTPUT_FILES)
     assert all(path.parent == target and path.exists() for path in files.values())
 
 

@@ -1,24 +1,28 @@
-"""``fit(..., distributed=Distributed(...))`` hands the run to ``fit_distributed``."""
+"""``fit(..., distributed=Distributed(...))`` hands its run request to the torchrun launcher."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 import precision_nb
 from precision_nb.core.distributed import Distributed
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed import DistributedResult
 from precision_nb.engine.distributed import launcher as launcher_mod
 from precision_nb.engine.trainer import TrainConfig
 
 
-def test_every_argument_reaches_fit_distributed(monkeypatch):
+def test_every_argument_reaches_the_launcher_in_one_request(monkeypatch):
     seen = {}
 
-    def fake(*args, **kwargs):
-        seen.update(args=args, kwargs=kwargs)
+    def fake(request, distributed, **kwargs):
+        seen.update(request=request, distributed=distributed, kwargs=kwargs)
         return "launched"
 
-    monkeypatch.setattr(launcher_mod, "fit_distributed", fake)
+    monkeypatch.setattr(launcher_mod, "launch", fake)
     request = Distributed("fsdp2", 2)
     train = TrainConfig(steps=3, progress=False)
     callbacks, stop = [object()], object()
@@ -27,15 +31,13 @@ def test_every_argument_reaches_fit_distributed(monkeypatch):
         train=train, loss_fn="pkg.mod:loss", callbacks=callbacks, stop=stop,
         factory="pkg.mod:build", log_every=1,
     )  # fmt: skip
-    assert out == "launched"
-    assert seen["args"] == ("transformer", None)
+    assert out == "launched" and seen["distributed"] is request
+    run = seen["request"]
+    assert (run.model, run.batches, run.preset, run.device) == ("transformer", None, "small", "cpu")
+    assert run.precision == PrecisionConfig("bf16") and run.optimizer == OptimizerConfig()
+    assert run.train == dataclasses.replace(train, log_every=1) and run.loss_fn == "pkg.mod:loss"
     kw = seen["kwargs"]
-    assert kw.pop("distributed") is request and kw.pop("train") is train
-    assert kw.pop("callbacks") is callbacks and kw.pop("stop") is stop
-    assert kw == dict(
-        preset="small", device="cpu", precision="bf16", optimizer=None,
-        loss_fn="pkg.mod:loss", factory="pkg.mod:build", log_every=1,
-    )  # fmt: skip
+    assert kw == dict(factory="pkg.mod:build", callbacks=callbacks, stop=stop)
 
 
 @pytest.mark.parametrize("how", ["option", "train"])

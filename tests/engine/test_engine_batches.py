@@ -53,6 +53,60 @@ def test_split_batch_forms():
     assert args == () and list(kwargs) == ["input_ids"] and labels is y
 
 
+class _TakesLabels(torch.nn.Module):
+    """Computes its own loss when given labels, as Hugging Face models do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 1)
+
+    def forward(self, input_ids, labels=None):
+        out = self.lin(input_ids).squeeze(-1)
+        return {"logits": out, "loss": None if labels is None else F.mse_loss(out, labels)}
+
+
+class _Wrapper(torch.nn.Module):
+    """Like DistributedDataParallel: forward(*inputs, **kwargs) around ``.module``."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+
+def test_labels_go_into_a_model_that_takes_them_unless_a_loss_fn_is_given():
+    x, y = torch.ones(2, 3), torch.tensor([0.5, -1.0])
+    batch = {"input_ids": x, "labels": y}
+    model = _TakesLabels()
+    for target in (model, _Wrapper(model)):
+        args, kwargs, labels = split_batch(batch, target)
+        assert args == () and kwargs == batch and labels is y
+        loss, task = output_to_loss(target(*args, **kwargs), labels)
+        assert task == "loss" and torch.equal(loss, F.mse_loss(model.lin(x).squeeze(-1), y))
+    _, kwargs, labels = split_batch(batch, model, loss_fn=lambda o, t: o["logits"].sum())
+    assert list(kwargs) == ["input_ids"] and labels is y
+    _, kwargs, _ = split_batch(batch, torch.nn.Linear(3, 1))  # forward(input): no labels
+    assert list(kwargs) == ["input_ids"]
+
+
+def test_float_labels_beside_class_logits_ask_for_a_loss_fn():
+    with pytest.raises(ValueError, match=r"float32 labels.*integer class labels; pass loss_fn"):
+        output_to_loss(torch.randn(4, 1), torch.randn(4))
+
+
+def test_tokens_come_from_token_id_inputs_whatever_the_task():
+    ids = torch.zeros(4, 7, dtype=torch.long)
+    assert batch_shape({"input_ids": ids, "labels": ids}).tokens == 28
+    assert batch_shape((ids, torch.zeros(4, dtype=torch.long))).tokens == 28
+    assert batch_shape((torch.zeros(4, 7), torch.zeros(4))).tokens is None  # float features
+    assert (
+        batch_shape((torch.zeros(4, 7), torch.zeros(4, 7, dtype=torch.long)), "causal_lm").tokens
+        == 28
+    )
+
+
 def test_output_adapters():
     logits = torch.randn(4, 5)
     labels = torch.tensor([0, 1, 2, 3])

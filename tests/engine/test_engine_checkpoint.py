@@ -103,7 +103,7 @@ def _state_of(t: Trainer) -> dict:
         "counters": (t.steps_done, t.attempts_done, t.microbatches_done),
         "torch_rng": torch.get_rng_state().clone(),
         "python_rng": random.getstate(),
-        "scaler": t._pending_scaler,
+        "scaler": t.precision.state_dict(),
     }
 
 

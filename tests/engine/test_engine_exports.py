@@ -13,20 +13,31 @@ from precision_nb.core.distributed import (
     expected_comm_bytes,
     ring_seconds,
 )
-from precision_nb.engine.amp_step import AmpStep
+from precision_nb.engine.callbacks import Callback
+from precision_nb.engine.compare import ComparisonError
 from precision_nb.engine.distributed.results import DistributedError
+from precision_nb.engine.entry import fit
+from precision_nb.engine.inspect.policy import autocast_policy
+from precision_nb.engine.precision import Precision
+from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import FitError, LossScaleFloorError
 from precision_nb.engine.session import FitSession
 
 NAMES = {
     "FitSession": FitSession,
-    "AmpStep": AmpStep,
+    "Precision": Precision,
+    "Callback": Callback,
+    "RunRequest": RunRequest,
+    "fit": fit,
+    "FitError": FitError,
+    "ComparisonError": ComparisonError,
     "LossScaleFloorError": LossScaleFloorError,
     "Distributed": Distributed,
     "CLUSTER_PRESETS": CLUSTER_PRESETS,
     "expected_comm_bytes": expected_comm_bytes,
     "ring_seconds": ring_seconds,
     "DistributedError": DistributedError,
+    "autocast_policy": autocast_policy,
 }
 
 
@@ -34,6 +45,7 @@ def test_the_names_are_the_engine_objects():
     for name, obj in NAMES.items():
         assert getattr(precision_nb, name) is obj and name in precision_nb.__all__
     assert issubclass(precision_nb.LossScaleFloorError, FitError)
+    assert issubclass(precision_nb.ComparisonError, FitError)
 
 
 def test_importing_the_package_loads_none_of_them():

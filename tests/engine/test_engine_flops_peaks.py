@@ -71,3 +71,27 @@ def test_tf32_state_is_read_from_torch(monkeypatch):
     assert state["cudnn_allow_tf32"] is False
     assert state["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert set(state) == {"cuda_matmul_allow_tf32", "float32_matmul_precision", "cudnn_allow_tf32"}
+
+
+def test_the_op_trace_counts_the_flops_a_run_counts_cpu_flash_attention_included():
+    from precision_nb.engine.inspect.op_trace import OpTracer
+
+    q = torch.randn(2, 2, 12, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def step():
+        return F.scaled_dot_product_attention(q @ w, q, q).sum()
+
+    counter = metrics.flop_counter()
+    with counter:
+        step().backward()
+    tracer = OpTracer(set())
+    with tracer:
+        loss = step()
+        tracer.phase = "backward"
+        loss.backward()
+    by_op = {}
+    for (_phase, _api, op, *_rest), flops in tracer.flops.items():
+        by_op[op] = by_op.get(op, 0) + flops
+    assert by_op["_scaled_dot_product_flash_attention_for_cpu"] == 4 * 2 * 2 * 12 * 12 * 8
+    assert sum(by_op.values()) == counter.get_total_flops()

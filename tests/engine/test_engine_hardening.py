@@ -12,8 +12,9 @@ from precision_nb.core.optim import FusedOutcome, OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision, resolve_precision
 from precision_nb.engine import preflight
+from precision_nb.engine.entry import fit
 from precision_nb.engine.results import LossScaleFloorError, NonFiniteLossError
-from precision_nb.engine.trainer import TrainConfig, Trainer, fit
+from precision_nb.engine.trainer import TrainConfig, Trainer
 
 LAB = PrecisionConfig(mode="fp16", loss_scale_lab=True)
 

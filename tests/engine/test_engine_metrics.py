@@ -59,10 +59,37 @@ def test_flops_cached_per_shape(monkeypatch):
         ("NVIDIA GeForce RTX 4090", "rtx 4090"),
         ("NVIDIA GeForce RTX 3090", "rtx 3090"),
         ("NVIDIA GeForce GTX 1080", None),
+        # near misses: another product of the same chip or number is another row, or none
+        ("NVIDIA H100 NVL", "h100 nvl"),
+        ("NVIDIA H200 NVL", "h200 nvl"),
+        ("NVIDIA H100 PCIe", "h100 pcie"),
+        ("NVIDIA H100 80GB HBM2e", "h100 pcie"),
+        ("NVIDIA GeForce RTX 3090 Ti", "rtx 3090 ti"),
+        ("NVIDIA GeForce RTX 4090 D", None),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+        ("NVIDIA A10", None),
+        ("NVIDIA L40S", None),
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),
+        ("NVIDIA A100 80GB PCIe", "a100"),
     ],
 )
 def test_gpu_names_map_to_table_rows(name, key):
     assert gpu_table_key(name) == key
+
+
+def test_h100_nvl_and_3090_ti_get_their_own_datasheet_peaks(monkeypatch):
+    for name, fp32, bf16 in (
+        ("NVIDIA H100 NVL", 60.0, 835.5),
+        ("NVIDIA H100 80GB HBM3", 67.0, 989.5),
+        ("NVIDIA GeForce RTX 3090 Ti", 40.0, 80.0),
+        ("NVIDIA GeForce RTX 3090", 35.6, 71.0),
+    ):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None, n=name: n)
+        cuda = torch.device("cuda")
+        assert peak_flops(cuda, torch.float32).flops_per_s == fp32 * 1e12, name
+        peak = peak_flops(cuda, torch.bfloat16)
+        assert peak.flops_per_s == bf16 * 1e12 and peak.source.startswith("datasheet: "), name
 
 
 def test_datasheet_peak_is_labelled(monkeypatch):

@@ -3,17 +3,21 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 from engine_helpers import quiet
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.entry import fit
 from precision_nb.engine.results import (
     RECORD_KEYS,
     DeviceOutOfMemoryError,
+    FitError,
     NonFiniteLossError,
+    RunResult,
 )
-from precision_nb.engine.trainer import TrainConfig, Trainer, fit, lr_factor
+from precision_nb.engine.trainer import TrainConfig, Trainer, lr_factor
 
 LAB = PrecisionConfig(mode="fp16", loss_scale_lab=True)
 
@@ -176,10 +180,23 @@ def test_other_errors_carry_the_result(make_model, batches):
             raise RuntimeError("disk gone")
         return batches(i)
 
-    with pytest.raises(RuntimeError, match="disk gone") as info:
+    with pytest.raises(FitError, match="RuntimeError: disk gone") as info:
         Trainer(make_model(), source, device="cpu", train=quiet(steps=10, log_every=2)).fit()
     # microbatch 5 is attempt 6: attempts 1-5 are recorded, the last one in a partial record
-    assert [r["step"] for r in info.value.precision_nb_result.records] == [2, 4, 5]
+    assert [r["step"] for r in info.value.result.records] == [2, 4, 5]
+    cause = info.value.__cause__  # the user's own error, unchanged
+    assert type(cause) is RuntimeError and str(cause) == "disk gone"
+
+
+def test_a_bad_value_found_while_running_stays_a_value_error_with_the_result(make_model, batches):
+    def scalar_less(out, y):
+        return F.cross_entropy(out, y, reduction="none")  # one loss per sample: not a scalar
+
+    with pytest.raises(ValueError, match="expected a scalar") as info:
+        fit(make_model(), batches, device="cpu", loss_fn=scalar_less, train=quiet(steps=2))
+    assert isinstance(info.value, FitError) and isinstance(info.value.result, RunResult)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert not hasattr(info.value.__cause__, "precision_nb_result")
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.entry import fit
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect import run_inspection
-from precision_nb.engine.trainer import fit
+from precision_nb.engine.precision import ScalerInternals
 
 LINEAR_PARAMS = 1024 * 1024 + 1024
 
@@ -124,7 +125,7 @@ def test_process_memory_is_labelled_and_not_counted_on_cpu():
 def test_grad_scaler_fields_read_by_the_inspection_exist_in_this_torch():
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(torch.ones(()))  # creates _scale and _growth_tracker lazily
-    rows = mem.scaler_rows(scaler)
+    rows = mem.scaler_rows(ScalerInternals.tensors(scaler))
     assert {r["dtype"]: r["bytes"] for r in rows} == {"fp32": 4, "int32": 4}
 
 
@@ -161,3 +162,50 @@ def test_cuda_allocator_rows_sit_beside_the_sum_and_name_the_gap(monkeypatch):
     assert rows[mem.ALLOC_RESERVED]["bytes"] == 4_096
     assert rows[mem.GAP]["bytes"] == 700 - 600
     assert not any(r["counted"] for r in rows.values())
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(dim, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0].float().pow(2).mean()
+
+
+def test_weight_copies_expected_from_the_parameters_autocast_cast_once_each():
+    data = run_inspection(_Attention(), [(torch.randn(2, 5, 16),)], "bf16")
+    # in_proj_weight (3E x E) and in_proj_bias go through linear, out_proj is a Linear: all cast
+    by_hand = 2 * ((3 * 16 * 16 + 3 * 16) + (16 * 16 + 16))
+    assert _by_kind(data, mem.COPIES) == {"bf16": by_hand}
+    assert _expected(data, mem.COPIES) == {"bf16": by_hand}
+
+
+def test_a_weight_cast_twice_shows_as_more_copies_than_parameters_cast():
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+                return (self.lin(x) + self.lin(x)).float().sum()
+
+    data = run_inspection(Twice(), [(torch.randn(2, 8),)], "bf16")
+    assert _expected(data, mem.COPIES) == {"bf16": 2 * (8 * 8 + 8)}  # each parameter once
+    assert _by_kind(data, mem.COPIES) == {"bf16": 2 * 2 * (8 * 8 + 8)}  # two casts of each
+
+
+def test_without_a_trace_the_weight_copies_are_a_labelled_module_estimate():
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+    model.append(_Attention(4))
+    rows = mem.expected_rows(model, _bf16_plan(), "expected only")
+    copies = [r for r in rows if r["kind"] == mem.COPIES]
+    assert copies[0]["expected_bytes"] == 2 * ((4 * 4 + 4) + (3 * 4 * 4 + 3 * 4) + (4 * 4 + 4))
+    assert "estimate, not a trace" in copies[0]["method"] and copies[0]["bytes"] is None
+
+
+def _bf16_plan():
+    from precision_nb.core.resolution import resolve_precision
+
+    return resolve_precision("bf16", "cpu")

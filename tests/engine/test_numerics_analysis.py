@@ -177,3 +177,109 @@ def test_16_bit_formats_alone_need_no_fp8_rows():
 def test_bad_input_names_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         analyze(nn.Linear(8, 2), data(), **kwargs)
+
+
+class EmbedNormLinear(nn.Module):
+    """An embedding and a LayerNorm, which autocast keeps in fp32, before an fp16 Linear."""
+
+    def __init__(self, vocab=64, dim=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, x):
+        return self.out(self.ln(self.emb(x)))
+
+
+def _tokens(vocab=64):
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (32, 16), generator=gen), torch.randint(0, vocab, (32, 16))
+
+
+def test_fp16_run_marks_what_autocast_holds_in_fp16_and_the_window_counts_only_those():
+    torch.manual_seed(0)
+    model = EmbedNormLinear()
+    x, y = _tokens()
+
+    def loss_fn(out, labels):  # small gradients: fp16 underflow matters
+        return nn.functional.cross_entropy(out.reshape(-1, 64).float(), labels.reshape(-1)) / 2**12
+
+    result = analyze(model, [(x, y)], loss_fn=loss_fn, scale=2.0**10, device="cpu")
+    held = {r["layer"]: r["fp16_run"] for r in by(result.gradients, variant="fp16")}
+    assert held == {
+        "emb.weight": "fp32",
+        "ln.weight": "fp32",
+        "ln.bias": "fp32",
+        "out.weight": "fp16",
+        "out.bias": "fp16",
+    }
+    outputs = {r["layer"]: r["fp16_run"] for r in by(result.activations, variant="fp16")}
+    assert outputs == {"emb": "fp32", "ln": "fp32", "out": "fp16"}
+    # a real fp16 backward: the fp32-held embedding loses far less than a cast predicts, the
+    # fp16-held weight about what the cast predicts
+    real = EmbedNormLinear()
+    real.load_state_dict(model.state_dict())
+    ref = EmbedNormLinear()
+    ref.load_state_dict(model.state_dict())
+    loss_fn(ref(x), y).backward()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = real(x)
+    loss_fn(out, y).backward()
+    fp32_grads = dict(ref.named_parameters())
+
+    def lost(name):
+        live = fp32_grads[name].grad != 0
+        return float(((dict(real.named_parameters())[name].grad == 0) & live).sum() / live.sum())
+
+    predicted = {r["layer"]: r["underflow_fraction"] for r in by(result.gradients, variant="fp16")}
+    assert predicted["emb.weight"] > 0.1 and lost("emb.weight") < predicted["emb.weight"] / 4
+    assert abs(lost("out.weight") - predicted["out.weight"]) < 0.01
+    # the window row at 2^10 sums the fp16-held rows of the "fp16 x2^10" variant only
+    fp16_rows = [
+        r
+        for r in by(result.gradients, variant="fp16 x2^10")
+        + by(result.activations, variant="fp16 x2^10")
+        if r["fp16_run"] == "fp16"
+    ]
+    at = by(result.scale_window, log2_scale=10)[0]
+    under = sum(r["underflow"] for r in fp16_rows) / sum(r["live"] for r in fp16_rows)
+    sub = sum(r["subnormal"] for r in fp16_rows) / sum(r["live"] for r in fp16_rows)
+    assert at["underflow_fraction"] == pytest.approx(under)
+    assert at["subnormal_fraction"] == pytest.approx(sub)
+    every = by(result.gradients, variant="fp16 x2^10") + by(
+        result.activations, variant="fp16 x2^10"
+    )
+    all_under = sum(r["underflow"] for r in every) / sum(r["live"] for r in every)
+    assert at["all_underflow_fraction"] == pytest.approx(all_under)
+    assert result.window["counted_tensors"] == len(fp16_rows) < result.window["tensors"]
+    assert "holds in fp16" in result.window["basis"]
+    assert result.info["fp16_run"]["error"] is None
+
+
+def test_a_model_that_cannot_run_in_fp16_counts_every_gradient_and_says_so():
+    class NoHalf(nn.Linear):
+        def forward(self, x):
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("no fp16 kernel for this op")
+            return super().forward(x)
+
+    result = analyze(NoHalf(8, 2), data(), device="cpu")
+    found = {e.data["finding"]: e for e in result.findings}
+    assert "no fp16 kernel" in found["fp16_trace_failed"].message
+    assert all(r["fp16_run"] is None for r in result.gradients)
+    assert result.window["basis"].startswith("every gradient")
+    row = result.scale_window[0]
+    assert row["underflow_fraction"] == row["all_underflow_fraction"]
+
+
+def test_a_model_autocast_keeps_wholly_in_fp32_has_no_window_and_says_why():
+    model = nn.Sequential(nn.Embedding(10, 4), nn.LayerNorm(4))
+    result = analyze(
+        model, [torch.randint(0, 10, (6,))], loss_fn=lambda out: out.sum(), device="cpu"
+    )
+    assert {r["fp16_run"] for r in result.gradients} == {"fp32"}
+    assert result.window["lo"] is None and result.window["counted_tensors"] == 0
+    assert "holds no gradient in fp16" in result.window["reason"]
+    (no_window,) = [e for e in result.findings if e.data["finding"] == "no_window"]
+    assert "nothing to protect" in no_window.message

@@ -26,8 +26,8 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.distributed.nodes import endpoint, read_markers, spec_nodes
 from precision_nb.engine.distributed.process import TorchrunRun, failure, read_ranks
+from precision_nb.engine.distributed.rank import from_json
 from precision_nb.engine.distributed.results import DistributedError, DistributedResult, rank_lines
-from precision_nb.engine.distributed.worker import from_json
 
 __all__ = ["gather", "read_spec", "resolve_spec"]
 

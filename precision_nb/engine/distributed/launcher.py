@@ -27,6 +27,8 @@ from torch import nn
 from precision_nb.core.distributed import Distributed, DistributedPlan, explain_distributed
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.batches import BatchSource
+from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.distributed.parallel import batch_samples, check_divisible
 from precision_nb.engine.distributed.process import (
     exit_codes,
@@ -38,19 +40,21 @@ from precision_nb.engine.distributed.process import (
     run_torchrun,
     stopped_not_failed,
 )
+from precision_nb.engine.distributed.rank import import_path
 from precision_nb.engine.distributed.results import DistributedResult, read_rank_log
-from precision_nb.engine.distributed.worker import import_path
-from precision_nb.engine.trainer import make_train_config
+from precision_nb.engine.request import RunRequest
 from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload
 
 __all__ = [
     "exit_codes",
     "fit_distributed",
     "free_port",
+    "launch",
     "plan_spec",
     "resolved_on",
     "root_cause",
     "write_atomic",
+    "write_request_spec",
     "write_spec",
 ]
 
@@ -98,8 +102,6 @@ def _model_spec(
             "allowed: 'package.module:function' returning the global batches (an iterable or "
             "a callable taking the microbatch index)"
         )
-    from precision_nb.engine.batches import BatchSource
-
     first = BatchSource(import_path(batches)()).get(0)
     check_divisible(batch_samples(first), req.nproc, f"the first batch of {batches!r}", req.nnodes)
     return spec, batches
@@ -139,7 +141,23 @@ def write_spec(
     ``fit_distributed`` starts torchrun on it; for several nodes, run
     ``torchrun ... -m precision_nb.engine.distributed.worker SPEC`` on each (docs/distributed.md).
     """
+    request = RunRequest.of(
+        model, batches, preset=preset, device=device, precision=precision,
+        optimizer=optimizer, train=train, loss_fn=loss_fn, **train_options,
+    )  # fmt: skip
+    return write_request_spec(request, distributed, factory=factory, run_dir=run_dir)
+
+
+def write_request_spec(
+    request: RunRequest,
+    distributed: Distributed | None = None,
+    *,
+    factory: str | None = None,
+    run_dir: str | Path | None = None,
+) -> tuple[DistributedPlan, Path]:
+    """:func:`write_spec` for a request already checked (``RunRequest.of``)."""
     req = distributed if distributed is not None else Distributed()
+    loss_fn = request.loss_fn
     if loss_fn is not None and not isinstance(loss_fn, str):
         raise ValueError(
             f"loss_fn: invalid value of type {type(loss_fn).__name__}; allowed: None or "
@@ -147,19 +165,14 @@ def write_spec(
         )
     if loss_fn is not None:
         import_path(loss_fn)
-    cfg = make_train_config(train, train_options)
+    cfg = request.train
     if cfg.inspect:
         raise ValueError(
             "train.inspect: invalid value True with a distributed run; allowed: False (a model "
             "wrapped for several processes is not inspected: inspect the single-process model "
             "with precision_nb.inspect, or fit without distributed)"
         )
-    prec = (
-        precision
-        if isinstance(precision, PrecisionConfig)
-        else PrecisionConfig(mode=precision if precision is not None else "auto")
-    )
-    opt = optimizer if optimizer is not None else OptimizerConfig()
+    prec, opt, device = request.precision, request.optimizer, request.device
     plan = explain_distributed(req, prec, device, optimizer=opt)  # RuntimeError before start
     fresh = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_dist_")) if fresh else Path(run_dir)
@@ -173,7 +186,9 @@ def write_spec(
             "empty folder (gather that run first: precision-nb gather RUN_DIR)"
         )
     try:
-        model_spec, batches_path = _model_spec(model, batches, preset, factory, folder, req)
+        model_spec, batches_path = _model_spec(
+            request.model, request.batches, request.preset, factory, folder, req
+        )
     except BaseException:
         if fresh:
             shutil.rmtree(folder, ignore_errors=True)
@@ -249,29 +264,36 @@ def fit_distributed(
     ``distributed.node_rank`` (the other nodes start theirs with the same run file: give a
     ``run_dir`` every node can read and write, and the result holds every node's ranks).
     """
-    plan, spec_path = write_spec(
-        model,
-        batches,
-        distributed=distributed,
-        preset=preset,
-        device=device,
-        precision=precision,
-        optimizer=optimizer,
-        train=train,
-        factory=factory,
-        loss_fn=loss_fn,
-        run_dir=run_dir,
-        **train_options,
+    request = RunRequest.of(
+        model, batches, preset=preset, device=device, precision=precision,
+        optimizer=optimizer, train=train, loss_fn=loss_fn, **train_options,
+    )  # fmt: skip
+    return launch(
+        request, distributed, factory=factory, callbacks=callbacks, stop=stop, run_dir=run_dir
     )
+
+
+def launch(
+    request: RunRequest,
+    distributed: Distributed | None = None,
+    *,
+    factory: str | None = None,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    run_dir: str | Path | None = None,
+) -> DistributedResult:
+    """:func:`fit_distributed` for a request already checked (``RunRequest.of``)."""
+    dispatch = Callbacks(callbacks)
+    plan, spec_path = write_request_spec(request, distributed, factory=factory, run_dir=run_dir)
     keep = run_dir is not None
-    return _launch(plan, spec_path, spec_path.parent, list(callbacks), stop, keep=keep)
+    return _launch(plan, spec_path, spec_path.parent, dispatch, stop, keep=keep)
 
 
 def _launch(
     plan: Any,
     spec_path: Path,
     run_dir: Path,
-    callbacks: list[Any],
+    callbacks: Callbacks,
     stop: Any,
     *,
     keep: bool = False,
@@ -300,21 +322,17 @@ def _launch(
             run_dir,
             len(ranks),
         )
-    for cb in callbacks:
-        if hasattr(cb, "on_fit_end"):
-            cb.on_fit_end(result)
+    callbacks.fit_end(result)
     if not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 
-def _follow(path: Path, seen: int, callbacks: list[Any]) -> int:
+def _follow(path: Path, seen: int, callbacks: Callbacks) -> int:
     """Hand rank 0's records logged since the last call to the callbacks; returns the count."""
-    if not callbacks or not path.exists():
+    if not callbacks.wants("on_log") or not path.exists():
         return seen
     records = read_rank_log(path, 0).records
     for rec in records[seen:]:
-        for cb in callbacks:
-            if hasattr(cb, "on_log"):
-                cb.on_log(rec)
+        callbacks.log(rec)
     return len(records)

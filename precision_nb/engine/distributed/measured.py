@@ -25,6 +25,7 @@ from precision_nb.core.distributed import Distributed, explain_distributed
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.distributed.launcher import plan_spec, write_spec
 from precision_nb.engine.distributed.process import (
     failure,
@@ -140,7 +141,7 @@ def merge_measurement(
 class _Follower:
     """Rank 0's new lines to the callbacks: ``on_log(record)`` and ``on_phase(text)``."""
 
-    def __init__(self, path: Path, callbacks: list[Any]) -> None:
+    def __init__(self, path: Path, callbacks: Callbacks) -> None:
         self.path, self.callbacks, self.seen = path, callbacks, 0
 
     def __call__(self) -> None:
@@ -149,11 +150,10 @@ class _Follower:
         items = rank_lines(self.path)
         for item in items[self.seen :]:
             kind = item.get("kind")
-            for cb in self.callbacks:
-                if kind == "record" and hasattr(cb, "on_log"):
-                    cb.on_log(item["record"])
-                elif kind == "phase" and hasattr(cb, "on_phase"):
-                    cb.on_phase(str(item.get("text", "")))
+            if kind == "record":
+                self.callbacks.log(item["record"])
+            elif kind == "phase":
+                self.callbacks.phase(str(item.get("text", "")))
         self.seen = len(items)
 
 
@@ -185,6 +185,7 @@ def measure_distributed(
     labels = list(plans)
     if not labels:
         raise ValueError("plans is empty; allowed: one or more label -> PrecisionConfig")
+    dispatch = Callbacks(callbacks)
     mcfg = measure if measure is not None else MeasureConfig()
     opt = optimizer if optimizer is not None else OptimizerConfig()
     run_dir = Path(tempfile.mkdtemp(prefix="precision_nb_dist_"))
@@ -207,9 +208,8 @@ def measure_distributed(
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    callbacks = list(callbacks)
     run = run_torchrun(
-        first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", callbacks)
+        first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", dispatch)
     )
     everything = read_ranks(run_dir)
     per_plan = {label: read_ranks(run_dir, plan=label) for label in labels}

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from precision_nb.engine.distributed.counting import CommCounter, counting_group
 from precision_nb.engine.distributed.parallel import observe_compute, wrap_model
-from precision_nb.engine.distributed.worker import (
+from precision_nb.engine.distributed.rank import (
     CommObserver,
     RankLog,
     build_model,

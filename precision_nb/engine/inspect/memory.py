@@ -11,7 +11,7 @@ weights are not double counted; expected bytes are ``numel x element size`` from
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -33,9 +33,12 @@ GAP = "allocator and workspace"
 RSS = "process memory (host RSS)"
 KINDS = (PARAMS, GRADS, OPTIM, COPIES, ACTS, INPUTS, SCALER)
 
-#: Modules whose parameters autocast casts to the low dtype (they call ops on its low list).
+#: For the estimate where nothing ran (a simulated device): modules whose forward passes their
+#: own parameters to an op autocast casts to the low dtype. A trace replaces it with what autocast
+#: really cast; functional uses (Hugging Face's ``Conv1D`` calls ``addmm``) are beyond it.
 LOW_MODULES: tuple[type[nn.Module], ...] = (
     nn.Linear,
+    nn.Bilinear,
     nn.Conv1d,
     nn.Conv2d,
     nn.Conv3d,
@@ -43,6 +46,17 @@ LOW_MODULES: tuple[type[nn.Module], ...] = (
     nn.ConvTranspose2d,
     nn.ConvTranspose3d,
     nn.PReLU,
+    nn.MultiheadAttention,  # in_proj_weight / in_proj_bias (out_proj is a Linear of its own)
+    nn.RNNCell,
+    nn.LSTMCell,
+    nn.GRUCell,
+)
+#: Parameters of a LOW_MODULES module that its forward does not hand to a cast op.
+_NOT_CAST = frozenset({"bias_k", "bias_v"})
+ESTIMATE = (
+    "estimate, not a trace: the parameters of Linear / Conv / PReLU / MultiheadAttention / RNN "
+    "cell modules in the autocast dtype, once each (functional uses such as Hugging Face's "
+    "Conv1D are missed)"
 )
 
 
@@ -142,7 +156,7 @@ def expected_rows(model: nn.Module, plan: Any, method: str) -> list[dict[str, An
     )
     rows = [row(kind, d, None, n, method) for kind, by_dtype in groups for d, n in by_dtype.items()]
     for r in weight_copy_rows(model, (), plan):
-        rows.append({**r, "method": method})
+        rows.append({**r, "method": f"{method}; {ESTIMATE}"})
     return rows
 
 
@@ -164,43 +178,63 @@ def optimizer_rows(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[d
 
 
 def weight_copy_rows(
-    model: nn.Module, copies: Iterable[tuple[torch.dtype, int]], plan: Any
+    model: nn.Module,
+    copies: Iterable[tuple[torch.dtype, int]],
+    plan: Any,
+    cast: Iterable[tuple[torch.dtype, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Casts of parameters made inside the forward (autocast's weight cache), by dtype.
 
-    Expected: the parameters of Linear / Conv / PReLU modules in the autocast dtype, once each
-    (autocast caches the cast of a weight for the whole autocast region).
+    ``copies``: (dtype, bytes) of each distinct output storage of a parameter cast (measured).
+    ``cast``: (dtype, bytes) of each distinct parameter the trace saw autocast cast, from its shape
+    (:meth:`OpTracer.parameter_casts`): the expectation. Without a trace (``cast`` None) the
+    expectation is the module-level estimate (:data:`LOW_MODULES`), labelled so.
     """
     measured: dict[Any, int] = defaultdict(int)
     for dtype, nbytes in copies:
         measured[dtype] += nbytes
-    expected: dict[Any, int] = {}
-    if getattr(plan, "autocast_enabled", False) and isinstance(plan.dtype, torch.dtype):
-        seen: set[int] = set()
-        low = []
-        for module in model.modules():
-            if isinstance(module, LOW_MODULES):
-                for p in module.parameters(recurse=False):
-                    if id(p) not in seen:
-                        seen.add(id(p))
-                        low.append(p)
-        expected = numel_bytes(low, plan.dtype)
+    if cast is not None:
+        expected: dict[Any, int] = defaultdict(int)
+        for dtype, nbytes in cast:
+            expected[dtype] += nbytes
+        how = (
+            "expected: each parameter autocast cast in this trace once (a tied or reused weight "
+            "once), numel x the cast dtype's size"
+        )
+    else:
+        expected = estimate_weight_copies(model, plan)
+        how = f"expected: {ESTIMATE}"
     if not measured and not expected:
         return []
     return _merge(
         COPIES,
         dict(measured),
-        expected,
-        "outputs of _to_copy of a parameter's storage during the forward (each output once); "
-        "expected: Linear/Conv/PReLU parameters in the autocast dtype",
+        dict(expected),
+        "outputs of _to_copy of a parameter's storage during the forward (each output storage "
+        f"once); {how}",
     )
 
 
-def scaler_rows(scaler: Any) -> list[dict[str, Any]]:
-    """The grad scaler's device tensors: the scale (fp32 scalar) and the growth tracker (int32)."""
-    if scaler is None:
+def estimate_weight_copies(model: nn.Module, plan: Any) -> dict[Any, int]:
+    """The module-level estimate of autocast's weight copies (see :data:`ESTIMATE`)."""
+    if not (getattr(plan, "autocast_enabled", False) and isinstance(plan.dtype, torch.dtype)):
+        return {}
+    seen: set[int] = set()
+    low = []
+    for module in model.modules():
+        if isinstance(module, LOW_MODULES):
+            for name, p in module.named_parameters(recurse=False):
+                if name not in _NOT_CAST and id(p) not in seen:
+                    seen.add(id(p))
+                    low.append(p)
+    return numel_bytes(low, plan.dtype)
+
+
+def scaler_rows(tensors: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+    """The grad scaler's device tensors (``Precision.state_tensors()``): the scale (fp32 scalar)
+    and the growth tracker (int32); none without a scaler."""
+    if not tensors:
         return []
-    tensors = [t for t in (scaler._scale, scaler._growth_tracker) if t is not None]
     return _merge(
         SCALER,
         storage_bytes(tensors),

@@ -3,10 +3,12 @@
 :class:`OpTracer` is a context manager that enters two of torch's own mechanisms:
 
 - a ``TorchFunctionMode`` that notes the torch-level call an op came from (``linear``,
-  ``layer_norm``, ``cross_entropy``): autocast's documented lists are written in those names;
+  ``layer_norm``, ``cross_entropy``): autocast's kernel for a call is looked up by that name first
+  (:mod:`.policy`, read from the running torch);
 - a ``TorchDispatchMode`` (``torch.utils._python_dispatch``) that sees every ATen op *after*
   autocast has cast its inputs, so the dtypes it records are the ones that really ran. FLOPs per
-  op come from ``torch.utils.flop_counter``'s formula registry (the one ``FlopCounterMode`` uses).
+  op come from the formulas a run counts its FLOPs with (:func:`~precision_nb.engine.metrics.
+  flop_formulas`: ``torch.utils.flop_counter``'s, attention on every device included).
 
 Casts of a parameter's storage (``_to_copy`` of a weight) are kept as weakrefs so the memory
 breakdown can count autocast's weight copies. Nothing here changes what an op computes; an op the
@@ -25,9 +27,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
-from precision_nb.engine.inspect.policy import FP32, LOW, cross_device_difference, policy_of
+from precision_nb.engine.inspect.policy import (
+    FP32,
+    LOW,
+    PROMOTE,
+    cross_device_difference,
+    policy_of,
+)
+from precision_nb.engine.metrics import flop_formulas
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +74,25 @@ MATMUL_OPS = frozenset(
     }
 )
 _NO_API = ("__get__", "__set__", "__delete__")
+#: ATen ops that alias their input without being marked as views in their schema.
+ALIAS_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "detach", "lift_fresh"})
+#: ATen ops that copy or fill memory without arithmetic (a same-dtype ``_to_copy`` too; ops with
+#: no tensor input, such as ``ones`` or ``arange``, count as such as well).
+COPY_OPS = frozenset(
+    {"clone", "contiguous", "copy", "copy_", "lift_fresh_copy", "_to_copy", "empty_like",
+     "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones", "new_full",
+     "fill", "fill_", "zero_"}
+)  # fmt: skip
 
 # verdicts, one per trace row
 RAN_LOW = "ran in {dtype}"
 KEPT_FP32 = "kept in fp32 by autocast"
-NOT_LISTED = "fp32: the op is not on autocast's lists"
-FP32_LISTED_LOW = "fp32 although autocast lists it for low precision"
+PROMOTED_FP32 = "fp32: autocast promotes it to its widest input"
+NOT_LISTED = "fp32: autocast leaves the op alone (no autocast kernel)"
+FP32_LISTED_LOW = "fp32 although autocast casts it to low precision"
 NO_AUTOCAST = "fp32: no autocast in this plan"
 CAST = "cast inserted"
-VIEW = "view / no arithmetic"
+VIEW = "view or copy / no arithmetic"
 OTHER = "integer / bool / other dtype"
 BACKWARD_FP32 = "fp32 in backward (follows the forward's dtypes)"
 
@@ -149,8 +167,13 @@ class OpTracer:
         self.unattributed: Counter[tuple[str, str]] = Counter()
         #: output storage pointer -> (weakref to the cast output, dtype, bytes)
         self.weight_copies: dict[int, tuple[Any, torch.dtype, int]] = {}
+        #: (parameter storage, offset, shape, stride, cast dtype) -> bytes of one cast of it
+        self.cast_params: dict[tuple[Any, ...], int] = {}
         #: output storage pointer -> weakref, for casts of the batch's tensors
         self.input_copies: dict[int, Any] = {}
+        #: parameter storage pointer -> the dtypes its values entered arithmetic in (a cast's
+        #: output dtype, else the parameter's own; views are not uses)
+        self.param_uses: dict[int, set[str]] = {}
         self._modes: list[Any] = []
 
     def __enter__(self) -> OpTracer:
@@ -193,14 +216,22 @@ class OpTracer:
         if op in CAST_OPS and ins and outs and ins[0].dtype != outs[0].dtype:
             from_param = ins[0].untyped_storage().data_ptr() in self.param_storages
             kind = "weight cast" if from_param else "cast"
-        elif func.is_view:
+        elif func.is_view or op in ALIAS_OPS:
             kind = "view"
+        elif op in COPY_OPS or not ins:
+            kind = "copy"
         elif func._schema.is_mutable:
             kind = "in-place"
         else:
             kind = "compute"
         key = (phase, api or "", op, in_dtypes, out_dtype, kind)
         self.calls[key] += 1
+        if kind != "view" and outs:
+            for t in ins:
+                ptr = t.untyped_storage().data_ptr()
+                if ptr in self.param_storages:
+                    used = out_dtype if kind == "weight cast" else short(t.dtype)
+                    self.param_uses.setdefault(ptr, set()).add(used)
         if kind in ("cast", "weight cast"):
             nbytes = outs[0].numel() * outs[0].element_size()
             self.cast_bytes[key] += nbytes
@@ -208,9 +239,12 @@ class OpTracer:
             ptr = outs[0].untyped_storage().data_ptr()
             if src in self.param_storages:
                 self.weight_copies[ptr] = (weakref.ref(outs[0]), outs[0].dtype, nbytes)
+                source = ins[0]
+                identity = (src, source.storage_offset(), tuple(source.shape), source.stride())
+                self.cast_params[(*identity, outs[0].dtype)] = nbytes
             elif src in self.input_storages:
                 self.input_copies[ptr] = weakref.ref(outs[0])
-        formula = flop_registry.get(func.overloadpacket)
+        formula = flop_formulas().get(func.overloadpacket)
         if formula is not None:
             try:
                 self.flops[key] += int(formula(*args, **kwargs, out_val=out))
@@ -219,16 +253,24 @@ class OpTracer:
 
     # ------------------------------------------------------------------------- results
 
+    def parameter_casts(self) -> list[tuple[torch.dtype, int]]:
+        """(dtype, bytes) of each distinct parameter cast in the trace (each parameter view and
+        target dtype once, however often it was cast): what autocast's weight copies should hold.
+        """
+        return [(key[-1], nbytes) for key, nbytes in self.cast_params.items()]
+
     def rows(self, plan: Any) -> list[dict[str, Any]]:
         """One row per (phase, torch call, op, input dtypes, output dtype, kind), with a verdict."""
         total = sum(self.flops.values())
         autocast = bool(getattr(plan, "autocast_enabled", False))
         device_type = getattr(plan, "device_type", "cpu")
+        dtype = getattr(plan, "dtype", None)
         rows = []
         for key, count in self.calls.items():
             phase, api, op, in_dtypes, out_dtype, kind = key
             flops = self.flops.get(key, 0)
-            listed = policy_of(device_type, api or op) if autocast else None
+            looked_up = autocast and phase != "backward" and kind in ("compute", "in-place")
+            listed = policy_of(device_type, api, op, dtype) if looked_up else None
             rows.append(
                 {
                     "phase": phase,
@@ -260,7 +302,7 @@ def verdict(phase: str, kind: str, out: str, listed: str | None, autocast: bool)
     """The one-line verdict of a trace row (see the module's constants)."""
     if kind in ("cast", "weight cast"):
         return CAST
-    if kind == "view":
+    if kind in ("view", "copy"):
         return VIEW
     if out in ("bf16", "fp16"):
         return RAN_LOW.format(dtype=out)
@@ -272,6 +314,8 @@ def verdict(phase: str, kind: str, out: str, listed: str | None, autocast: bool)
         return NO_AUTOCAST
     if listed == FP32:
         return KEPT_FP32
+    if listed == PROMOTE:
+        return PROMOTED_FP32
     if listed == LOW:
         return FP32_LISTED_LOW
     return NOT_LISTED
@@ -304,7 +348,7 @@ def flags(
     A matmul-class op that ran in fp32 under a mixed plan with at least ``large_share`` of the
     step's FLOPs; forward casts of activations or inputs (weight casts are autocast's normal
     cache) at least ``many_casts`` in number and a quarter of the forward's compute calls; a
-    torch call that autocast keeps in fp32 on one documented device but not on the other.
+    torch call that autocast keeps in fp32 on CPU but not on CUDA, or the other way round.
     """
     out: list[Flag] = []
     if not getattr(plan, "is_mixed_precision", False):
@@ -337,17 +381,23 @@ def flags(
     seen: set[str] = set()
     for r in rows:
         name = r["call"]
-        if not name or name in seen or not r["phase"].startswith("forward"):
+        if (
+            not name
+            or name in seen
+            or not r["phase"].startswith("forward")
+            or r["kind"] not in ("compute", "in-place")
+            or r["output"] not in ("fp32", "bf16", "fp16")  # autocast casts floats only
+        ):
             continue
         seen.add(name)
-        other = cross_device_difference(name, plan.device_type)
+        other = cross_device_difference(name, plan.device_type, r["op"])
         if other is not None:
-            here = policy_of(plan.device_type, name) or "on no list"
+            here = policy_of(plan.device_type, name, r["op"]) or "no autocast kernel"
             out.append(
                 Flag(
                     "cross_device_policy",
-                    f"{name}: autocast's documented policy differs by device ({plan.device_type}: "
-                    f"{here}; {other}); here it produced {r['output']}",
+                    f"{name}: autocast's policy in this torch differs by device "
+                    f"({plan.device_type}: {here}; {other}); here it produced {r['output']}",
                     {"call": name, "device_type": plan.device_type, "here": here, "other": other},
                 )
             )

@@ -1,147 +1,186 @@
-"""Autocast's op policy as torch documents it: which ops autocast runs in low precision, in fp32,
-or at the widest input type, on CUDA and on CPU.
+"""Autocast's op policy on CPU, CUDA and MPS as the running torch applies it: for a torch call or
+ATen op, whether autocast runs it in low precision, in fp32, at the widest input type, or leaves
+it alone.
 
-This is **documented policy, not a trace**: the lists of the "Autocast Op Reference" in torch's
-documentation (``torch.amp``; the ``autocast`` docstring in ``torch/amp/autocast_mode.py`` points
-to it), kept here as data. Where a device is simulated (a capability preset) nothing can run on
-it, so the inspection shows this table instead of a trace; on a real device the trace says what
-really ran and the table only names *why* (an op on the fp32 list was kept in fp32 by autocast).
+Read from torch, not kept as a table (:mod:`.autocast_probe`): the dispatcher says which ops have
+an autocast kernel on a device type, and each kernel's cast is measured on fake tensors of that
+device type, so a simulated GPU gets the policy of the torch installed here. Where a device runs,
+the op trace says what really ran and the policy names *why* (an op autocast keeps in fp32).
+torch's documented op lists (:mod:`.documented_policy`) are only a cross-check, shown beside.
 
-Names are the torch-level spellings of the reference (``linear``, ``layer_norm``,
-``cross_entropy``, ``__matmul__``); CPU names follow the reference's own (ATen) spellings.
+A torch call reaches autocast as the first ATen op in its chain that has an autocast kernel, so
+a trace row is looked up by its torch-level call first (``linear``, ``cross_entropy`` ->
+``cross_entropy_loss``, ``__matmul__`` -> ``matmul``), then by the ATen op that ran
+(``upsample_nearest2d`` under ``interpolate``, ``_log_softmax`` -> ``log_softmax``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
-SOURCE = (
-    "documented policy, not a trace: torch's Autocast Op Reference (torch.amp docs) for "
-    f"torch {torch.__version__.split('+')[0]}"
+from precision_nb.engine.inspect.autocast_probe import (
+    DISPATCH_KEYS,
+    FP32,
+    LOW,
+    METHOD,
+    PROMOTE,
+    REFUSED,
+    Measured,
+    device_table,
+    measure_name,
+    overloads_by_name,
+    probe_dtype,
+    spellings,
 )
+from precision_nb.engine.inspect.documented_policy import DOCUMENTED, documented_policy_of
 
-#: The reference's list names: the dtype an op autocasts to.
-LOW = "lower precision"  # float16 on CUDA ("Ops that can autocast to float16"), bf16 or fp16 on CPU
-FP32 = "float32"
-PROMOTE = "widest input type"
+__all__ = [
+    "FP32",
+    "autocast_policy",
+    "LOW",
+    "PROMOTE",
+    "REFUSED",
+    "SOURCE",
+    "cross_device_difference",
+    "disagreements",
+    "lookup",
+    "policy_of",
+    "policy_rows",
+    "spellings",
+]
 
-_CUDA_LOW = """__matmul__ addbmm addmm addmv addr baddbmm bmm chain_matmul multi_dot conv1d conv2d
-conv3d conv_transpose1d conv_transpose2d conv_transpose3d GRUCell linear LSTMCell matmul mm mv
-prelu RNNCell"""
-_CUDA_FP32 = """__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits
-cosh cosine_embedding_loss cdist cosine_similarity cross_entropy cumprod cumsum dist erfinv exp
-expm1 group_norm hinge_embedding_loss kl_div l1_loss layer_norm log log_softmax log10 log1p log2
-margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss nll_loss norm normalize
-pdist poisson_nll_loss pow prod reciprocal rsqrt sinh smooth_l1_loss soft_margin_loss softmax
-softmin softplus sum renorm tan triplet_margin_loss"""
-_CUDA_PROMOTE = """addcdiv addcmul atan2 bilinear cross dot grid_sample index_put scatter_add
-tensordot"""
-
-_CPU_LOW = """conv1d conv2d conv3d bmm mm linalg_vecdot baddbmm addmm addbmm linear _convolution
-matmul conv_tbc mkldnn_rnn_layer conv_transpose1d conv_transpose2d conv_transpose3d prelu
-scaled_dot_product_attention _native_multi_head_attention"""
-_CPU_FP32 = """avg_pool3d binary_cross_entropy grid_sampler polar prod quantile nanquantile stft
-cdist trace view_as_complex cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr
-pinverse max_pool3d max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d
-reflection_pad2d replication_pad1d replication_pad2d replication_pad3d mse_loss
-cosine_embedding_loss nll_loss nll_loss2d hinge_embedding_loss poisson_nll_loss smooth_l1_loss
-cross_entropy_loss l1_loss huber_loss margin_ranking_loss soft_margin_loss triplet_margin_loss
-multi_margin_loss ctc_loss kl_div multilabel_margin_loss binary_cross_entropy_with_logits fft_fft
-fft_ifft fft_fft2 fft_ifft2 fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn
-fft_irfftn fft_hfft fft_ihfft linalg_cond linalg_matrix_rank linalg_solve linalg_cholesky
-linalg_svdvals linalg_eigvals linalg_eigvalsh linalg_inv linalg_householder_product
-linalg_tensorinv linalg_tensorsolve fake_quantize_per_tensor_affine geqrf _lu_with_info qr svd
-triangular_solve fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
-multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig linalg_eigh
-linalg_lstsq linalg_inv_ex"""
-_CPU_PROMOTE = "stack cat index_copy"
-
-POLICY: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
-    {
-        "cuda": MappingProxyType(
-            {
-                LOW: frozenset(_CUDA_LOW.split()),
-                FP32: frozenset(_CUDA_FP32.split()),
-                PROMOTE: frozenset(_CUDA_PROMOTE.split()),
-            }
-        ),
-        "cpu": MappingProxyType(
-            {
-                LOW: frozenset(_CPU_LOW.split()),
-                FP32: frozenset(_CPU_FP32.split()),
-                PROMOTE: frozenset(_CPU_PROMOTE.split()),
-            }
-        ),
-    }
-)
-
-# torch-level names that the reference spells differently on one device (the CPU lists use ATen
-# names: F.cross_entropy reaches autocast as cross_entropy_loss).
-_ALIASES = {"cross_entropy": ("cross_entropy_loss",), "cross_entropy_loss": ("cross_entropy",)}
+SOURCE = f"autocast's policy, not a trace: {METHOD}; torch {torch.__version__.split('+')[0]}"
 
 
-def policy_of(device_type: str, name: str | None) -> str | None:
-    """The documented list (``LOW``, ``FP32``, ``PROMOTE``) ``name`` is on for ``device_type``.
+def lookup(
+    device_type: str, call: str | None, op: str | None = None, dtype: Any = None
+) -> Measured | None:
+    """The measured policy autocast applies to a torch ``call`` whose ATen ``op`` ran.
 
-    ``name`` is a torch-level op name (``"linear"``, ``"softmax"``) or an ATen packet name; a
-    leading underscore and a ``_forward`` suffix are tried too (``_log_softmax`` ->
-    ``log_softmax``). ``None`` when the op is on no list, or the device type has no table (MPS
-    and others: autocast's MPS policy is not part of the reference kept here).
+    None when neither has an autocast kernel on ``device_type`` (the op runs in the dtype it
+    receives). Raises ``ValueError`` for a device type without an autocast dispatch key.
     """
-    lists = POLICY.get(device_type)
-    if lists is None or not name:
-        return None
-    candidates = [name, name.lstrip("_")]
-    for suffix in ("_forward", "_backward"):
-        if name.endswith(suffix):
-            candidates.append(name[: -len(suffix)].lstrip("_"))
-    for cand in list(candidates):
-        candidates.extend(_ALIASES.get(cand, ()))
-    for policy in (LOW, FP32, PROMOTE):
-        if any(c in lists[policy] for c in candidates):
-            return policy
+    if device_type not in DISPATCH_KEYS:
+        raise ValueError(
+            f"device_type: invalid value {device_type!r}; allowed: {', '.join(DISPATCH_KEYS)}"
+        )
+    low = probe_dtype(device_type, dtype)
+    for name in spellings(call) + spellings(op):
+        found = measure_name(device_type, name, low)
+        if found is not None:
+            return found
     return None
+
+
+def autocast_policy(
+    device_type: str, call: str | None, op: str | None = None, dtype: Any = None
+) -> Measured | None:
+    """What autocast does to a torch ``call`` (``"layer_norm"``) on ``device_type`` (``"cpu"``,
+    ``"cuda"`` or ``"mps"``) in the installed torch, read from its dispatcher (no GPU needed).
+
+    ``op``: the ATen op the call ran, where known (``interpolate`` runs ``upsample_nearest2d``).
+    Returns a ``Measured`` (``op``: the ATen overload whose kernel applies, ``policy``: ``"lower
+    precision"``, ``"float32"``, ``"widest input type"`` or ``"refused under autocast"``,
+    ``evidence``: what the measurement saw), or None when autocast leaves the call alone.
+    """
+    return lookup(device_type, call, op, dtype)
+
+
+def policy_of(
+    device_type: str, call: str | None, op: str | None = None, dtype: Any = None
+) -> str | None:
+    """``LOW``, ``FP32``, ``PROMOTE``, ``REFUSED`` or None (see :func:`lookup`); None also for a
+    device type without autocast."""
+    if device_type not in DISPATCH_KEYS:
+        return None
+    found = lookup(device_type, call, op, dtype)
+    return found.policy if found is not None else None
 
 
 def policy_rows(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
-    """The documented table for ``device_type`` as plain rows (op, policy, dtype, source).
+    """Every ATen overload with an autocast kernel on ``device_type``, with its measured policy.
 
-    ``dtype`` is the plan's autocast dtype, written into the ``dtype`` column of the
-    lower-precision list (the reference lists float16 for CUDA; CUDA bf16 autocast uses the same
-    list). Raises ``ValueError`` for a device type without a table.
+    Columns: ``op``, ``policy``, ``dtype`` (what the op computes in: the plan's ``dtype`` for the
+    low list), ``evidence`` (what the measurement saw), ``documented`` (torch's reference list for
+    the op, a cross-check; None where it lists the op nowhere) and ``source``.
     """
-    lists = POLICY.get(device_type)
-    if lists is None:
+    if device_type not in DISPATCH_KEYS:
         raise ValueError(
-            f"device_type: invalid value {device_type!r}; allowed: {', '.join(POLICY)} "
-            "(the documented autocast lists kept here)"
+            f"device_type: invalid value {device_type!r}; allowed: {', '.join(DISPATCH_KEYS)}"
         )
-    low = str(dtype).replace("torch.", "") if dtype is not None else "float16 / bfloat16"
-    out_dtype = {LOW: low, FP32: "float32", PROMOTE: "widest input"}
-    return [
-        {"op": op, "policy": policy, "dtype": out_dtype[policy], "source": SOURCE}
-        for policy in (LOW, FP32, PROMOTE)
-        for op in sorted(lists[policy])
-    ]
+    low = probe_dtype(device_type, dtype)
+    out_dtype = {
+        LOW: str(low).replace("torch.", ""),
+        FP32: "float32",
+        PROMOTE: "widest input",
+        REFUSED: "raises",
+        None: "its inputs'",
+    }
+    rows = []
+    for m in device_table(device_type, low):
+        name = m.op.removeprefix("aten::").split(".", 1)[0]
+        rows.append(
+            {
+                "op": m.op.removeprefix("aten::"),
+                "policy": m.policy,
+                "dtype": out_dtype[m.policy],
+                "evidence": m.evidence,
+                "documented": documented_policy_of(device_type, name),
+                "source": SOURCE,
+            }
+        )
+    order = {LOW: 0, FP32: 1, PROMOTE: 2, REFUSED: 3, None: 4}
+    return sorted(rows, key=lambda r: (order[r["policy"]], r["op"]))
 
 
-def cross_device_difference(name: str | None, device_type: str) -> str | None:
-    """The other device's documented list for ``name`` where it differs from ``device_type``'s.
-
-    Returns e.g. ``"cuda: float32"`` for ``layer_norm`` on CPU (autocast keeps it in fp32 on
-    CUDA, not on CPU), or ``None`` when both devices agree or ``device_type`` has no table.
-    """
-    if device_type not in POLICY or not name:
+def cross_device_difference(
+    call: str | None, device_type: str, op: str | None = None
+) -> str | None:
+    """Where autocast keeps ``call`` in fp32 on CPU but not on CUDA, or the other way round:
+    the other device's policy (``"cuda: float32"``), else None."""
+    if device_type not in DISPATCH_KEYS or not (call or op):
         return None
-    here = policy_of(device_type, name)
-    for other in POLICY:
+    here = policy_of(device_type, call, op)
+    for other in ("cuda", "cpu"):
         if other == device_type:
             continue
-        there = policy_of(other, name)
+        there = policy_of(other, call, op)
         if there != here and FP32 in (here, there):
-            return f"{other}: {there or 'on no list'}"
+            return f"{other}: {there or 'no autocast kernel'}"
     return None
+
+
+def disagreements(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
+    """Every op where the documented list and the measured policy differ, as rows
+    (``op``, ``documented``, ``measured``, ``measured_op``): each documented name looked up as a
+    trace looks up a torch call, then each op with an autocast kernel the reference names nowhere
+    (or on another list)."""
+    if device_type not in DOCUMENTED:
+        raise ValueError(
+            f"device_type: invalid value {device_type!r}; allowed: {', '.join(DOCUMENTED)} "
+            "(the device types the reference documents)"
+        )
+    rows: dict[str, dict[str, Any]] = {}
+    for policy in (LOW, FP32, PROMOTE):
+        for name in sorted(DOCUMENTED[device_type][policy]):
+            found = lookup(device_type, name, None, dtype)
+            measured = found.policy if found is not None else None
+            if measured != policy:
+                rows[name] = {
+                    "op": name,
+                    "documented": policy,
+                    "measured": measured,
+                    "measured_op": found.op if found is not None else None,
+                }
+    low = probe_dtype(device_type, dtype)
+    for name in sorted(overloads_by_name(device_type)):
+        found = measure_name(device_type, name, low)
+        documented = documented_policy_of(device_type, name)
+        if found is not None and found.policy != documented and name not in rows:
+            rows[name] = {
+                "op": name, "documented": documented, "measured": found.policy,
+                "measured_op": found.op,
+            }  # fmt: skip
+    return list(rows.values())

@@ -6,8 +6,8 @@ saved-tensor hooks on. The caller's model, optimizer and RNG stream are never to
 state is forked and restored), and nothing of it runs inside timed steps.
 
 Where the plan's device is simulated (a capability preset naming hardware this machine lacks),
-nothing can run: the result carries the analytic memory rows (``bytes`` None) and the documented
-autocast policy table, labelled as such.
+nothing can run: the result carries the analytic memory rows (``bytes`` None) and autocast's
+policy table for that device type, read from the installed torch (not a trace), labelled as such.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig, build_optimizer
 from precision_nb.core.plan import PrecisionPlan
@@ -30,10 +29,11 @@ from precision_nb.core.resolution import explain_precision
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect.op_trace import Flag, OpTracer, flags, summarise
-from precision_nb.engine.inspect.policy import SOURCE, policy_rows
+from precision_nb.engine.inspect.policy import DISPATCH_KEYS, SOURCE, policy_rows
 from precision_nb.engine.metrics import host_rss
+from precision_nb.engine.precision import Precision, lab_applies, run_label
+from precision_nb.engine.request import prepare
 from precision_nb.engine.results import DeviceOutOfMemoryError
-from precision_nb.engine.trainer import prepare
 from precision_nb.engine.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def resolve(
     """The plan, device, label and resolution events for a plan, config or mode string."""
     if isinstance(precision, PrecisionPlan):
         dev = torch.device(plan_device(precision, device))
-        return precision, dev, precision.mode, []
+        return precision, dev, run_label(precision.mode, False), []
     explanation = explain_precision(
         precision if precision is not None else "auto", device, capabilities, optimizer
     )
@@ -119,8 +119,7 @@ def resolve(
         )
         for d in explanation.fallbacks
     ]
-    lab = bool(explanation.config.loss_scale_lab and explanation.plan.use_scaler)
-    label = explanation.plan.mode + (" (loss-scale lab)" if lab else "")
+    label = run_label(explanation.plan.mode, lab_applies(explanation))
     return explanation.plan, torch.device(explanation.device), label, events
 
 
@@ -137,14 +136,14 @@ def plan_device(plan: PrecisionPlan, device: Any) -> str:
 def simulated_inspection(
     model: nn.Module, plan: PrecisionPlan, device: torch.device, label: str, events: list[Event]
 ) -> InspectionData:
-    """What can be said without running: analytic memory rows and the documented policy."""
+    """What can be said without running: analytic memory rows and autocast's policy table."""
     rows = mem.expected_rows(model, plan, "expected only: simulated device (AdamW state)")
-    policy = policy_rows(device.type, plan.dtype) if device.type in ("cuda", "cpu") else []
+    policy = policy_rows(device.type, plan.dtype) if device.type in DISPATCH_KEYS else []
     message = (
         f"{device} is simulated: nothing ran. Memory shows hand arithmetic only; the ops table is "
-        f"the {SOURCE}"
+        f"for {device.type}: {SOURCE}"
         if policy
-        else f"{device} is simulated and has no documented policy table"
+        else f"{device} is simulated and autocast has no policy for its device type"
     )
     return InspectionData(
         label,
@@ -191,7 +190,7 @@ def run_inspection(
     ``model``: an ``nn.Module`` with ``batches``, or a built-in workload (name + ``preset``, or a
     :class:`Workload`) built as ``fit()`` builds it. ``precision``: a :class:`PrecisionPlan`, a
     ``PrecisionConfig`` or a mode string. ``capabilities``: a preset name or ``Capabilities``
-    (simulated hardware -> documented policy). Raises ``DeviceOutOfMemoryError`` (the run's
+    (simulated hardware -> autocast's policy table). Raises ``DeviceOutOfMemoryError`` (the run's
     message) when the step does not fit.
     """
     if isinstance(model, (str, Workload)):
@@ -214,9 +213,14 @@ def run_inspection(
     batch = None
     with torch.random.fork_rng(devices=cuda):
         try:
+            # The peak window opens before the copy and the batch exist: both are the step's
+            # memory (a model already on the GPU is copied there), as the counted rows say.
+            base = mem.start_peak_window(dev)
             work = _copy(model)
             batch = to_device(source.get(0), dev)
-            return _instrumented_step(work, batch, plan, dev, label, events, loss_fn, optimizer)
+            return _instrumented_step(
+                work, batch, plan, dev, label, events, loss_fn, optimizer, base
+            )
         except torch.OutOfMemoryError as exc:
             work = None
             raise _oom_error(exc, plan, dev, _batch_tensors(batch or ())) from exc
@@ -241,34 +245,35 @@ def _instrumented_step(
     events: list[Event],
     loss_fn: Any,
     optimizer: OptimizerConfig | None,
+    base: int,
 ) -> InspectionData:
+    """One step of ``work`` through the plan's :class:`Precision`, traced; ``base``: what the
+    allocator held when the peak window opened."""
     t0 = time.perf_counter()
-    base = mem.start_peak_window(dev)
     opt = build_optimizer(work, optimizer or OptimizerConfig(), dev)
     work.zero_grad(set_to_none=True)
-    scaler = make_grad_scaler(plan) if plan.use_scaler else None
+    amp = Precision.for_plan(plan, dev)
+    amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
     param_ptrs = _storages(work.parameters())
     input_ptrs = _storages(_batch_tensors(batch))
     tracer = OpTracer(param_ptrs, input_ptrs)
     saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
-    args, kwargs, labels = split_batch(batch)
+    args, kwargs, labels = split_batch(batch, work, loss_fn)
     with tracer, saved:
-        with autocast_context(plan, dev):
+        with amp.forward_context():
             out = work(*args, **kwargs)
             loss, _task = output_to_loss(out, labels, loss_fn)
         del out
         tracer.phase = "backward"
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        amp.backward(loss)
     copies = {(ptr, d, n) for ptr, (_ref, d, n) in tracer.weight_copies.items()}
     rows = mem.parameter_rows(work) + mem.gradient_rows(work)
-    if scaler is not None:
-        scaler.step(opt)
-        scaler.update()
-    else:
-        opt.step()
+    amp.step(opt)
     rows += mem.optimizer_rows(work, opt)
-    rows += mem.weight_copy_rows(work, [(d, n) for _p, d, n in copies], plan)
-    rows += saved.rows() + mem.scaler_rows(scaler)
+    rows += mem.weight_copy_rows(
+        work, [(d, n) for _p, d, n in copies], plan, tracer.parameter_casts()
+    )
+    rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
     rows += mem.device_rows(dev, rows, base)
     ops = tracer.rows(plan)
     unattributed = tracer.unattributed_rows() + [

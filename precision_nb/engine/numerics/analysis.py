@@ -8,7 +8,9 @@ views turn them into DataFrames and figures.
 Memory: besides the deep copy (parameters, their gradients, optimizer state), the analysis holds
 at most one extra copy of the gradients at a time: the weights before the optimizer step (the
 same size), kept to measure the update, and freed right after. Every other statistic is computed
-one tensor at a time (a few temporaries the size of that tensor) and kept only as counts.
+one tensor at a time (a few temporaries the size of that tensor) and kept only as counts. Last,
+one forward of the copy under fp16 autocast is traced (what a real fp16 step holds in fp16); its
+activations live until it returns.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from torch import nn
 from precision_nb.core.device import resolve_device
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.resolution import resolve_precision
 from precision_nb.core.validate import number
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
 from precision_nb.engine.numerics import rows as R
@@ -37,9 +41,11 @@ from precision_nb.engine.numerics.collect import (
 )
 from precision_nb.engine.numerics.formats import format_name, overflow_behaviour
 from precision_nb.engine.numerics.fp8 import hardware_note
+from precision_nb.engine.numerics.fp16_run import Fp16Trace, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
-from precision_nb.engine.trainer import prepare
+from precision_nb.engine.precision import Precision
+from precision_nb.engine.request import prepare
 
 DEFAULT_FORMATS: tuple[str, ...] = ("fp16", "bf16", "fp8_e4m3", "fp8_e5m2")
 #: The loss scale fp16 counts use when none is given: GradScaler's default init_scale.
@@ -47,7 +53,8 @@ DEFAULT_SCALE = 2.0**16
 
 MEMORY_NOTE = (
     "Works on a deep copy of the model (and optimizer state); holds at most one extra copy of the "
-    "gradients at a time (the weights before the step, to measure the update)."
+    "gradients at a time (the weights before the step, to measure the update), and afterwards, "
+    "for one fp16 autocast forward of the copy, that forward's activations."
 )
 
 
@@ -84,7 +91,9 @@ def analyze(
     loss scale of the fp16 "at scale" column (default 2^16). ``threshold``: the largest underflowed
     fraction the safe window accepts. ``optimizer``: the caller's optimizer (its state is copied,
     the analysis runs where the model's parameters are), an ``OptimizerConfig`` or ``None`` (a
-    fresh AdamW with default settings: its first step moves every weight by about ``lr``).
+    fresh AdamW with default settings: its first step moves a weight by ``lr * |g| / (|g| + eps)``
+    plus the weight decay ``lr * weight_decay * w``, so a weight with a zero gradient moves by
+    the decay alone).
     """
     if isinstance(formats, (str, torch.dtype)):
         formats = (formats,)
@@ -140,14 +149,17 @@ def _run(
     twin, opt, where = _copy(model, optimizer, device)
     twin.zero_grad(set_to_none=True)
     batch = to_device(BatchSource(batches).get(0), where)
+    # the step runs through the fp32 precision a run of this plan uses
+    amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
     collector = ActivationCollector(formats, scale)
     collector.attach(twin)
     try:
-        args, kwargs, labels = split_batch(batch)
-        with torch.autocast(where.type, enabled=False):
+        args, kwargs, labels = split_batch(batch, twin, loss_fn)
+        # fp32 even inside a caller's autocast region
+        with torch.autocast(where.type, enabled=False), amp.forward_context():
             loss, _task = output_to_loss(twin(*args, **kwargs), labels, loss_fn)
         loss = loss.float()
-        loss.backward()
+        amp.backward(loss)
     finally:
         collector.detach()
     params = list(twin.named_parameters())
@@ -162,7 +174,7 @@ def _run(
                 for n, p in params
                 if p.grad is not None
             },
-            "stagnation": _stagnation(params, opt),
+            "stagnation": _stagnation(params, opt, amp),
         }
     host = to_host(
         {
@@ -172,17 +184,41 @@ def _run(
             },
         }
     )
+    trace = trace_fp16(twin, args, kwargs, where)
+    held_p = {n: trace.param(n) for n, _ in params}
+    held_a = {k: trace.output(k) for k in collector.outputs}
     result = NumericsResult()
-    result.gradients = R.gradient_rows(params, host["params"], formats, scale)
-    result.activations = R.activation_rows(collector.outputs, host["outputs"], formats, scale)
+    result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
+    result.activations = R.activation_rows(
+        collector.outputs, host["outputs"], formats, scale, held_a
+    )
     result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
     result.stagnation = R.stagnation_rows(params, host["stagnation"])
-    p_sweep, p_live = R.sweep_total(v["grad"] for v in host["params"].values())
-    a_sweep, a_live = R.sweep_total(v["grad"] for v in host["outputs"].values())
-    result.scale_window = sweep_rows(p_sweep, a_sweep, p_live, a_live, threshold)
+    in_fp16 = (lambda _n: True) if trace.error else (lambda n: held_p.get(n) == "fp16")
+    p_in, p_all = R.sweep_totals({n: v["grad"] for n, v in host["params"].items()}, in_fp16)
+    in_fp16_a = (lambda _k: True) if trace.error else (lambda k: held_a.get(k) == "fp16")
+    a_in, a_all = R.sweep_totals({k: v["grad"] for k, v in host["outputs"].items()}, in_fp16_a)
+    result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
     result.window = window(result.scale_window, threshold)
+    counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
+    result.window.update(_basis(trace, counted, every))
+    if not trace.error and counted == 0 and every:
+        result.window["reason"] = (
+            "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
+            "a loss scale has nothing to protect"
+        )
     loss_value = float(host["loss"])
     result.findings = R.findings(result, loss_value, scale)
+    if trace.error:
+        result.findings.append(
+            Event(
+                "warning",
+                f"Which gradients a real fp16 step holds in fp16 could not be traced "
+                f"({trace.error}): the window counts every gradient, also those autocast would "
+                "keep in fp32.",
+                {"finding": "fp16_trace_failed", "error": trace.error},
+            )
+        )
     result.info = {
         "model": type(model).__name__,
         "workload": workload,
@@ -195,16 +231,39 @@ def _run(
         "optimizer": _optimizer_text(optimizer, opt),
         "coverage": COVERAGE,
         "fp8": hardware_note(),
+        "fp16_run": {"source": trace.source, "error": trace.error},
         "memory": MEMORY_NOTE,
     }
     return result
 
 
-def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any) -> dict[str, Any]:
+def _basis(trace: Fp16Trace, counted: int, every: int) -> dict[str, Any]:
+    """What the window counts: the gradients a real fp16 step holds in fp16, or, when the fp16
+    trace failed, every gradient (and why)."""
+    if trace.error:
+        text = (
+            f"every gradient ({every} tensors): the fp16 trace that tells which ones a real fp16 "
+            f"step holds in fp16 failed ({trace.error})"
+        )
+    elif counted == every:
+        text = (
+            f"all {every} gradient tensors: a real fp16 autocast step holds each of them in fp16 "
+            "(parameters autocast casts to fp16, fp16 module outputs)"
+        )
+    else:
+        text = (
+            f"the {counted} of {every} gradient tensors a real fp16 autocast step holds in fp16 "
+            "(parameters autocast casts to fp16, fp16 module outputs); the others stay fp32 "
+            "there and are left out"
+        )
+    return {"basis": text, "counted_tensors": every if trace.error else counted, "tensors": every}
+
+
+def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any, amp: Precision) -> dict[str, Any]:
     """Step the copy's optimizer once; per parameter ``[updated, lost]`` in bf16 and fp16."""
     stepped = [(n, p) for n, p in params if p.grad is not None]
     before = [p.detach().clone() for _, p in stepped]  # the one extra gradient-sized copy
-    opt.step()
+    amp.step(opt)
     out = {
         n: {f: lost_updates(old, p, f) for f in WEIGHT_FORMATS}
         for (n, p), old in zip(stepped, before, strict=True)
@@ -218,4 +277,7 @@ def _optimizer_text(requested: Any, opt: Any) -> str:
     lr = float(group.get("lr", float("nan")))
     if isinstance(requested, torch.optim.Optimizer):
         return f"the given {type(opt).__name__} with its state, one step (lr {lr:g})"
-    return f"a fresh AdamW, its first step (lr {lr:g}: each update is about lr in size)"
+    return (
+        f"a fresh AdamW, its first step (lr {lr:g}: a weight moves by lr * |g| / (|g| + eps) plus "
+        "the weight decay, by the decay alone where its gradient is 0)"
+    )

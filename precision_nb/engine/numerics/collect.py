@@ -25,7 +25,7 @@ from torch import nn
 
 from precision_nb.engine.numerics.formats import count_casts, magnitudes
 from precision_nb.engine.numerics.fp8 import FP8_FORMATS, merge, scaled_error
-from precision_nb.engine.numerics.scale_window import sweep_counts
+from precision_nb.engine.numerics.scale_window import subnormal_error_sums, sweep_counts
 
 _SEEN = "_precision_nb_numerics_seen"
 
@@ -59,6 +59,7 @@ def gradient_stats(
     out: dict[str, Any] = {"counts": {label: counts[i] for i, (label, _, _) in enumerate(specs)}}
     if sweep:
         out["sweep"] = sweep_counts(m)
+        out["sweep_error"] = subnormal_error_sums(m)
         out["live"] = m.elements - m.dead
     out["fp8"] = {f: scaled_error(m, f) for f in formats if f in FP8_FORMATS}
     return out
@@ -126,11 +127,7 @@ class ActivationCollector:
 
     def _forward_hook(self, name: str) -> Any:
         def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
-            for suffix, tensor in _tensors(output):
-                if getattr(tensor, _SEEN, False):
-                    continue
-                setattr(tensor, _SEEN, True)
-                key = name + suffix
+            for key, tensor in new_outputs(name, output, _SEEN):
                 stats = self.outputs.get(key)
                 if stats is None:
                     stats = OutputStats(key, type(module).__name__, tuple(tensor.shape))
@@ -150,6 +147,16 @@ class ActivationCollector:
             stats.grad_elements += grad.numel()
 
         return hook
+
+
+def new_outputs(name: str, output: Any, mark: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, tensor)`` for each floating-point tensor of a module's output that requires grad
+    and that no module (an inner one, whose hook ran first) has claimed under ``mark`` yet."""
+    for suffix, tensor in _tensors(output):
+        if getattr(tensor, mark, False):
+            continue
+        setattr(tensor, mark, True)
+        yield name + suffix, tensor
 
 
 def _tensors(output: Any) -> Iterator[tuple[str, torch.Tensor]]:

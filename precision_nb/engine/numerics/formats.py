@@ -181,6 +181,18 @@ def overflow_limit(name: str) -> float:
     return float(o[0])
 
 
+@functools.lru_cache(maxsize=8)
+def normal_limit(name: str) -> float:
+    """The smallest fp32 magnitude whose cast to ``name`` is a normal number, found by casting:
+    the midpoint between the largest subnormal and the smallest normal, or its fp32 neighbour
+    above when the midpoint rounds down (for fp16, ``2^-14 - 2^-25`` rounds up to ``2^-14``)."""
+    info = FORMATS[name]
+    v = torch.tensor([info.smallest_normal - info.smallest_subnormal / 2], dtype=torch.float32)
+    if float(v.to(info.dtype).float()[0]) < info.smallest_normal:
+        v = torch.nextafter(v, torch.tensor([math.inf]))
+    return float(v[0])
+
+
 def count_casts(
     x: torch.Tensor | Magnitudes, specs: Sequence[tuple[str, float | torch.Tensor | None]]
 ) -> torch.Tensor:

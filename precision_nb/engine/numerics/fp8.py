@@ -1,10 +1,14 @@
 """FP8 what-if: the error of casting a tensor to e4m3 / e5m2 with per-tensor amax scaling.
 
-A numerics simulation only: nothing here trains in fp8. FP8 training libraries (Transformer
-Engine, torchao's float8) multiply each tensor by ``scale = fp8_max / amax`` before the cast, so its
-largest magnitude lands on the format's maximum, and divide by it after; this module does the same
-with the tensor's own current amax (no amax history, no margin). Without that scaling, a cast loses
-everything below the format's smallest subnormal: the unscaled underflow comes from
+A numerics simulation only: nothing here trains in fp8. The cast is torchao.float8's default
+recipe, dynamic ("current") per-tensor scaling, step for step: ``scale = fp8_max / max(amax,
+1e-12)`` computed in float64 and rounded to fp32 (``torchao.float8.float8_utils.amax_to_scale``),
+``x * scale`` clamped to +-fp8_max and cast (``to_fp8_saturated``), and divided by the scale to
+read it back. The amax is the tensor's own, now: torchao removed its delayed scaling in 2025.
+Transformer Engine's ``DelayedScaling`` recipe instead takes the largest amax of a history of
+earlier steps (``amax_history_len``, 1024 by default) with a ``margin`` (default 0), and TE also
+ships current scaling (``Float8CurrentScaling``) and block-scaled recipes. Without scaling, a cast
+loses everything below the format's smallest subnormal: the unscaled underflow comes from
 :func:`precision_nb.engine.numerics.formats.cast_counts`.
 """
 
@@ -20,19 +24,24 @@ ERROR_FIELDS: tuple[str, ...] = ("amax", "squared_error", "squared_norm", "under
 
 FP8_FORMATS: tuple[str, ...] = ("fp8_e4m3", "fp8_e5m2")
 
+#: The floor torchao.float8 puts under the amax before dividing by it.
+AMAX_EPS = 1e-12
+
 
 def scaled_error(x: torch.Tensor | Magnitudes, name: str) -> torch.Tensor:
     """Float64 device tensor (order :data:`ERROR_FIELDS`) for ``x`` cast to ``name`` with
-    per-tensor amax scaling; non-finite elements are left out (they are reported elsewhere).
+    per-tensor amax scaling (the module's recipe); non-finite elements are left out (they are
+    reported elsewhere).
 
-    Works on ``|x|``: rounding to nearest is symmetric, so the error is the same as for ``x``.
+    Works on ``|x|``: rounding to nearest and saturation are symmetric, so the error is the same
+    as for ``x``.
     """
     m = magnitudes(x)
     info = FORMATS[name]
     a = m.a
     amax = a.amax() if a.numel() else torch.zeros((), device=a.device)
-    scale = torch.where(amax > 0, info.max / amax, torch.ones((), device=a.device))
-    back = (a * scale).to(info.dtype).float() / scale
+    scale = (info.max / amax.double().clamp(min=AMAX_EPS)).float()
+    back = (a * scale).clamp(max=info.max).to(info.dtype).float() / scale
     err = torch.linalg.vector_norm(back - a).double().square()
     norm = torch.linalg.vector_norm(a).double().square()
     lost = torch.count_nonzero(back == 0) - m.dead

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -11,7 +11,7 @@ from precision_nb.core.events import Event
 from precision_nb.engine.numerics.collect import OutputStats, variants
 from precision_nb.engine.numerics.formats import COUNT_FIELDS, counts_row
 from precision_nb.engine.numerics.fp8 import FP8_FORMATS, relative_error
-from precision_nb.engine.numerics.scale_window import SCALE_EXPONENTS
+from precision_nb.engine.numerics.scale_window import SweepTotal
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS
 
 _EMPTY = {k: None for k in counts_row([0] * len(COUNT_FIELDS), 1)}
@@ -38,13 +38,24 @@ def _count_rows(
 
 
 def gradient_rows(
-    params: Sequence[tuple[str, nn.Parameter]], host: Mapping[str, Any], formats, scale
+    params: Sequence[tuple[str, nn.Parameter]],
+    host: Mapping[str, Any],
+    formats,
+    scale,
+    held: Mapping[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per parameter tensor and format variant; status ok / no gradient / frozen."""
+    """One row per parameter tensor and format variant; status ok / no gradient / frozen;
+    ``fp16_run``: the dtype a real fp16 autocast step holds the gradient in (``held``)."""
     rows = []
+    held = held or {}
     for name, p in params:
         stats = host.get(name)
-        base = {"layer": name, "shape": tuple(p.shape), "status": _status(p, stats is not None)}
+        base = {
+            "layer": name,
+            "shape": tuple(p.shape),
+            "status": _status(p, stats is not None),
+            "fp16_run": held.get(name),
+        }
         rows += _count_rows(
             base, None if stats is None else stats["grad"], p.numel(), formats, scale
         )
@@ -52,11 +63,16 @@ def gradient_rows(
 
 
 def activation_rows(
-    outputs: Mapping[str, OutputStats], host: Mapping[str, Any], formats, scale
+    outputs: Mapping[str, OutputStats],
+    host: Mapping[str, Any],
+    formats,
+    scale,
+    held: Mapping[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per module output and format variant (status "no gradient" when backward never
-    reached it, e.g. an output the loss does not use)."""
+    reached it, e.g. an output the loss does not use); ``fp16_run`` as for parameters."""
     rows = []
+    held = held or {}
     for key, out in outputs.items():
         grad = host[key]["grad"]
         base = {
@@ -65,6 +81,7 @@ def activation_rows(
             "shape": out.shape,
             "calls": out.calls,
             "status": "ok" if grad is not None else "no gradient",
+            "fp16_run": held.get(key),
         }
         rows += _count_rows(base, grad, out.grad_elements or out.elements, formats, scale)
     return rows
@@ -128,18 +145,19 @@ def stagnation_rows(
     return rows
 
 
-def sweep_total(grads: Iterable[Any]) -> tuple[list[list[int]], int]:
-    """Summed sweep counts and live elements of host gradient stats (``None`` entries skipped)."""
-    total = [[0, 0] for _ in SCALE_EXPONENTS]
-    live = 0
-    for grad in grads:
+def sweep_totals(
+    grads: Mapping[str, Any], counted: Callable[[str], bool]
+) -> tuple[SweepTotal, SweepTotal]:
+    """Host sweeps of ``grads`` (name -> stats or ``None``) summed: those ``counted`` accepts,
+    and every one."""
+    inside, every = SweepTotal(), SweepTotal()
+    for name, grad in grads.items():
         if grad is None:
             continue
-        live += int(grad["live"])
-        for row, (u, o) in zip(total, grad["sweep"], strict=True):
-            row[0] += int(u)
-            row[1] += int(o)
-    return total, live
+        every.add(grad)
+        if counted(name):
+            inside.add(grad)
+    return inside, every
 
 
 def _layers(rows: Iterable[Mapping[str, Any]], test: Any) -> list[str]:

@@ -1,9 +1,11 @@
 """Update stagnation: how many of one optimizer step's updates a low-precision weight would lose.
 
 An update ``u = w_new - w_old`` (fp32, what the optimizer really applied) is lost in a format when
-rounding the updated low-precision weight gives the old one back: ``cast(cast(w_old) + u) ==
-cast(w_old)``, i.e. ``|u|`` is below half an ulp of the weight in that format (at exactly half, the
-cast's ties-to-even decide). Keeping fp32 master weights is how mixed precision avoids this.
+the cast rounds it away: ``cast(cast(w_old) + u) == cast(w_old)``, i.e. ``|u|`` is less than half
+the gap from the weight to its neighbour in the direction of ``u`` (at exactly half, ties to even
+decide). Just above a power of two the gap below is half the gap above, so a downward update can
+survive where an upward one of the same size is lost. Keeping fp32 master weights is how mixed
+precision avoids this.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.core.resolution import Explanation
+from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.views.panel.analysis_html import memory_chart_svg, numerics_html, ops_html
 from precision_nb.views.panel.selection import SIM_PREFIX
 
@@ -51,9 +52,8 @@ def selected_target(explanation: Explanation | None, device: str) -> Target | No
     if explanation is None:
         return None
     plan = explanation.plan
-    lab = bool(explanation.config.loss_scale_lab and plan.use_scaler)
     sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
-    label = plan.mode + (" (loss-scale lab)" if lab else "")
+    label = run_label(plan.mode, lab_applies(explanation))
     return Target(label, plan, str(explanation.device), explanation.simulated, sim)
 
 

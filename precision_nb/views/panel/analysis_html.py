@@ -144,15 +144,15 @@ def _rows_table(css: str, head: Sequence[str], rows: Sequence[Sequence[str]]) ->
 
 
 def ops_html(label: str, data: Any) -> str:
-    """The op trace summary of one plan and its flags; for a simulated device, the documented
-    autocast policy grouped by what it does (labelled so: nothing ran)."""
+    """The op trace summary of one plan and its flags; for a simulated device, autocast's policy
+    read from torch, grouped by what it does (labelled so: nothing ran)."""
     if data.simulated:
         groups: dict[tuple[str, str], list[str]] = {}
         for r in data.policy:
             groups.setdefault((str(r.get("policy")), str(r.get("dtype"))), []).append(
                 str(r.get("op"))
             )
-        head = f"<b>Ops of {html.escape(label)}</b>: documented autocast policy, not a trace"
+        head = f"<b>Ops of {html.escape(label)}</b>: autocast's policy in this torch, not a trace"
         rows = [(policy, dtype, ", ".join(ops)) for (policy, dtype), ops in groups.items()]
         table = _rows_table("pnb-ops-table", ("policy", "dtype", "ops"), rows)
     else:

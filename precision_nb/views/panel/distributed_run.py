@@ -60,7 +60,7 @@ _STARTUP_NOTE = (
 
 
 def _import(name: str, path: str, call: bool) -> Any:
-    from precision_nb.engine.distributed.worker import import_path
+    from precision_nb.engine.distributed.rank import import_path
 
     try:
         obj = import_path(path)

@@ -250,11 +250,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch's out-of-memory error, the engine's, or a failure whose partial result
     recorded an ``oom`` event (decided by type and event kind, never by message text)."""
     from precision_nb.core.events import of_kind
-    from precision_nb.engine.results import DeviceOutOfMemoryError
+    from precision_nb.engine.results import DeviceOutOfMemoryError, FitError
 
     if isinstance(exc, (DeviceOutOfMemoryError, torch.OutOfMemoryError)):
         return True
-    partial = getattr(exc, "result", None) or getattr(exc, "precision_nb_result", None)
+    partial = exc.result if isinstance(exc, FitError) else None
     return bool(of_kind(getattr(partial, "events", None), "oom"))
 
 
@@ -263,7 +263,7 @@ _CONTROLLED = ("steps", "accumulation", "seed", "progress", "label")
 
 def check_train_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """Validate extra TrainConfig fields (e.g. ``overflow_at_steps``, ``grad_clip``)."""
-    from precision_nb.engine.trainer import TrainConfig
+    from precision_nb.engine.train_config import TrainConfig
 
     options = dict(options or {})
     names = [f.name for f in dataclasses.fields(TrainConfig)]

@@ -156,7 +156,7 @@ class RunSession:
             self.on_released()
 
     def train_config(self, selection: Selection) -> Any:
-        from precision_nb.engine.trainer import TrainConfig
+        from precision_nb.engine.train_config import TrainConfig
 
         log_every = self.log_every or max(1, selection.steps // 50)
         return TrainConfig(
@@ -210,7 +210,7 @@ class RunSession:
         )
 
     def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
-        from precision_nb.engine.trainer import fit
+        from precision_nb.engine.entry import fit
 
         common = self.run_options(selection, live, stop)
         common["precision"] = explanation.config
@@ -269,13 +269,15 @@ class RunSession:
             source = job.result
             if job.error is not None:
                 self.last_exception = job.error
-                # A failed fit keeps its RunResult on the error; a failed comparison keeps the
-                # live records of every run so far (below).
-                partial = getattr(job.error, "result", None) or getattr(
-                    job.error, "precision_nb_result", None
-                )
-                compared = getattr(job.error, "precision_nb_comparison", None)
-                source = partial if job.kind == "run" else compared
+                # A failed fit keeps its RunResult on the error (a FitError's .result), a failed
+                # comparison its Comparison (a ComparisonError's); else the live records (below).
+                from precision_nb.engine.compare import ComparisonError
+                from precision_nb.engine.results import FitError
+
+                error = job.error
+                partial = error.result if isinstance(error, FitError) else None
+                wanted = job.kind == "run" or isinstance(error, ComparisonError)
+                source = partial if wanted else None
                 selection = job.context
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""
                 self.outputs.show_error(describe_failure(job.error, batch_hint=hint), "run")
@@ -312,8 +314,9 @@ class RunSession:
         """Charts, status, results and events of the finished run; returns its records as
         a DataFrame (None when there are none)."""
         source = self.source
-        if source is None:
+        if source is None:  # an error that carries no result (SystemExit...) and no record
             self.outputs.progress_label.value = "failed before the first step"
+            self.outputs.status.value = "Failed before the first logged step; no records to show."
             return None
         from precision_nb.views.report.tables import results_of, summary, to_frame
 

@@ -1,9 +1,9 @@
 """Reports: records as tables, matplotlib figures, hints, ``report.html`` and ``profile()``.
 
 ``tables`` (records -> DataFrame, ``summary()``), ``figures`` (matplotlib Figures), ``hints``
-(explanations drawn from the measurements), ``html`` (the report folder) and ``profile`` (what
-``precision-nb profile`` runs). Names are loaded on first use, so importing this package imports
-no plotting library.
+(explanations drawn from the measurements), ``answer`` (one card per plan, verdict first),
+``html`` (the report's sections and folder) and ``profile`` (what ``precision-nb profile``
+runs). Names are loaded on first use, so importing this package imports no plotting library.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ _NAMES = {
     "OUTPUT_FILES": "html",
     "make_figures": "html",
     "render_html": "html",
+    "report_files": "html",
+    "report_sections": "html",
     "write_report": "html",
     "DEFAULT_STEPS": "profile",
     "PROFILE_POINTS": "profile",

@@ -7,14 +7,17 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from precision_nb.engine.compare import Comparison
 from precision_nb.views.colors import colors_for_labels
-from precision_nb.views.report.tables import RecordSource, scale_histories, to_frame
+from precision_nb.views.report.source import as_comparison
+from precision_nb.views.report.tables import RecordSource, to_frame
 
 SINGLE_SIZE = (7.0, 4.0)
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -61,29 +64,49 @@ def _run_labels(frame: Any) -> list[str]:
     return [str(label) for label in dict.fromkeys(frame["run"].tolist())]
 
 
-def _prepare(
-    source: RecordSource, colors: Mapping[str, str] | None
-) -> tuple[Any, list[str], Mapping[str, str]]:
-    frame = to_frame(source)
+@dataclass(frozen=True)
+class Prepared:
+    """A figure's source, normalised once: the comparison, its records as a frame, the run
+    labels in order and one colour per label."""
+
+    comparison: Comparison
+    frame: Any
+    labels: list[str]
+    colors: Mapping[str, str]
+
+    def histories(
+        self, given: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
+    ) -> Mapping[str, Sequence[Mapping[str, Any]]]:
+        """``given`` when passed, else every run's ``scale_history`` that has entries."""
+        if given is not None:
+            return given
+        return {k: r.scale_history for k, r in self.comparison.results.items() if r.scale_history}
+
+
+def prepare(source: RecordSource, colors: Mapping[str, str] | None) -> Prepared:
+    comparison = as_comparison(source)
+    frame = to_frame(source if hasattr(source, "columns") else comparison)
     labels = _run_labels(frame)
-    return frame, labels, colors if colors is not None else plan_colors(labels)
+    return Prepared(
+        comparison, frame, labels, colors if colors is not None else plan_colors(labels)
+    )
 
 
-def _new_figure(size: tuple[float, float] = SINGLE_SIZE) -> Figure:
+def new_figure(size: tuple[float, float] = SINGLE_SIZE) -> Figure:
     return PlanFigure(figsize=size, layout="constrained")
 
 
-def _no_data(ax: Axes, message: str) -> None:
+def no_data(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True)
 
 
-def _numeric(series: Any) -> Any:
+def numeric(series: Any) -> Any:
     import pandas as pd
 
     return pd.to_numeric(series, errors="coerce")
 
 
-def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+def style_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     if xlabel != "plan":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
@@ -92,7 +115,7 @@ def _style(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _legend(ax: Axes) -> None:
+def legend(ax: Axes) -> None:
     handles, _ = ax.get_legend_handles_labels()
     if handles:
         ax.legend(fontsize="small", loc="best")
@@ -101,7 +124,7 @@ def _legend(ax: Axes) -> None:
 LINESTYLES = ("-", "--", "-.", ":")
 
 
-def _linestyle(index: int) -> str:
+def linestyle(index: int) -> str:
     """Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each."""
     return LINESTYLES[index % len(LINESTYLES)]
 
@@ -113,9 +136,9 @@ def throughput_column(frame: Any) -> str | None:
     """``tokens_per_s`` when every run recorded it, else ``samples_per_s`` when present."""
     if frame.empty:
         return None
-    if "tokens_per_s" in frame and _numeric(frame["tokens_per_s"]).notna().all():
+    if "tokens_per_s" in frame and numeric(frame["tokens_per_s"]).notna().all():
         return "tokens_per_s"
-    if "samples_per_s" in frame and _numeric(frame["samples_per_s"]).notna().any():
+    if "samples_per_s" in frame and numeric(frame["samples_per_s"]).notna().any():
         return "samples_per_s"
     return None
 
@@ -127,19 +150,13 @@ def memory_kinds(frame: Any) -> list[str]:
     return [str(k) for k in dict.fromkeys(frame["memory_kind"].dropna().tolist())]
 
 
-def _histories(
-    source: RecordSource, histories: Mapping[str, Sequence[Mapping[str, Any]]] | None
-) -> Mapping[str, Sequence[Mapping[str, Any]]]:
-    return histories if histories is not None else scale_histories(source)
-
-
-def _attempt_x(entry: Mapping[str, Any], index: int) -> float:
+def attempt_x(entry: Mapping[str, Any], index: int) -> float:
     # Skipped attempts do not advance the step counter, so the x axis counts attempts.
     attempt = entry.get("attempt")
     return float(attempt) if attempt is not None else float(index)
 
 
-def _float(value: Any) -> float | None:
+def to_float(value: Any) -> float | None:
     try:
         out = float(value)
     except (TypeError, ValueError):
@@ -147,7 +164,7 @@ def _float(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
-def _pow2_label(value: float, _pos: int) -> str:
+def pow2_label(value: float, _pos: int) -> str:
     if value <= 0:
         return ""
     exponent = math.log2(value)

@@ -1,12 +1,13 @@
-"""Matplotlib figures of run records: loss, loss scale, throughput, memory and a 2x2 dashboard.
+"""Matplotlib figures of run records: loss, loss scale, throughput, memory and a dashboard.
 
 Every function returns a standalone :class:`matplotlib.figure.Figure` (never pyplot state), so the
 figures work with any backend: Agg in tests and the CLI, inline or widget backends in notebooks,
 and PNG bytes for an ``ipywidgets.Image`` through :func:`figure_to_png`.
 
-The figures accept run records (a list of flat dicts as the engine writes them), a DataFrame of
-them, a ``RunResult`` or a ``Comparison``. A plan keeps its colour across every figure: colours
-come from :func:`plan_colors`, keyed by run label.
+The figures accept a ``Comparison``, a ``RunResult`` or run records (a list of flat dicts as the
+engine writes them, or a DataFrame of them), normalised once
+(:func:`~precision_nb.views.report.source.as_comparison`). A plan keeps its colour across every
+figure: colours come from :func:`plan_colors`, keyed by run label.
 """
 
 from __future__ import annotations
@@ -23,22 +24,23 @@ from precision_nb.views.report.figure_base import (
     DASHBOARD_SIZE,
     SINGLE_SIZE,
     PlanFigure,
-    _attempt_x,
-    _float,
-    _histories,
-    _legend,
-    _linestyle,
-    _new_figure,
-    _no_data,
-    _numeric,
-    _pow2_label,
-    _prepare,
-    _style,
+    Prepared,
+    attempt_x,
     figure_to_png,
+    legend,
+    linestyle,
     memory_kinds,
+    new_figure,
+    no_data,
+    numeric,
     plan_colors,
+    pow2_label,
+    prepare,
+    style_axes,
     throughput_column,
+    to_float,
 )
+from precision_nb.views.report.inspection_figures import draw_memory_breakdown
 from precision_nb.views.report.tables import RecordSource
 
 __all__ = [
@@ -51,23 +53,28 @@ __all__ = [
     "memory_figure",
     "plan_colors",
     "throughput_figure",
+    "uses_loss_scale",
 ]
 
 MEMORY_KIND_LABELS = {
     "cuda_allocated": "CUDA allocated",
     "mps_allocated": "MPS allocated",
-    "host_rss": "host RSS",
+    "host_rss": "host RSS, the whole process",
 }
 
 # ----------------------------------------------------------------------------- drawing on axes
 
 
 def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, str]) -> None:
-    """Loss against optimizer step, one line per run."""
+    """Loss against optimizer step, one line per run. Records that share a step number (logging
+    intervals made only of skipped attempts count no step) are drawn once, the last of them, so the
+    line never jumps vertically at one step."""
     drawn = False
     for index, label in enumerate(labels):
         rows = frame[frame["run"] == label]
-        loss = _numeric(rows["loss"]) if "loss" in rows else None
+        if "step" in rows:
+            rows = rows.drop_duplicates("step", keep="last")
+        loss = numeric(rows["loss"]) if "loss" in rows else None
         if loss is None or loss.notna().sum() == 0:
             continue
         ax.plot(
@@ -76,14 +83,14 @@ def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, 
             color=colors[label],
             label=label,
             linewidth=1.8,
-            linestyle=_linestyle(index),
+            linestyle=linestyle(index),
         )
         drawn = True
-    _style(ax, "Training loss per plan", "optimizer step", "loss")
+    style_axes(ax, "Training loss per plan", "optimizer step", "loss")
     if drawn:
-        _legend(ax)
+        legend(ax)
     else:
-        _no_data(ax, "no loss recorded")
+        no_data(ax, "no loss recorded")
 
 
 def draw_loss_scale(
@@ -93,30 +100,31 @@ def draw_loss_scale(
     colors: Mapping[str, str],
     histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> None:
-    """Loss scale on a log2 axis, skipped (overflow) steps marked with a red ``x``.
+    """Loss scale on a log2 axis, skipped steps (an inf or a NaN in the gradients) marked with a
+    red ``x``.
 
     With a run's ``scale_history`` (every optimizer attempt) the line follows each attempt and
     every skipped attempt is marked; from records alone the scale is the logged value and a logged
     step whose ``skipped`` count is positive is marked.
     """
     ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(FuncFormatter(_pow2_label))
+    ax.yaxis.set_major_formatter(FuncFormatter(pow2_label))
     histories = histories or {}
     drawn = skip_marked = False
     by_attempt = False
     for label in labels:
         history = histories.get(label)
         if history:
-            xs = [_attempt_x(h, i) for i, h in enumerate(history)]
-            ys = [_float(h.get("loss_scale")) for h in history]
+            xs = [attempt_x(h, i) for i, h in enumerate(history)]
+            ys = [to_float(h.get("loss_scale")) for h in history]
             skipped = [bool(h.get("skipped")) for h in history]
         else:
             rows = frame[frame["run"] == label]
             if "loss_scale" not in rows:
                 continue
             xs = [float(s) for s in rows["step"]]
-            ys = [_float(v) for v in rows["loss_scale"]]
-            skipped = [(_float(v) or 0) > 0 for v in rows.get("skipped", [0] * len(rows))]
+            ys = [to_float(v) for v in rows["loss_scale"]]
+            skipped = [(to_float(v) or 0) > 0 for v in rows.get("skipped", [0] * len(rows))]
         points = [
             (x, y, s) for x, y, s in zip(xs, ys, skipped, strict=True) if y is not None and y > 0
         ]
@@ -141,16 +149,16 @@ def draw_loss_scale(
                 color="#d62728",
                 s=36,
                 zorder=3,
-                label=None if skip_marked else "skipped step (overflow)",
+                label=None if skip_marked else "skipped step (inf or NaN)",
             )
             skip_marked = True
     xlabel = "optimizer attempt (skipped ones included)" if by_attempt else "optimizer step"
-    _style(ax, "Loss scale (log2) and skipped steps", xlabel, "loss scale (log2)")
+    style_axes(ax, "Loss scale (log2) and skipped steps", xlabel, "loss scale (log2)")
     if drawn:
-        _legend(ax)
+        legend(ax)
     else:
         ax.set_ylim(1, 2**16)
-        _no_data(ax, "no plan uses a loss scaler\n(only fp16 on CUDA or the loss-scale lab)")
+        no_data(ax, "no plan uses a loss scaler\n(only fp16 on CUDA or the loss-scale lab)")
 
 
 def draw_throughput(
@@ -172,11 +180,11 @@ def draw_throughput(
     if column is not None:
         for label in labels:
             rows = frame[frame["run"] == label]
-            values = _numeric(rows[column])
+            values = numeric(rows[column])
             if values.notna().sum() == 0:
                 continue
             fig_row = (measured or {}).get(label) or {}
-            steady = _float(fig_row.get(column))
+            steady = to_float(fig_row.get(column))
             ax.plot(
                 rows["step"],
                 values,
@@ -188,11 +196,13 @@ def draw_throughput(
             ax.axhline(median, color=colors[label], linestyle=":", linewidth=1.0)
             drawn = True
     dotted = "steady-state median, warm-up excluded" if measured else "median"
-    _style(ax, f"Throughput ({unit}; dotted: {dotted})", "optimizer step", f"throughput ({unit})")
+    style_axes(
+        ax, f"Throughput ({unit}; dotted: {dotted})", "optimizer step", f"throughput ({unit})"
+    )
     if drawn:
-        _legend(ax)
+        legend(ax)
     else:
-        _no_data(ax, "no throughput recorded")
+        no_data(ax, "no throughput recorded")
     return column if drawn else None
 
 
@@ -215,7 +225,7 @@ def draw_memory(
             rows = rows[rows["memory_kind"] == kind]
         if rows.empty or "memory_peak_bytes" not in rows:
             continue
-        peak = _numeric(rows["memory_peak_bytes"]).max()
+        peak = numeric(rows["memory_peak_bytes"]).max()
         if peak is None or math.isnan(peak):
             continue
         names.append(label)
@@ -226,8 +236,8 @@ def draw_memory(
         ax.bar_label(bars, labels=[f"{p:.1f}" for p in peaks], fontsize="small")
         ax.margins(y=0.15)
     else:
-        _no_data(ax, "no memory recorded")
-    _style(ax, f"Peak memory ({kind_label})", "plan", f"peak {kind_label} (MiB)")
+        no_data(ax, "no memory recorded")
+    style_axes(ax, f"Peak memory ({kind_label})", "plan", f"peak {kind_label} (MiB)")
     ax.grid(False, axis="x")
 
 
@@ -236,9 +246,9 @@ def draw_memory(
 
 def loss_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
     """Loss against optimizer step, one line per plan."""
-    frame, labels, colors = _prepare(source, colors)
-    fig = _new_figure()
-    draw_loss(fig.add_subplot(), frame, labels, colors)
+    p = prepare(source, colors)
+    fig = new_figure()
+    draw_loss(fig.add_subplot(), p.frame, p.labels, p.colors)
     return fig
 
 
@@ -250,42 +260,51 @@ def loss_scale_figure(
 ) -> Figure:
     """Loss scale on a log2 axis with skipped steps marked.
 
-    ``histories`` maps run label to that run's ``scale_history``; it is taken from the source
-    itself when that is a ``RunResult`` or ``Comparison``.
+    ``histories`` maps run label to that run's ``scale_history``; by default each run's own.
     """
-    frame, labels, colors = _prepare(source, colors)
-    fig = _new_figure()
-    draw_loss_scale(fig.add_subplot(), frame, labels, colors, _histories(source, histories))
+    p = prepare(source, colors)
+    fig = new_figure()
+    draw_loss_scale(fig.add_subplot(), p.frame, p.labels, p.colors, p.histories(histories))
     return fig
 
 
 def throughput_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
     """Throughput per step (tokens/s for token workloads, else samples/s)."""
-    frame, labels, colors = _prepare(source, colors)
-    fig = _new_figure()
-    draw_throughput(fig.add_subplot(), frame, labels, colors, getattr(source, "figures", None))
+    p = prepare(source, colors)
+    fig = new_figure()
+    draw_throughput(fig.add_subplot(), p.frame, p.labels, p.colors, p.comparison.figures or None)
     return fig
 
 
 def _speedup_text(row: Mapping[str, Any]) -> str:
     """ " 1.31x fp32 [1.22-1.40]" from a plan's measured figures ("" without a speedup)."""
-    speedup = _float(row.get("speedup_vs_fp32"))
+    speedup = to_float(row.get("speedup_vs_fp32"))
     if speedup is None or row.get("verdict_kind") == "baseline":
         return ""
-    low, high = _float(row.get("speedup_ci_low")), _float(row.get("speedup_ci_high"))
+    low, high = to_float(row.get("speedup_ci_low")), to_float(row.get("speedup_ci_high"))
     interval = f" [{low:.2f}-{high:.2f}]" if low is not None and high is not None else ""
     return f" {speedup:.2f}x fp32{interval}"
 
 
 def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
-    """Peak memory per plan; one axis per memory kind, so kinds are never mixed on one axis."""
-    frame, labels, colors = _prepare(source, colors)
-    kinds = memory_kinds(frame) or [None]
-    fig = _new_figure((SINGLE_SIZE[0], SINGLE_SIZE[1]) if len(kinds) == 1 else (11.0, 4.0))
+    """Peak memory per plan as the runs recorded it (device allocator, or the host process's
+    RSS); one axis per memory kind, so kinds are never mixed on one axis."""
+    p = prepare(source, colors)
+    kinds = memory_kinds(p.frame) or [None]
+    fig = new_figure((SINGLE_SIZE[0], SINGLE_SIZE[1]) if len(kinds) == 1 else (11.0, 4.0))
     axes = fig.subplots(1, len(kinds), squeeze=False)[0]
     for ax, kind in zip(axes, kinds, strict=True):
-        draw_memory(ax, frame, labels, colors, kind)
+        draw_memory(ax, p.frame, p.labels, p.colors, kind)
     return fig
+
+
+def uses_loss_scale(source: RecordSource) -> bool:
+    """True when some plan scales its loss (a grad scaler): only then is there a scale to draw."""
+    return _scaled(prepare(source, None))
+
+
+def _scaled(p: Prepared) -> bool:
+    return any(r.plan.use_scaler for r in p.comparison.results.values())
 
 
 def dashboard_figure(
@@ -294,17 +313,33 @@ def dashboard_figure(
     colors: Mapping[str, str] | None = None,
     histories: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     title: str | None = None,
+    inspections: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """2x2 comparison: loss, loss scale (log2), throughput and peak memory."""
-    frame, labels, colors = _prepare(source, colors)
-    fig = _new_figure(DASHBOARD_SIZE)
-    (ax_loss, ax_scale), (ax_tput, ax_mem) = fig.subplots(2, 2)
-    draw_loss(ax_loss, frame, labels, colors)
-    draw_loss_scale(ax_scale, frame, labels, colors, _histories(source, histories))
-    draw_throughput(ax_tput, frame, labels, colors, getattr(source, "figures", None))
-    kinds = memory_kinds(frame)
-    draw_memory(ax_mem, frame, labels, colors, kinds[0] if kinds else None)
-    if len(kinds) > 1:
-        ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
-    fig.suptitle(title or "Precision plans compared: " + ", ".join(labels))
+    """Loss, throughput and memory per plan; the loss scale too when a plan has one.
+
+    With ``inspections`` (label -> inspection of one training step) the memory panel is memory
+    by kind, read from the tensors; without, it is the peak the runs recorded (the kind is in
+    its title: a host process's RSS says little about precision). Without any loss scale, the
+    loss spans the top row instead of sharing it with an empty loss-scale panel.
+    """
+    p = prepare(source, colors)
+    hist = p.histories(histories)
+    fig = new_figure(DASHBOARD_SIZE)
+    grid = fig.add_gridspec(2, 2)
+    if _scaled(p):
+        ax_loss, ax_scale = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+        draw_loss_scale(ax_scale, p.frame, p.labels, p.colors, hist)
+    else:
+        ax_loss = fig.add_subplot(grid[0, :])
+    ax_tput, ax_mem = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+    draw_loss(ax_loss, p.frame, p.labels, p.colors)
+    draw_throughput(ax_tput, p.frame, p.labels, p.colors, p.comparison.figures or None)
+    if inspections:
+        draw_memory_breakdown(ax_mem, inspections, legend_outside=False)
+    else:
+        kinds = memory_kinds(p.frame)
+        draw_memory(ax_mem, p.frame, p.labels, p.colors, kinds[0] if kinds else None)
+        if len(kinds) > 1:
+            ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
+    fig.suptitle(title or "Precision plans compared: " + ", ".join(p.labels))
     return fig

@@ -2,12 +2,13 @@
 
 Only the standard library is imported, so the command line checks ``--out`` before torch loads.
 
-A report is written into a hidden staging folder inside the output folder
-(``.precision-nb.<pid>.<random>.partial``) and moved into place only when every file is written;
-the move backs up the files it replaces and puts them back if a move fails, and Ctrl-C is held
-off during it. So an interrupted, failed or disk-full run leaves the output folder as it was. A
-staging folder left by a killed process is removed by the next run when its process is gone or it
-is older than :data:`STALE_AFTER_S` (a report is written in seconds).
+:func:`write_files` is the one writer of a report folder (the profile report and
+``precision-nb inspect``): every file is written into a hidden staging folder inside the output
+folder (``.precision-nb.<pid>.<random>.partial``) and moved into place only when all of them are
+written; the move backs up the files it replaces and puts them back if a move fails or Ctrl-C
+arrives during it. So an interrupted, failed or disk-full write leaves the output folder as it
+was. A staging folder left by a killed process is removed by the next run when its process is gone
+or it is older than :data:`STALE_AFTER_S` (a report is written in seconds).
 """
 
 from __future__ import annotations
@@ -22,16 +23,21 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any, Protocol
 
 __all__ = [
     "STALE_AFTER_S",
+    "NamedBytes",
+    "ReportWriteError",
+    "WriteInterrupted",
     "check_output_folder",
     "commit",
     "describe_write_error",
     "remove_stale",
     "staging_folder",
+    "write_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,6 +46,63 @@ log = logging.getLogger(__name__)
 STALE_AFTER_S = 600.0
 _PREFIX = ".precision-nb."
 _STAGING = re.compile(r"\.precision-nb\.(?P<pid>\d+)\.[^/]*\.partial")
+
+
+class ReportWriteError(OSError):
+    """The report could not be written (e.g. a full disk); the output folder was left as it was."""
+
+
+class WriteInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a stop request) arrived while the report was written; the output folder was left
+    as it was."""
+
+
+class NamedBytes(Protocol):
+    """A file to write: its name in the folder and its bytes (a ``sections.ReportFile``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+
+def write_files(out: Path, files: Iterable[NamedBytes], *, stop: Any = None) -> dict[str, Path]:
+    """Write ``files`` into ``out`` all at once or not at all; file name -> path, in order.
+
+    ``out`` is checked (``ValueError``) and created when missing. Files are staged and moved in
+    when every one is written; files of ``out`` with the same names are replaced, other files are
+    left alone. A failed write raises :class:`ReportWriteError` (what could not be written, and the
+    free space when the disk is full); Ctrl-C, or ``stop`` (anything with ``is_set()``) set by the
+    time the files are written, raises :class:`WriteInterrupted`; either way ``out`` is left as it
+    was.
+    """
+    out = Path(out)
+    check_output_folder(out)
+    staging, created = staging_folder(out)
+    committed = False
+    names: list[str] = []
+    try:
+        for item in files:
+            if item.name in names or Path(item.name).name != item.name:
+                raise ValueError(f"report file name {item.name!r} is repeated or not a plain name")
+            try:
+                (staging / item.name).write_bytes(item.data)
+            except OSError as err:
+                raise OSError(err.errno, err.strerror or str(err), str(out / item.name)) from err
+            names.append(item.name)
+        if stop is not None and stop.is_set():
+            raise WriteInterrupted(f"stopped before the report was moved into {str(out)!r}")
+        commit(staging, out)
+        committed = True
+    except OSError as err:
+        message = describe_write_error(err, out)
+        raise ReportWriteError(err.errno, f"{message}; {str(out)!r} was left as it was") from err
+    finally:
+        if not committed:
+            discard(staging, out, created)
+    log.info("wrote %d files into %s", len(names), out)
+    return {name: out / name for name in names}
 
 
 def _shown(out: Path) -> str:
@@ -142,7 +205,8 @@ def commit(staging: Path, out: Path) -> list[str]:
     """Move every file of ``staging`` into ``out``; all of them or, on an error, none.
 
     Files of ``out`` with the same names are replaced; other files are left alone. Returns the
-    names moved. Ctrl-C during the move is held off and ignored (the report is complete by then).
+    names moved. Ctrl-C during the move is held off until the move is done, then every file is
+    put back as it was and :class:`WriteInterrupted` is raised.
     """
     names = sorted(p.name for p in staging.iterdir())
     backup = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", suffix=".partial", dir=out))
@@ -157,7 +221,9 @@ def commit(staging: Path, out: Path) -> list[str]:
             for name in names:
                 os.replace(staging / name, out / name)
                 moved.append(name)
-        except OSError:
+            if arrived:
+                raise WriteInterrupted("Ctrl-C arrived while the report was moved into place")
+        except (OSError, WriteInterrupted):
             for name in moved:
                 os.replace(out / name, staging / name)
             for name in saved:
@@ -165,8 +231,6 @@ def commit(staging: Path, out: Path) -> list[str]:
             raise
         finally:
             shutil.rmtree(backup, ignore_errors=True)
-        if arrived:
-            log.warning("Ctrl-C arrived while the finished report was moved into place; kept it")
     staging.rmdir()
     return names
 

@@ -28,7 +28,7 @@ STEP_RULE = (
 def gathered_comparison(result: Any) -> tuple[str, Any]:
     """(label, a ``Comparison`` holding the run's rank-merged records) for the report."""
     from precision_nb.engine.compare import Comparison
-    from precision_nb.views.report.profile_distributed import _global_workload
+    from precision_nb.views.report.profile_distributed import global_workload
 
     dplan = result.plan
     label = str(dplan.precision.plan.mode)
@@ -37,7 +37,7 @@ def gathered_comparison(result: Any) -> tuple[str, Any]:
         label=label,
         device=dplan.rank_device,
         records=[{**r, "run": label} for r in result.records],
-        workload=_global_workload(result.rank0.get("workload", {}), len(result.ranks)),
+        workload=global_workload(result.rank0.get("workload", {}), len(result.ranks)),
     )
     comparison.drift[label] = {"final_loss_diff": None, "param_rel_diff": None}
     comparison.method = {"distributed step time": STEP_RULE}

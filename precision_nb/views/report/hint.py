@@ -1,4 +1,5 @@
-"""A :class:`Hint` and the small helpers the hint rules share."""
+"""A :class:`Hint` and the small helpers the hint rules share (public: the rules live in
+several modules)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Hint"]
+__all__ = ["Hint", "is_mixed", "is_number", "rate_text", "who", "workload_info"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class Hint:
     next_step: str = ""
 
     def __str__(self) -> str:
-        return f"[{self.run}] {self.message} (measured: {self.measurement}; see {self.figure})"
+        return f"[{self.run}] {self.message} (from: {self.measurement}; see {self.figure})"
 
     def applies_to(self, label: str) -> bool:
         """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""
@@ -41,27 +42,27 @@ class Hint:
         }
 
 
-def _who(labels: Sequence[str], rows: Mapping[str, Any]) -> str:
+def who(labels: Sequence[str], rows: Mapping[str, Any]) -> str:
     """``"all"`` when a hint is about every run of several, else the runs' labels."""
     return "all" if len(rows) > 1 and len(labels) == len(rows) else ", ".join(labels)
 
 
-def _is_mixed(row: Mapping[str, Any]) -> bool:
+def is_mixed(row: Mapping[str, Any]) -> bool:
     return row.get("mode") in ("bf16", "fp16")
 
 
-def _ok(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rate(flops_per_s: float) -> str:
+def rate_text(flops_per_s: float) -> str:
     for scale, unit in ((1e12, "TFLOP/s"), (1e9, "GFLOP/s"), (1e6, "MFLOP/s")):
         if flops_per_s >= scale:
             return f"{flops_per_s / scale:.1f} {unit}"
     return f"{flops_per_s:.0f} FLOP/s"
 
 
-def _workload(results: Mapping[str, Any]) -> Mapping[str, Any]:
+def workload_info(results: Mapping[str, Any]) -> Mapping[str, Any]:
     for result in results.values():
         info = getattr(result, "workload", None)
         if isinstance(info, Mapping):

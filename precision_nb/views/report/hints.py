@@ -12,17 +12,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
-from precision_nb.views.report.hint import Hint, _is_mixed, _ok, _rate, _who, _workload
-from precision_nb.views.report.hints_setup import (
-    _cpu_facts,
-    matmul_dims_not_multiple_of_8,
-    setup_hints,
-)
-from precision_nb.views.report.tables import RecordSource, results_of, summary, to_frame
+from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import is_mixed as _is_mixed
+from precision_nb.views.report.hint import is_number as _ok
+from precision_nb.views.report.hint import rate_text as _rate
+from precision_nb.views.report.hint import who as _who
+from precision_nb.views.report.hint import workload_info as _workload
+from precision_nb.views.report.hints_setup import cpu_facts as _cpu_facts
+from precision_nb.views.report.hints_setup import matmul_dims_not_multiple_of_8, setup_hints
+from precision_nb.views.report.source import as_comparison
+from precision_nb.views.report.tables import RecordSource, summary, to_frame
 
 __all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8", "what_to_try_next"]
 
-#: Below this fraction of the peak, the step is dominated by something other than matmul FLOPs.
+#: Below this fraction of the peak, most of the step's time goes to something other than matmul
+#: arithmetic at peak rate.
 OVERHEAD_MFU = 0.10
 #: Without a known peak, below this achieved rate (FLOP/s) the model is too small to tell.
 OVERHEAD_FLOPS_PER_S = 5e9
@@ -34,14 +38,15 @@ NOISY_IQR = 0.25
 
 def hints(source: RecordSource) -> list[Hint]:
     """Hints for a Comparison, a RunResult or records (fewer hints from bare records)."""
+    source = as_comparison(source)
     table = summary(source)
     if table.empty:
         return []
-    results = results_of(source)
+    results = source.results
     rows = {str(r["run"]): r for r in table.to_dict("records")}
     out: list[Hint] = []
     out += _payoff(rows, source)
-    out += _peak_gain(rows, source)
+    out += _peak_gain(rows, source, results)
     out += _cpu_facts(rows, results)
     out += _overhead(rows, results)
     out += setup_hints(rows, results)
@@ -102,8 +107,60 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
     return out
 
 
-def _peak_gain(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
-    """What low precision can gain here at best: measured matmul peaks against fp32."""
+def _peak_kind(row: Mapping[str, Any]) -> str:
+    """Where the peaks came from, from the run's ``mfu_peak_source`` (else its device type)."""
+    source = str(row.get("mfu_peak_source") or "")
+    if source.startswith("datasheet"):
+        return "datasheet"
+    if source.startswith("measured"):
+        return "measured"
+    return {"cuda": "datasheet", "cpu": "measured"}.get(str(row.get("device_type")), "unnamed")
+
+
+def _tf32_note(row: Mapping[str, Any], source: Any, results: Mapping[str, Any]) -> str:
+    """On CUDA, the part of an fp32 baseline that runs as TF32 (recorded flags), in words."""
+    if row.get("device_type") != "cuda":
+        return ""
+    caps = getattr(
+        getattr(results.get(str(row.get("run"))), "explanation", None), "capabilities", None
+    )
+    cc = getattr(caps, "compute_capability", None)
+    if cc is not None and tuple(cc) < (8, 0):
+        return ""  # no TF32 before Ampere
+    flags = next(
+        (f["tf32"] for f in (getattr(source, "figures", None) or {}).values() if f.get("tf32")),
+        None,
+    )
+    if flags is None:
+        return (
+            " On CUDA, cuDNN convolutions run an fp32 baseline as TF32 unless "
+            "torch.backends.cudnn.allow_tf32 is off (its default is on), and NVIDIA's datasheet "
+            "TF32 peak is half the 16-bit one on Ampere and newer GPUs: for such work the "
+            "estimate is about 2x."
+        )
+    parts = []
+    if flags.get("cudnn_allow_tf32"):
+        parts.append("convolutions (torch.backends.cudnn.allow_tf32=True in this run)")
+    if flags.get("cuda_matmul_allow_tf32") or flags.get("float32_matmul_precision") not in (
+        None,
+        "highest",
+    ):
+        parts.append(
+            f"matmuls (float32 matmul precision {flags.get('float32_matmul_precision')!r})"
+        )
+    if not parts:
+        return " The fp32 baseline ran without TF32 (the run's TF32 flags are off)."
+    return (
+        f" The fp32 baseline ran its {' and '.join(parts)} as TF32, and NVIDIA's datasheet TF32 "
+        "peak is half the 16-bit one on Ampere and newer GPUs: for that work the estimate is "
+        "about 2x."
+    )
+
+
+def _peak_gain(
+    rows: Mapping[str, Mapping[str, Any]], source: Any, results: Mapping[str, Any]
+) -> list[Hint]:
+    """An estimate of what low precision could gain on matmul-bound work: the peaks' ratio."""
     ratios = getattr(source, "peak_ratios", None) or {}
     names = {"bf16": "bfloat16", "fp16": "float16"}
     out = []
@@ -111,14 +168,19 @@ def _peak_gain(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]
         ratio = ratios.get(names.get(str(row.get("mode")), ""))
         if not _is_mixed(row) or not _ok(ratio):
             continue
+        kind = _peak_kind(row)
+        mode = row["mode"]
         out.append(
             Hint(
                 label,
                 "peak",
-                f"On this device the {row['mode']} matmul peak is {ratio:.2f}x the fp32 peak: "
-                f"the most {row['mode']} can gain on matmul-bound work here; a step that also "
-                "spends time outside matmuls gains less.",
-                "calibrated peaks (mfu_peak_source)",
+                f"Estimate: the {mode} matmul peak is {ratio:.2f}x the fp32 peak on this device "
+                f"({kind} peaks). That is what matmul-bound work would gain if both dtypes "
+                "reached the same fraction of their peaks; it is no upper bound (fp32 kernels "
+                f"can reach a smaller fraction of their peak than {mode} ones, which makes the "
+                "gain larger), and time outside matmuls makes the gain smaller."
+                + _tf32_note(row, source, results),
+                f"peak_ratios from {kind} peaks (mfu_peak_source)",
                 "summary table",
             )
         )
@@ -139,10 +201,11 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
             Hint(
                 _who(list(low), rows),
                 "overhead",
-                f"The step is dominated by overhead, not matmul FLOPs: {parts} of the peak "
-                f"(peaks: {sources}). Python, kernel launches and the optimizer cost about as "
-                "much in any precision, so a larger model or batch shows the precision effect "
-                "better.",
+                f"The step reaches under {OVERHEAD_MFU:.0%} of the matmul peak: {parts} of the "
+                f"peak (peaks: {sources}). Most of its time goes to something other than matmul "
+                "arithmetic at peak rate (Python and op dispatch, kernel launches, elementwise "
+                "and memory-bound ops, the optimizer); a faster matmul shortens only the matmul "
+                "part, so a larger model or batch shows the precision effect better.",
                 f"mfu (median flops_per_s / peak, below {OVERHEAD_MFU:.0%})",
                 "throughput.png",
                 "Profile a larger model or batch: overhead hides the precision effect.",

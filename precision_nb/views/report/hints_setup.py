@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from precision_nb.views.report.hint import Hint, _is_mixed, _who, _workload
+from precision_nb.core.optim import PLAIN_ADAMW_COST
+from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import is_mixed as _is_mixed
+from precision_nb.views.report.hint import who as _who
+from precision_nb.views.report.hint import workload_info as _workload
 
 __all__ = ["matmul_dims_not_multiple_of_8", "setup_hints"]
 
@@ -57,7 +61,7 @@ def matmul_dims_not_multiple_of_8(dims: Mapping[str, Any]) -> dict[str, int]:
     return bad
 
 
-def _cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
     """A bf16/fp16 plan on a CPU without native instructions for it (a hardware fact, sourced)."""
     out = []
     for label, row in rows.items():
@@ -150,9 +154,11 @@ def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
                 label,
                 "skips",
                 f"{skipped} of {attempts} optimizer attempts were skipped ({fraction:.0%}) because "
-                "the scaled gradients overflowed fp16. A few skips while the scale calibrates "
-                "down from its start are expected; many mean fewer real updates per second and "
-                "a slower loss curve: lower the initial scale, or use bf16 where supported.",
+                "the scaled gradients held an inf or a NaN (an fp16 overflow, or a NaN the model "
+                "made). A few skips while the scale calibrates down from its start are expected; "
+                "many mean fewer real updates per second and a slower loss curve: lower the "
+                "initial scale, or use bf16 where supported; if the scale keeps falling, look "
+                "for a NaN.",
                 "skipped_total" + (" and scale_history" if history else ""),
                 "loss_scale.png",
                 "Lower the initial loss scale (init_scale), or use bf16 where supported.",
@@ -176,8 +182,8 @@ def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
                 requested, str(requested)
             )
             message = f"Fused AdamW was not used (fused {asked}): {reason}."
-            if requested is not False:
-                message += " The plain AdamW loop launches more kernels per step."
+            if requested is not False and PLAIN_ADAMW_COST not in reason:
+                message += f" What that costs: {PLAIN_ADAMW_COST}."
             measurement = "optimizer_outcome (FusedOutcome)"
         else:
             message = "Fused AdamW was not used; the records do not say why."

@@ -2,8 +2,9 @@
 
 :class:`Inspection` wraps the engine's plain rows
 (:class:`~precision_nb.engine.inspect.InspectionData`) as pandas DataFrames, renders itself in a
-notebook (``_repr_html_``) and draws its figures. :func:`inspection_html` is the HTML section the
-reports embed; :func:`write_inspection` writes CSVs, PNGs and that section into a folder.
+notebook (``_repr_html_``) and draws its figures. :func:`inspection_section` is the report's
+section (CSVs, PNGs, HTML; nothing written); :func:`write_inspection` writes it into a folder,
+atomically, with an ``inspection.html`` page (``precision-nb inspect``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,28 @@ from pathlib import Path
 from typing import Any
 
 from precision_nb.engine.inspect import InspectionData, run_inspection
-from precision_nb.views.report.figures import figure_to_png
-from precision_nb.views.report.html import _fmt, _img_html
+from precision_nb.views.report.figure_base import figure_to_png
+from precision_nb.views.report.folder import write_files
 from precision_nb.views.report.inspection_figures import memory_breakdown_figure, op_dtype_figure
+from precision_nb.views.report.markup import fmt, img_html, page, size_text, table_html
+from precision_nb.views.report.sections import (
+    ReportFile,
+    Section,
+    csv_file,
+    png_file,
+    section_html,
+)
 
-__all__ = ["Inspection", "inspect", "inspection_html", "write_inspection"]
+__all__ = [
+    "TITLE",
+    "Inspection",
+    "inspect",
+    "inspection_body",
+    "inspection_figures",
+    "inspection_html",
+    "inspection_section",
+    "write_inspection",
+]
 
 MEMORY_COLUMNS = ["kind", "dtype", "bytes", "expected_bytes", "counted", "method"]
 OPS_COLUMNS = [
@@ -74,8 +92,11 @@ class Inspection:
 
     @property
     def policy(self) -> Any:
-        """DataFrame of the documented autocast policy (simulated devices; not a trace)."""
-        return _frame(self.data.policy, ["op", "policy", "dtype", "source"])
+        """DataFrame of autocast's policy read from torch (simulated devices; not a trace), with
+        torch's documented list beside it as a cross-check."""
+        return _frame(
+            self.data.policy, ["op", "policy", "dtype", "evidence", "documented", "source"]
+        )
 
     @property
     def unattributed(self) -> Any:
@@ -89,7 +110,7 @@ class Inspection:
         return self.data.to_dict()
 
     def __repr__(self) -> str:
-        total = _size(self.data.model_bytes())
+        total = size_text(self.data.model_bytes())
         what = "expected only (simulated)" if self.simulated else f"{total} counted"
         return (
             f"Inspection({self.label!r} on {self.device}: {what}, {len(self.data.ops)} op rows, "
@@ -116,7 +137,7 @@ def inspect(
     ``model``: an ``nn.Module`` (with ``batches``: an iterable, DataLoader or callable, of which
     the first batch is used) or a built-in workload name (``inspect("mlp", preset="small")``).
     ``plan_or_request``: a ``PrecisionPlan``, a ``PrecisionConfig`` or a mode string.
-    ``capabilities``: a preset name for simulated hardware (then the documented autocast policy
+    ``capabilities``: a preset name for simulated hardware (then autocast's policy read from torch
     is shown instead of a trace). The model, its optimizer and the RNG stream are not changed.
     """
     data = run_inspection(
@@ -132,15 +153,6 @@ def inspect(
     return Inspection(data)
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(c, r.get(c)))}</td>" for c in columns) + "</tr>"
-        for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "—" if column in ("bytes", "expected_bytes") else ""
@@ -148,86 +160,144 @@ def _cell(column: str, value: Any) -> str:
         return f"{value:,}" + (f" ({value / 2**20:.2f} MiB)" if abs(value) >= 2**16 else "")
     if column == "flops_share":
         return f"{value:.1%}"
-    return _fmt(value)
+    return fmt(value)
 
 
-def inspection_html(inspections: Mapping[str, Any], *, level: int = 2, figures: bool = True) -> str:
-    """An HTML section for several plans' inspections (figures embedded as PNG)."""
-    h, h2 = f"h{level}", f"h{level + 1}"
-    items = {k: v if isinstance(v, Inspection) else Inspection(v) for k, v in inspections.items()}
-    parts = [f'<section class="inspection"><{h}>Memory by kind and dtype; op dtypes</{h}>']
-    parts.append(
+#: The op table of the report: the verdict heads each group of rows instead of a column.
+_OPS_SHOWN_COLUMNS = (
+    "phase", "call", "op", "dtypes", "kind", "count", "flops_share", "cast_bytes", "autocast_list",
+)  # fmt: skip
+_OPS_HEADERS = {
+    "dtypes": "inputs → output",
+    "flops_share": "FLOPs",
+    "cast_bytes": "cast bytes",
+    "autocast_list": "autocast list",
+}
+
+
+def _ops_rows(data: InspectionData, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` op rows, grouped by verdict (in the summary's order), each row with
+    its input and output dtypes in one cell."""
+    order = {g["verdict"]: i for i, g in enumerate(data.summary)}
+    shown = sorted(data.ops[:limit], key=lambda r: order.get(r.get("verdict"), len(order)))
+    return [{**r, "dtypes": f"{r.get('inputs') or '—'} → {r.get('output') or '—'}"} for r in shown]
+
+
+def inspection_body(
+    inspections: Mapping[str, Any], *, level: int = 2, pngs: Mapping[str, bytes] | None = None
+) -> str:
+    """The HTML of several plans' inspections without a title: method, figures, tables.
+
+    ``pngs``: the figures (file stem -> PNG) to embed; None draws none.
+    """
+    h2 = f"h{level + 1}"
+    items = _items(inspections)
+    pngs = pngs or {}
+    parts = [
         "<p>Measured in one separate instrumented training step on a copy of the model (not in "
         "the timed steps). <em>bytes</em> are read from the tensors (each storage once); "
         "<em>expected_bytes</em> is hand arithmetic (numel x element size) where a formula "
         "holds. Rows not counted in the sum (allocator peak, process memory) are shown beside "
-        "it.</p>"
-    )
-    if figures and items:
-        parts.append(_img_html("inspection_memory", figure_to_png(memory_breakdown_figure(items))))
+        "it. The op rows (the first "
+        f"{_OPS_SHOWN} of the trace; every one is in inspection_ops.csv) are grouped by what "
+        "happened to their dtype.</p>"
+    ]
+    if "inspection_memory" in pngs:
+        parts.append(img_html("inspection_memory", pngs["inspection_memory"]))
     for label, item in items.items():
         data = item.data
         parts.append(f"<{h2}>{html.escape(label)} on {html.escape(data.device)}</{h2}>")
         if data.flags:
             flags = "".join(f"<li>{html.escape(f.message)}</li>" for f in data.flags)
             parts.append(f"<ul class='flags'>{flags}</ul>")
-        parts.append(_table(data.memory, MEMORY_COLUMNS))
+        parts.append(table_html(data.memory, MEMORY_COLUMNS, cell=_cell))
         if data.simulated:
             parts.append(f"<p><strong>{html.escape(data.flags[0].message)}</strong></p>")
-            parts.append(_table(data.policy, ["op", "policy", "dtype"]))
+            parts.append(table_html(data.policy, ["op", "policy", "dtype", "documented"]))
             continue
-        if figures:
-            parts.append(_img_html(f"inspection_ops_{label}", figure_to_png(op_dtype_figure(data))))
-        parts.append(_table(data.summary, ["verdict", "calls", "flops_share", "bytes", "ops"]))
-        shown = data.ops[:_OPS_SHOWN]
-        more = len(data.ops) - len(shown)
-        parts.append(_table(shown, OPS_COLUMNS))
+        stem = f"inspection_ops_{_slug(label)}"
+        if stem in pngs:
+            parts.append(img_html(stem, pngs[stem]))
+        parts.append(
+            table_html(
+                data.summary, ["verdict", "calls", "flops_share", "bytes", "ops"], cell=_cell
+            )
+        )
+        more = len(data.ops) - _OPS_SHOWN
+        parts.append(
+            table_html(
+                _ops_rows(data, _OPS_SHOWN),
+                ["verdict", *_OPS_SHOWN_COLUMNS],
+                headers=_OPS_HEADERS,
+                cell=_cell,
+                css_class="compact",
+                group_by="verdict",
+            )
+        )
         if more > 0:
-            parts.append(f"<p>{more} more op rows in the ops table / CSV.</p>")
+            parts.append(f"<p>{more} more op rows in inspection_ops.csv.</p>")
         if data.unattributed:
-            parts.append(_table(data.unattributed, ["what", "reason", "count"]))
-    parts.append("</section>")
+            parts.append(table_html(data.unattributed, ["what", "reason", "count"]))
     return "\n".join(parts)
 
 
-def write_inspection(inspections: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
-    """Write ``inspection_memory.csv``, ``inspection_ops.csv``, PNGs and ``inspection.html``."""
+def inspection_figures(inspections: Mapping[str, Any]) -> dict[str, Any]:
+    """File stem -> Figure: the memory bars of every plan, and each plan's op-dtype bars."""
+    items = _items(inspections)
+    figs = {"inspection_memory": memory_breakdown_figure(items)}
+    figs.update({f"inspection_ops_{_slug(k)}": op_dtype_figure(v) for k, v in items.items()})
+    return figs
+
+
+def inspection_html(inspections: Mapping[str, Any], *, level: int = 2, figures: bool = True) -> str:
+    """An HTML section for several plans' inspections (figures embedded as PNG)."""
+    h = f"h{level}"
+    items = _items(inspections)
+    pngs = (
+        {stem: figure_to_png(fig) for stem, fig in inspection_figures(items).items()}
+        if figures and items
+        else None
+    )
+    return (
+        f'<section class="inspection"><{h}>{TITLE}</{h}>'
+        + inspection_body(items, level=level, pngs=pngs)
+        + "</section>"
+    )
+
+
+#: The title of the inspection section.
+TITLE = "Memory by kind and dtype; op dtypes"
+
+
+def inspection_section(inspections: Mapping[str, Any]) -> Section:
+    """The report's inspection section: CSVs, PNGs and their HTML (nothing written)."""
     import pandas as pd
 
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    items = {k: v if isinstance(v, Inspection) else Inspection(v) for k, v in inspections.items()}
-    files: dict[str, Path] = {}
-    for name, attr in (("memory", "memory"), ("ops", "ops"), ("policy", "policy")):
-        frames = [getattr(i, attr).assign(plan=label) for label, i in items.items()]
+    items = _items(inspections)
+    files = []
+    for name in ("memory", "ops", "policy"):
+        frames = [getattr(i, name).assign(plan=label) for label, i in items.items()]
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         if name == "policy" and frame.empty:
             continue
-        path = folder / f"inspection_{name}.csv"
-        frame.to_csv(path, index=False)
-        files[path.name] = path
-    figs = {"inspection_memory": memory_breakdown_figure(items)}
-    figs.update({f"inspection_ops_{_slug(k)}": op_dtype_figure(v) for k, v in items.items()})
-    for stem, fig in figs.items():
-        path = folder / f"{stem}.png"
-        fig.savefig(path, dpi=100)
-        files[path.name] = path
-    page = folder / "inspection.html"
-    page.write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>precision_nb inspection</title>"
-        "</head><body>" + inspection_html(items) + "</body></html>",
-        encoding="utf-8",
-    )
-    files[page.name] = page
-    return files
+        files.append(csv_file(f"inspection_{name}.csv", frame))
+    files += [png_file(f"{stem}.png", fig) for stem, fig in inspection_figures(items).items()]
+    pngs = {f.name.removesuffix(".png"): f.data for f in files if f.name.endswith(".png")}
+    body = inspection_body(items, pngs=pngs)
+    return Section("inspection", TITLE, body, tuple(files))
 
 
-def _size(nbytes: int) -> str:
-    """Bytes in the largest binary unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"
+def write_inspection(inspections: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+    """Write ``inspection_memory.csv``, ``inspection_ops.csv``, PNGs and ``inspection.html``
+    into ``out``, atomically (:func:`~precision_nb.views.report.folder.write_files`)."""
+    section = inspection_section(inspections)
+    document = page("precision_nb inspection", [section_html(section)])
+    files = (*section.files, ReportFile("inspection.html", document.encode("utf-8")))
+    return write_files(Path(out), files)
+
+
+def _items(inspections: Mapping[str, Any]) -> dict[str, Inspection]:
+    return {k: v if isinstance(v, Inspection) else Inspection(v) for k, v in inspections.items()}
 
 
 def _slug(label: str) -> str:

@@ -15,14 +15,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect import op_trace as T
-from precision_nb.views.report.figures import PlanFigure
+from precision_nb.views.report.figure_base import PlanFigure
 
-__all__ = ["KIND_COLORS", "memory_breakdown_figure", "op_dtype_figure"]
+__all__ = ["KIND_COLORS", "draw_memory_breakdown", "memory_breakdown_figure", "op_dtype_figure"]
 
 KIND_COLORS = {
     mem.PARAMS: "#1f77b4",
@@ -63,9 +64,15 @@ def _as_mapping(inspections: Any) -> dict[str, Any]:
 
 def memory_breakdown_figure(inspections: Any) -> Figure:
     """One stacked bar per plan: counted memory kinds in MiB, allocator peak marked (black)."""
-    plans = _as_mapping(inspections)
     fig = PlanFigure(figsize=(7.0, 4.2), layout="constrained")
-    ax = fig.add_subplot()
+    draw_memory_breakdown(fig.add_subplot(), inspections)
+    return fig
+
+
+def draw_memory_breakdown(ax: Axes, inspections: Any, *, legend_outside: bool = True) -> None:
+    """The stacked bars of :func:`memory_breakdown_figure` on ``ax`` (legend beside the axes, or
+    inside them when ``legend_outside`` is False)."""
+    plans = _as_mapping(inspections)
     kinds_seen: list[str] = []
     names = list(plans)
     peak_drawn = False
@@ -98,12 +105,15 @@ def memory_breakdown_figure(inspections: Any) -> Figure:
     handles = [Patch(color=KIND_COLORS[k], label=k) for k in reversed(kinds_seen)]
     if peak_drawn:
         handles.append(Patch(color="black", label=mem.ALLOC_PEAK))
-    ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if legend_outside:
+        ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    else:
+        ax.legend(handles=handles, fontsize="x-small", loc="lower right", framealpha=0.85)
+        ax.set_xlim(-0.6, len(names) - 0.4 + 0.9)  # room on the right for the legend
     ax.set_ylabel("MiB (one training step)")
     ax.set_title("Memory by kind (measured from the tensors)", fontsize="medium")
     ax.margins(y=0.12)
     ax.grid(True, axis="y", alpha=0.3)
-    return fig
 
 
 def _bar_name(label: str, data: Any) -> str:
@@ -119,7 +129,7 @@ def op_dtype_figure(inspection: Any) -> Figure:
         ax.text(
             0.5,
             0.5,
-            "simulated device: nothing ran (see the documented policy table)",
+            "simulated device: nothing ran (see the autocast policy table)",
             ha="center",
             va="center",
             transform=ax.transAxes,

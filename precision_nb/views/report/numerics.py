@@ -15,15 +15,33 @@ import pandas as pd
 
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
-from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, history_vs_window
-from precision_nb.views.report.figures import PlanFigure, figure_to_png
-from precision_nb.views.report.html import _fmt, _img_html
+from precision_nb.engine.numerics.scale_window import (
+    DEFAULT_THRESHOLD,
+    ERROR_SAMPLE_LIMIT,
+    history_vs_window,
+)
+from precision_nb.views.report.figure_base import PlanFigure, figure_to_png
+from precision_nb.views.report.markup import fmt, img_html, table_html
 from precision_nb.views.report.numerics_figures import scale_window_figure, underflow_heatmap
+from precision_nb.views.report.sections import Section, csv_file, png_file
+
+__all__ = ["METHOD", "NUMERICS_FILES", "Numerics", "numerics", "numerics_section"]
+
+#: The numerics files of a report (the activation heat map only when there are activation rows).
+NUMERICS_FILES = (
+    "numerics.csv",
+    "numerics_gradient_underflow.png",
+    "numerics_activation_underflow.png",
+    "numerics_scale_window.png",
+)
 
 METHOD = (
     "Exact counts for one batch and one optimizer step, from an fp32 forward and backward on a "
-    "copy of the model: each tensor is cast to the format on the device. Other batches give "
-    "other fractions; rerun on a few to see how much they move."
+    "copy of the model: each tensor is cast to the format on the device (the mean relative error "
+    "of fp16 subnormals is estimated from an evenly strided sample in tensors with more than "
+    f"{ERROR_SAMPLE_LIMIT:,} candidate elements). Which gradients a real fp16 step holds in "
+    "fp16 comes from one traced forward under fp16 autocast. Other batches give other "
+    "fractions; rerun on a few to see how much they move."
 )
 
 
@@ -155,6 +173,9 @@ class Numerics:
                 f"Safe fp16 loss scales: 2^{w['lo']} to 2^{w['hi']} (at most "
                 f"{w['threshold']:.2g} of the non-zero gradients flush to 0, nothing overflows)."
             )
+            text += _subnormal_text(w)
+        if w.get("basis"):
+            text += f" Counted: {w['basis']}."
         run = w.get("run")
         if run and run["attempts"]:
             text += (
@@ -167,7 +188,7 @@ class Numerics:
         info = self.result.info
         lines = [
             f"Numerics of {info.get('model')} on {info.get('device')} "
-            f"(loss {_fmt(info.get('loss'))}, formats {', '.join(info.get('formats', []))})",
+            f"(loss {fmt(info.get('loss'))}, formats {', '.join(info.get('formats', []))})",
             self.window_text(),
             *(f"- {e.message}" for e in self.result.findings),
         ]
@@ -180,7 +201,7 @@ class Numerics:
             "<div class='precision-nb-numerics'>",
             f"<h3>Numerics of {html.escape(str(info.get('model')))}</h3>",
             f"<p>{html.escape(METHOD)} Device {html.escape(str(info.get('device')))}, fp32 loss "
-            f"{_fmt(info.get('loss'))}; fp16 also at loss scale {_fmt(info.get('scale'))}. "
+            f"{fmt(info.get('loss'))}; fp16 also at loss scale {fmt(info.get('scale'))}. "
             f"A cast beyond the range gives: {html.escape(behaviour)}.</p>",
             f"<p><b>{html.escape(self.window_text())}</b></p>",
         ]
@@ -188,7 +209,7 @@ class Numerics:
             items = "".join(f"<li>{html.escape(e.message)}</li>" for e in self.result.findings)
             parts.append(f"<ul>{items}</ul>")
         for stem, fig in self.figures().items():
-            parts.append(_img_html(stem, figure_to_png(fig)))
+            parts.append(img_html(stem, figure_to_png(fig)))
         parts.append("<h4>Update stagnation (one optimizer step)</h4>")
         parts.append(f"<p>{html.escape(str(info.get('optimizer')))}.</p>")
         parts.append(_stagnation_table(self.result.stagnation))
@@ -202,13 +223,32 @@ class Numerics:
         return "\n".join(parts)
 
 
+def _subnormal_text(w: dict[str, Any]) -> str:
+    """The subnormal share and its mean relative error at the window's edges, in words."""
+    parts = []
+    for edge in ("lo", "hi"):
+        share = w.get(f"{edge}_subnormal_fraction")
+        if share is None:
+            continue
+        error = w.get(f"{edge}_subnormal_rel_error")
+        detail = f", mean relative error {error:.1e}" if error is not None else ""
+        parts.append(f"at 2^{w[edge]} {share:.1%}{detail}")
+    if not parts:
+        return ""
+    return (
+        " Subnormal in fp16 (kept, but with fewer significant bits; share of the non-zero "
+        "gradients): " + "; ".join(parts) + "."
+    )
+
+
 def _stagnation_table(rows: Sequence[dict[str, Any]]) -> str:
     frame = pd.DataFrame([r for r in rows if r["status"] == "ok"])
     if frame.empty:
         return "<p>No parameter got an update.</p>"
     total = frame.groupby("format", sort=False)[["updated", "lost"]].sum()
     total["lost_fraction"] = total["lost"] / total["updated"].where(total["updated"] > 0)
-    return total.to_html(float_format=_fmt)
+    columns = ["format", "updated", "lost", "lost_fraction"]
+    return table_html(total.reset_index().to_dict("records"), columns)
 
 
 def _fp8_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -216,6 +256,41 @@ def _fp8_table(rows: Sequence[dict[str, Any]]) -> str:
     if frame.empty:
         return "<p>No fp8 format was asked for.</p>"
     cols = ["rel_error", "underflow_scaled_fraction", "underflow_unscaled_fraction"]
-    table = frame.groupby(["tensor", "format"], sort=False)[cols].median()
-    table.columns = [f"median {c}" for c in cols]
-    return table.to_html(float_format=_fmt)
+    table = frame.groupby(["tensor", "format"], sort=False)[cols].median().reset_index()
+    headers = {c: f"median {c}" for c in cols}
+    return table_html(table.to_dict("records"), ["tensor", "format", *cols], headers=headers)
+
+
+#: The title of the report's numerics section.
+TITLE = "Numerics: gradient underflow and the fp16 scale window"
+
+
+def numerics_section(numerics: Numerics) -> Section:
+    """The report's numerics section: numerics.csv, the figures and their HTML (nothing
+    written): the window in words, findings, figures, the stagnation and fp8 tables."""
+    files = [csv_file("numerics.csv", numerics.gradients)]
+    files += [png_file(f"numerics_{stem}.png", fig) for stem, fig in numerics.figures().items()]
+    e = html.escape
+    info = numerics.info
+    run = numerics.run
+    overlay = (
+        f" The scale history of the {e(str(run.label))} plan is drawn over the window."
+        if run is not None
+        else " No plan here ran with a grad scaler, so no scale history is drawn (an fp16 plan "
+        "on CUDA, or on CPU with the loss-scale lab, has one)."
+    )
+    parts = [
+        f"<p>{e(METHOD)} Device {e(str(info.get('device')))}; fp16 also at loss scale "
+        f"{e(str(info.get('scale')))}.{overlay} Per-layer rows are in numerics.csv.</p>",
+        f"<p><b>{e(numerics.window_text())}</b></p>",
+    ]
+    if numerics.findings:
+        items = "".join(f"<li>{e(f.message)}</li>" for f in numerics.findings)
+        parts.append(f"<ul>{items}</ul>")
+    parts += [img_html(f.name.removesuffix(".png"), f.data) for f in files[1:]]
+    parts.append("<h3>Update stagnation (one optimizer step)</h3>")
+    parts.append(_stagnation_table(numerics.result.stagnation))
+    parts.append("<h3>FP8 what-if (per-tensor amax scaling; a simulation)</h3>")
+    parts.append(f"<p>{e(str(info.get('fp8', {}).get('text', '')))}</p>")
+    parts.append(_fp8_table(numerics.result.fp8))
+    return Section("numerics", TITLE, "\n".join(parts), tuple(files))

@@ -1,6 +1,6 @@
 """Figures of a numerics analysis: underflow heat map by layer and format, and the scale window.
 
-Both return a standalone :class:`~precision_nb.views.report.figures.PlanFigure` (never pyplot
+Both return a standalone :class:`~precision_nb.views.report.figure_base.PlanFigure` (never pyplot
 state). Inputs are the plain rows of
 :class:`~precision_nb.engine.numerics.analysis.NumericsResult`.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import PowerNorm
 
-from precision_nb.views.report.figures import PlanFigure
+from precision_nb.views.report.figure_base import PlanFigure
 
 #: At most this many layers in a heat map (those with the most underflow); the title says so.
 MAX_ROWS = 60
@@ -32,7 +32,7 @@ def _grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict
         if r["layer"] not in status:
             layers.append(r["layer"])
             status[r["layer"]] = r["status"]
-            zeros[r["layer"]] = r.get("zero_fraction")
+            zeros[r["layer"]] = (r.get("zero_fraction"), r.get("fp16_run"))
         if r["variant"] not in variants:
             variants.append(r["variant"])
         values[(r["layer"], r["variant"])] = r.get("underflow_fraction")
@@ -44,7 +44,9 @@ def underflow_heatmap(
 ) -> PlanFigure:
     """Heat map: one row per layer (tensor), one column per format; the colour is the fraction
     of non-zero fp32 elements that a cast turns into 0. Grey cells name tensors with no gradient
-    or frozen ones; a row label shows the structural zeros (already 0 in fp32) beside the name."""
+    or frozen ones; a row label shows the structural zeros (already 0 in fp32) beside the name,
+    and "fp32 in fp16 run" (or "partly fp16 in fp16 run") for a gradient a real fp16 autocast
+    step does not hold in fp16 whole: its fp16 cells are a what-if."""
     layers, variants, values, status, zeros = _grid(rows)
     total = len(layers)
     if total > MAX_ROWS:
@@ -63,8 +65,11 @@ def underflow_heatmap(
     ax.set_xticks(range(len(variants)), variants, rotation=30, ha="right")
     labels = []
     for name in layers:
-        z = zeros.get(name)
-        labels.append(f"{name}  [{z:.0%} zeros]" if z else name)
+        z, held = zeros.get(name) or (None, None)
+        notes = [f"{z:.0%} zeros"] if z else []
+        if held is not None and held != "fp16":
+            notes.append("partly fp16 in fp16 run" if "+" in held else f"{held} in fp16 run")
+        labels.append(f"{name}  [{'; '.join(notes)}]" if notes else name)
     ax.set_yticks(range(len(layers)), labels, fontsize=8)
     small = len(layers) * len(variants) <= 400
     for i, name in enumerate(layers):
@@ -112,54 +117,70 @@ def scale_window_figure(
     *,
     run_label: str | None = None,
 ) -> PlanFigure:
-    """Left: underflowed fraction per fp16 loss scale (log2 on the shared y axis), scales where
-    something overflows marked; right: a run's loss-scale history over its optimizer attempts.
-    The band is the safe window (underflow at most the threshold, no overflow)."""
-    fig = PlanFigure(figsize=(10.0, 4.2))
-    left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
-    ks = [r["log2_scale"] for r in sweep]
-    floor = 1e-7
-    under = [max(r["underflow_fraction"] or 0.0, floor) for r in sweep]
-    left.plot(under, ks, marker="o", ms=3, color="#1f77b4", label="underflowed fraction")
-    over = [r["log2_scale"] for r in sweep if r["overflow_elements"]]
-    if over:
-        left.scatter([floor] * len(over), over, marker="x", color="#d62728", label="overflow")
-    left.set_xscale("log")
-    left.axvline(win["threshold"], color="0.5", ls="--", lw=1, label="threshold")
-    left.set_xlabel(f"fraction of non-zero gradients cast to 0 (floor {floor:g})")
-    left.set_ylabel("log2(loss scale)")
-    right.set_xlabel("optimizer attempt")
-    for ax in (left, right):
-        if win.get("lo") is not None:
-            ax.axhspan(win["lo"] - 0.5, win["hi"] + 0.5, color="#2ca02c", alpha=0.15)
-        ax.grid(alpha=0.3)
-    left.legend(fontsize=7, loc="lower left")
+    """Left: per fp16 loss scale (log2 on the shared y axis), the fraction of the counted
+    gradients (those a real fp16 step holds in fp16) cast to 0, the fraction cast to a subnormal,
+    and, dotted, the fraction of every gradient cast to 0; scales where something overflows are
+    marked. Right: a run's loss-scale history over its optimizer attempts (left out when no run
+    has one). The band spans the safe window's edges exactly (underflow at most the threshold, no
+    overflow)."""
     points = [
         (i, math.log2(h["loss_scale"]), bool(h.get("skipped")))
         for i, h in enumerate(history or [], start=1)
         if h.get("loss_scale") and h["loss_scale"] > 0 and math.isfinite(h["loss_scale"])
     ]
     if points:
+        fig = PlanFigure(figsize=(10.0, 4.2))
+        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
+        axes = (left, right)
+    else:
+        fig = PlanFigure(figsize=(6.0, 4.2))
+        left = fig.add_subplot()
+        axes = (left,)
+    ks = [r["log2_scale"] for r in sweep]
+    floor = 1e-7
+
+    def curve(key: str) -> list[float]:
+        return [max(r.get(key) or 0.0, floor) for r in sweep]
+
+    left.plot(curve("underflow_fraction"), ks, marker="o", ms=3, color="#1f77b4", label="cast to 0")
+    if any(r.get("subnormal_fraction") for r in sweep):
+        left.plot(
+            curve("subnormal_fraction"), ks, marker=".", ms=3, color="#9467bd", label="subnormal"
+        )
+    if any(r.get("all_underflow_fraction") != r.get("underflow_fraction") for r in sweep):
+        left.plot(
+            curve("all_underflow_fraction"),
+            ks,
+            ls=":",
+            color="0.45",
+            label="every gradient cast to 0",
+        )
+    over = [r["log2_scale"] for r in sweep if r["overflow_elements"]]
+    if over:
+        left.scatter([floor] * len(over), over, marker="x", color="#d62728", label="overflow")
+    left.set_xscale("log")
+    left.axvline(win["threshold"], color="0.5", ls="--", lw=1, label="threshold")
+    left.set_xlabel(f"fraction of non-zero fp16-held gradients (floor {floor:g})")
+    left.set_ylabel("log2(loss scale)")
+    for ax in axes:
+        if win.get("lo") is not None:
+            ax.axhspan(win["lo"], win["hi"], color="#2ca02c", alpha=0.15)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7, loc="lower left")
+    if points:
+        right.set_xlabel("optimizer attempt")
         xs, ys, skipped = zip(*points, strict=True)
         right.step(xs, ys, where="post", color="#2ca02c", label=run_label or "loss scale")
         bad = [(x, y) for x, y, s in points if s]
         if bad:
             right.scatter(*zip(*bad, strict=True), marker="v", color="#d62728", label="skipped")
         right.legend(fontsize=7, loc="lower right")
-    else:
-        right.text(
-            0.5,
-            0.5,
-            "no loss-scale history\n(pass run= a RunResult of an fp16 run)",
-            ha="center",
-            va="center",
-            transform=right.transAxes,
-            color="0.4",
-        )
     if win.get("lo") is None:
         title = f"No safe fp16 window: {win.get('reason')}"
     else:
-        title = f"Safe fp16 loss-scale window: 2^{win['lo']} .. 2^{win['hi']} (band)"
+        title = (
+            f"Safe fp16 loss-scale window: 2^{win['lo']} .. 2^{win['hi']} (band, edges included)"
+        )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

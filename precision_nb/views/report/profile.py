@@ -1,8 +1,10 @@
 """``profile()``: validate a request, measure the plans, return a :class:`Profile`.
 
-``profile("mlp", preset="small")`` or ``profile(my_model, my_batches)``; ``Profile.save(path)``
-(or ``out=``) writes the folder ``precision-nb profile`` writes, atomically; its files come from
-:mod:`precision_nb.views.report.html`.
+``profile("mlp", preset="small")`` or ``profile(my_model, my_batches)``. A profile computes
+first (the comparison, then each plan's inspection and the numerics,
+:mod:`~precision_nb.views.report.profile_compute`); ``Profile.save(path)`` (or ``out=``) then
+builds the report's sections and writes the folder ``precision-nb profile`` writes, atomically
+(:mod:`~precision_nb.views.report.html`, :mod:`~precision_nb.views.report.folder`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from typing import Any
 
 from precision_nb.core import validate
 from precision_nb.views.report import folder
-from precision_nb.views.report.folder import check_output_folder
+from precision_nb.views.report.folder import ReportWriteError, WriteInterrupted, check_output_folder
 from precision_nb.views.report.hints import hints
-from precision_nb.views.report.html import OUTPUT_FILES, write_report
+from precision_nb.views.report.profile_compute import analyse
 from precision_nb.views.report.profile_result import Profile, measurement_settings
-from precision_nb.views.report.profile_sections import add_sections
 from precision_nb.views.report.tables import summary
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ProfileOutput",
     "ProfileRequest",
     "ReportWriteError",
+    "WriteInterrupted",
     "check_output_folder",
     "parse_modes",
     "profile",
@@ -264,10 +266,6 @@ class ProfileInterrupted(KeyboardInterrupt):
     """The profile was interrupted (Ctrl-C or ``stop``); the output folder was left as it was."""
 
 
-class ReportWriteError(OSError):
-    """The report could not be written (e.g. a full disk); the output folder was left as it was."""
-
-
 def run_profile(
     request: ProfileRequest,
     *,
@@ -275,12 +273,16 @@ def run_profile(
     settings: Mapping[str, Any] | None = None,
     stop: Any = None,
 ) -> Profile:
-    """Run a validated request; write its folder when ``request.out`` is set.
+    """Run a validated request: compute everything, then write its folder when ``request.out``
+    is set (:meth:`Profile.save`).
 
-    ``stop`` (anything with ``is_set()``) ends the comparison between steps. An interrupted
-    comparison (``stop`` or Ctrl-C) raises :class:`ProfileInterrupted` and writes nothing. See
-    :func:`write_folder` for how the folder is written.
+    ``stop`` (anything with ``is_set()``) ends the comparison between steps. With an output
+    folder, a stop (or Ctrl-C) at any point before the report is in place raises
+    :class:`ProfileInterrupted` or ``WriteInterrupted`` and leaves the folder as it was; a
+    staging folder a killed run left there is removed first.
     """
+    if request.out is not None and request.out.is_dir():
+        folder.remove_stale(request.out)
     runs: dict[str, Any] = {}
     if request.distributed is not None:
         from precision_nb.views.report.profile_distributed import run_distributed
@@ -296,8 +298,7 @@ def run_profile(
         )
     else:
         comparison = run_comparison(request, progress=progress, stop=stop)
-    if getattr(comparison, "stopped", False) and request.out is not None:
-        raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
+    _check_stop(request, comparison.stopped)
     hint_list = tuple(hints(comparison))
     shown = {
         "requested plans": ", ".join(request.modes),
@@ -309,52 +310,29 @@ def run_profile(
     }
     if runs:
         shown["distributed"] = "; ".join(f"{k}: {v.plan.summary()}" for k, v in runs.items())
-    result = Profile(comparison, summary(comparison), hint_list, shown, distributed=runs)
-    add_sections(request, comparison, result)
+    extras = analyse(request, comparison)
+    comparison.events.extend(extras.events)
+    for name, seconds in extras.seconds.items():
+        shown[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
     shown.update(measurement_settings(comparison, hint_list))
+    result = Profile(
+        comparison,
+        summary(comparison),
+        hint_list,
+        shown,
+        inspections=dict(extras.inspections),
+        numerics=extras.numerics,
+        distributed=runs,
+    )
+    _check_stop(request, stop is not None and stop.is_set())
     if request.out is not None:
-        result.save(request.out)
+        result.save(request.out, stop=stop)
     return result
 
 
-def write_folder(
-    comparison: Any,
-    out: Path,
-    settings: Mapping[str, Any],
-    *,
-    inspections: Mapping[str, Any] | None = None,
-    numerics: Any = None,
-    distributed: Mapping[str, Any] | None = None,
-) -> dict[str, Path]:
-    """Write the report files into ``out`` atomically; file name -> path.
-
-    The files are staged inside ``out`` and moved into place only when all of them are written
-    (:mod:`precision_nb.views.report.folder`), so a failed or disk-full write leaves ``out`` as it
-    was (:class:`ReportWriteError` says what could not be written and the free space). Files of an
-    earlier report in ``out`` are replaced; other files are left alone.
-    """
-    check_output_folder(out)
-    staging, created = folder.staging_folder(out)
-    committed = False
-    try:
-        write_report(
-            comparison,
-            staging,
-            settings=settings,
-            inspections=inspections,
-            numerics=numerics,
-            distributed=distributed,
-        )
-        names = folder.commit(staging, out)
-        committed = True
-    except OSError as err:
-        message = folder.describe_write_error(err, out)
-        raise ReportWriteError(err.errno, f"{message}; {str(out)!r} was left as it was") from err
-    finally:
-        if not committed:
-            folder.discard(staging, out, created)
-    first = [name for name in OUTPUT_FILES if name in names]
-    return {name: out / name for name in first + [n for n in names if n not in first]}
+def _check_stop(request: ProfileRequest, stopped: bool) -> None:
+    if stopped and request.out is not None:
+        raise ProfileInterrupted(f"interrupted; {str(request.out)!r} was left as it was")
 
 
 def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any = None) -> Any:
@@ -364,13 +342,15 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
     stay rare. When a plan fails part-way and another completed, the comparison is returned with
     ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
+    from precision_nb.engine.compare import ComparisonError
+
     try:
         return _compare(request, progress, stop)
-    except (RuntimeError, ValueError) as exc:
-        comparison = getattr(exc, "precision_nb_comparison", None)
+    except ComparisonError as exc:
+        comparison = exc.result
         failed = getattr(comparison, "failures", None) or {}
         done = [k for k in getattr(comparison, "results", {}) if k not in failed]
-        if comparison is None or not done:
+        if not done:
             raise
         log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
         return comparison

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
+
+from precision_nb.views.report.markup import table_html
+from precision_nb.views.report.sections import Section, csv_file
 
 __all__ = [
     "DISTRIBUTED_FILES",
+    "TITLE",
     "check_distributed",
+    "distributed_body",
     "distributed_html",
+    "distributed_section",
+    "global_workload",
     "rank_step_table",
     "run_distributed",
-    "write_distributed",
 ]
 
 #: The files a distributed profile adds to the report folder (and ``distributed_nodes.csv``, one
@@ -162,7 +167,7 @@ class _PrintPhases:
         print(f"precision_nb: distributed: {text}", flush=True)
 
 
-def _global_workload(workload: Mapping[str, Any], nproc: int) -> dict[str, Any]:
+def global_workload(workload: Mapping[str, Any], nproc: int) -> dict[str, Any]:
     """Rank 0's workload facts scaled to the whole run: each rank trains 1/nproc of the global
     batch, so samples and FLOPs per step and the peak (one per rank) are nproc times a rank's;
     the MFU (FLOP/s over peak) stays a rank's."""
@@ -186,7 +191,7 @@ def _fill(comparison: Any, measured: Any, plans: Mapping[str, Any]) -> None:
             label=label,
             device=dplan.rank_device,
             records=[{**r, "run": label} for r in result.records],
-            workload=_global_workload(result.rank0.get("workload", {}), len(result.ranks)),
+            workload=global_workload(result.rank0.get("workload", {}), len(result.ranks)),
         )
     m = measured.measurement
     comparison.measurement = m
@@ -213,7 +218,7 @@ def rank_step_table(label: str, result: Any) -> list[dict[str, Any]]:
     from its logged intervals (a ``fit_distributed`` result); ``timing`` says which."""
     from precision_nb.engine.stats import spread
 
-    timed = getattr(result, "timed_steps", None) or {}
+    timed = result.timed_steps
     rows = []
     for rank in result.ranks:
         if timed:
@@ -249,11 +254,12 @@ def _tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def write_distributed(out: Path, runs: Mapping[str, Any]) -> tuple[dict[str, Path], str]:
-    """Write the three CSVs into ``out``; (name -> path, the report's HTML section)."""
-    import pandas as pd
+#: The title of the distributed section.
+TITLE = "Distributed: per rank"
 
-    files: dict[str, Path] = {}
+
+def _all_tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The per-rank tables, and one row per node when a run spans several nodes."""
     tables = _tables(runs)
     nodes = [
         {"plan": label, **row}
@@ -263,17 +269,27 @@ def write_distributed(out: Path, runs: Mapping[str, Any]) -> tuple[dict[str, Pat
     ]
     if len({row["node"] for row in nodes}) > 1:  # a run over several nodes: one row per node
         tables["nodes"] = nodes
-    for name, rows in tables.items():
-        path = out / f"distributed_{name}.csv"
-        pd.DataFrame(rows).to_csv(path, index=False)
-        files[path.name] = path
-    return files, distributed_html(runs)
+    return tables
+
+
+def distributed_section(runs: Mapping[str, Any]) -> Section:
+    """The report's distributed section: its CSVs and their HTML (nothing written)."""
+    import pandas as pd
+
+    files = tuple(
+        csv_file(f"distributed_{name}.csv", pd.DataFrame(rows))
+        for name, rows in _all_tables(runs).items()
+    )
+    return Section("distributed", TITLE, distributed_body(runs), files)
 
 
 def distributed_html(runs: Mapping[str, Any]) -> str:
-    """The report's section: per plan the plan, start-up, and per-rank tables."""
-    from precision_nb.views.report.html import _fmt
+    """The distributed section with its title, for a notebook."""
+    return f'<section class="distributed"><h3>{TITLE}</h3>{distributed_body(runs)}</section>'
 
+
+def distributed_body(runs: Mapping[str, Any]) -> str:
+    """Per plan: the plan, its start-up, per-node and per-rank tables (step time, memory, comm)."""
     e = html.escape
     tables = _tables(runs)
     measured = any(getattr(r, "timed_steps", None) for r in runs.values())
@@ -289,14 +305,13 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
         "its logged intervals."
     )
     parts = [
-        '<section class="distributed"><h2>Distributed: per rank</h2>',
         f"<p>{how} Communication: mean bytes per optimizer step of "
         "every collective each rank issued, by op and dtype (full buffer of each call; setup "
         "collectives before the first step left out). Memory: bytes each rank holds by kind and "
         "dtype, read from the tensors.</p>",
     ]
     for label, result in runs.items():
-        plan = getattr(result, "plan", None)
+        plan = result.plan
         summary = plan.summary() if hasattr(plan, "summary") else str(plan)
         start = f"; start-up {result.startup_s:.1f} s" if result.startup_s is not None else ""
         parts.append(f"<h3>{e(label)}</h3><p>{e(summary)}{e(start)}</p>")
@@ -306,31 +321,17 @@ def distributed_html(runs: Mapping[str, Any]) -> str:
             if not rows:
                 parts.append(f"<p>No {title} rows were recorded.</p>")
                 continue
-            cols = [c for c in rows[0] if c != "plan"]
-            head = "".join(f"<th>{e(c)}</th>" for c in cols)
-            body = "".join(
-                "<tr>" + "".join(f"<td>{e(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
-            )
-            parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    parts.append("</section>")
+            parts.append(table_html(rows, [c for c in rows[0] if c != "plan"], css_class="compact"))
     return "\n".join(parts)
 
 
 def _nodes_html(result: Any) -> str:
     """Per node (a run over several): host, ranks, steps, final loss, median step time."""
-    from precision_nb.views.report.html import _fmt
-
     rows = result.node_table() if hasattr(result, "node_table") else []
     if len(rows) < 2:
         return ""
-    e = html.escape
-    cols = list(rows[0])
-    head = "".join(f"<th>{e(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{e(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows
-    )
     return (
         "<p>Per node: its ranks' records merged per step (loss averaged over the node's ranks, "
         "the slowest rank's step time); median over the logged intervals.</p>"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        + table_html(rows, list(rows[0]), css_class="compact")
     )

@@ -1,22 +1,31 @@
 """``Profile``: what :func:`precision_nb.profile` returns; shows itself in a notebook, saves.
 
-The settings table names what the numbers were measured on (model, device, torch, CPU and GPU
-facts, TF32 state), how (warm-up rule, rounds, steps per block) and ends with "what to try next",
-drawn from the hints.
+In a notebook it opens with one card per plan (the verdict with its interval first), then the
+summary, the hints, the dashboard and the rest. The settings table names what the numbers were
+measured on (model, device, torch, CPU and GPU facts, TF32 state), how (warm-up rule, rounds,
+steps per block) and ends with "what to try next", drawn from the hints.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from precision_nb.core.cpu_features import read_cpu_features
+from precision_nb.engine.compare import Comparison
+from precision_nb.views.report.answer import PlanAnswer, answers, cards_html, other_hints
+from precision_nb.views.report.figure_base import figure_to_png
 from precision_nb.views.report.hints import Hint, what_to_try_next
-from precision_nb.views.report.tables import results_of
+from precision_nb.views.report.html import make_figures, write_report
+from precision_nb.views.report.inspection import inspection_html
+from precision_nb.views.report.markup import img_html
+from precision_nb.views.report.numerics import Numerics
+from precision_nb.views.report.profile_distributed import distributed_html
 
 __all__ = ["Profile", "measurement_settings"]
 
@@ -45,7 +54,7 @@ class Profile:
     ``out_dir`` / ``files`` are set once the folder is written (by ``save`` or ``out=``).
     """
 
-    comparison: Any
+    comparison: Comparison
     summary: Any
     hints: tuple[Hint, ...]
     settings: dict[str, Any] = field(default_factory=dict)
@@ -54,59 +63,60 @@ class Profile:
     #: Label -> ``InspectionData`` of each plan (memory by kind and dtype, op dtype trace).
     inspections: dict[str, Any] = field(default_factory=dict)
     #: The :class:`~precision_nb.views.report.numerics.Numerics` of the model, or None.
-    numerics: Any = None
+    numerics: Numerics | None = None
     #: The ``DistributedResult`` of each plan (label -> result) for a distributed profile.
     distributed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verdicts(self) -> dict[str, str]:
         """Label -> the verdict in words (from the interleaved measurement)."""
-        figures = getattr(self.comparison, "figures", None) or {}
-        return {k: str(v["verdict"]) for k, v in figures.items() if v.get("verdict")}
+        return {a.label: a.verdict.text for a in self.answers() if a.verdict is not None}
 
-    def save(self, path: str | Path) -> dict[str, Path]:
+    def answers(self) -> list[PlanAnswer]:
+        """One :class:`~precision_nb.views.report.answer.PlanAnswer` per plan (verdict first)."""
+        return answers(
+            self.comparison, self.summary, inspections=self.inspections, numerics=self.numerics
+        )
+
+    def save(self, path: str | Path, *, stop: Any = None) -> dict[str, Path]:
         """Write the report folder the CLI writes (created if missing; a file there is refused).
 
         Files are staged and moved into place when all are written; other files already in the
-        folder are left alone.
+        folder are left alone. ``stop`` (anything with ``is_set()``) set by then, or Ctrl-C during
+        the write, leaves the folder as it was (``WriteInterrupted``).
         """
-        from precision_nb.views.report.profile import write_folder
-
         out = Path(path).expanduser()
-        self.files = write_folder(
+        self.files = write_report(
             self.comparison,
             out,
-            self.settings,
+            stop=stop,
+            settings=self.settings,
             inspections=self.inspections,
             numerics=self.numerics,
             distributed=self.distributed,
+            hint_list=self.hints,
+            table=self.summary,
         )
         self.out_dir = out
         return self.files
 
     def _repr_html_(self) -> str:
-        from precision_nb.views.report import figures as F
-        from precision_nb.views.report.html import make_figures
-
         e = html.escape
+        plans = self.answers()
         parts = ["<div class='precision-nb-profile'><h3>precision_nb profile</h3>"]
-        verdicts = self.verdicts
-        if verdicts:
-            items = "".join(f"<li>{e(v)}</li>" for v in verdicts.values())
-            parts.append(f"<p><b>Verdicts</b> (interleaved rounds)</p><ul>{items}</ul>")
+        parts.append(cards_html(plans))
         columns = [c for c in NOTEBOOK_COLUMNS if c in self.summary]
         parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
-        if self.hints:
+        shown = other_hints(self.hints, plans)
+        if shown:
             items = "".join(
-                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(measured: {e(h.measurement)}; "
+                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(from: {e(h.measurement)}; "
                 f"see {e(h.figure)})</small></li>"
-                for h in self.hints
+                for h in shown
             )
             parts.append(f"<p><b>Hints</b></p><ul>{items}</ul>")
-        figs = make_figures(self.comparison)
-        png = F.figure_to_png(figs["dashboard"])
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f'<img alt="dashboard" src="data:image/png;base64,{data}" width="800">')
+        figs = make_figures(self.comparison, inspections=self.inspections)
+        parts.append(img_html("dashboard", figure_to_png(figs["dashboard"])))
         parts += self._sections_html()
         rows = "".join(
             f"<tr><th style='text-align:left'>{e(str(k))}</th><td style='text-align:left'>"
@@ -120,19 +130,15 @@ class Profile:
     def _sections_html(self) -> list[str]:
         out = []
         if self.inspections:
-            from precision_nb.views.report.inspection import inspection_html
-
             out.append(inspection_html(self.inspections, level=4, figures=False))
         if self.numerics is not None:
             out.append(f"<p><b>Numerics</b>: {html.escape(self.numerics.window_text())}</p>")
         if self.distributed:
-            from precision_nb.views.report.profile_distributed import distributed_html
-
             out.append(distributed_html(self.distributed))
         return out
 
     def __repr__(self) -> str:
-        lines = [f"Profile of {', '.join(results_of(self.comparison)) or 'no run'}"]
+        lines = [f"Profile of {', '.join(self.comparison.results) or 'no run'}"]
         lines += [f"  {v}" for v in self.verdicts.values()]
         if self.out_dir is not None:
             lines.append(f"  saved in {self.out_dir}")
@@ -145,18 +151,14 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
-def measurement_settings(comparison: Any, hint_list: tuple[Hint, ...]) -> dict[str, Any]:
+def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) -> dict[str, Any]:
     """Model, device, torch, CPU/GPU facts, TF32, method; "what to try next" last."""
-    import torch
-
-    from precision_nb.core.cpu_features import read_cpu_features
-
-    results = results_of(comparison)
+    results = comparison.results
     out: dict[str, Any] = {}
-    model = getattr(comparison, "model_info", None) or {}
+    model = comparison.model_info
     if model:
         out["model"] = f"{model.get('class')} ({model.get('params', 0):,} parameters)"
-    devices = sorted({str(getattr(r, "device", "")) for r in results.values()} - {""})
+    devices = sorted({str(r.device) for r in results.values()} - {""})
     out["device used"] = ", ".join(devices)
     out["torch"] = torch.__version__
     cpu = read_cpu_features()
@@ -164,24 +166,24 @@ def measurement_settings(comparison: Any, hint_list: tuple[Hint, ...]) -> dict[s
     out["CPU low-precision features"] = cpu.summary()
     out["CPU vector ISA (torch kernel dispatch; not a BF16 test)"] = cpu.vector_isa
     for result in results.values():
-        caps = getattr(getattr(result, "explanation", None), "capabilities", None)
-        if getattr(caps, "cuda_available", False) and any(d.startswith("cuda") for d in devices):
-            cc = getattr(caps, "compute_capability", None)
+        caps = result.explanation.capabilities if result.explanation is not None else None
+        if caps is not None and caps.cuda_available and any(d.startswith("cuda") for d in devices):
+            cc = caps.compute_capability
             out["GPU"] = (
                 f"{caps.device_name} (compute capability {cc[0]}.{cc[1]})"
                 if cc
-                else (caps.device_name)
+                else caps.device_name
             )
             break
-    figures = getattr(comparison, "figures", None) or {}
-    for label, row in figures.items():
+    for label, row in comparison.figures.items():
         tf32 = row.get("tf32")
         if tf32:
             out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
-    ratios = getattr(comparison, "peak_ratios", None) or {}
-    if ratios:
-        out["measured matmul peak vs fp32"] = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
-    method: Mapping[str, Any] = getattr(comparison, "method", None) or {}
-    out.update(method)
+    if comparison.peak_ratios:
+        kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
+        out[f"{kind} matmul peak vs fp32"] = ", ".join(
+            f"{k} {v:.2f}x" for k, v in comparison.peak_ratios.items()
+        )
+    out.update(comparison.method)
     out["what to try next"] = " | ".join(what_to_try_next(hint_list))
     return out

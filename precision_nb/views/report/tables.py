@@ -1,17 +1,21 @@
 """Run records as pandas DataFrames, and a summary with one row per plan.
 
-A *record source* is any of: a list of record dicts (the engine's flat per-step records), a
-DataFrame of them, a ``RunResult`` (``.records``) or a ``Comparison`` (``.results``: label ->
-RunResult). Sources are read by duck typing, so this module imports nothing from the engine.
+A *record source* is any of: a ``Comparison``, a ``RunResult``, a mapping of label -> RunResult,
+or bare records (a list of the engine's flat per-step record dicts, or a DataFrame of them); it is
+normalised once by :func:`~precision_nb.views.report.source.as_comparison`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 import pandas as pd
+
+from precision_nb.engine.compare import Comparison
+from precision_nb.engine.results import RunResult
+from precision_nb.views.report.source import as_comparison
 
 __all__ = [
     "MEASURED_COLUMNS",
@@ -80,67 +84,36 @@ MEASURED_COLUMNS = (
 )
 
 
-def results_of(source: Any) -> dict[str, Any]:
-    """Label -> RunResult for a Comparison, a RunResult or a mapping of them; else ``{}``."""
-    results = getattr(source, "results", None)
-    if isinstance(results, Mapping):
-        return dict(results)
-    if hasattr(source, "records") and hasattr(source, "plan"):
-        label = _label_of(source)
-        return {label: source}
-    if (
-        isinstance(source, Mapping)
-        and source
-        and all(hasattr(v, "records") for v in source.values())
-    ):
-        return dict(source)
-    return {}
-
-
-def _label_of(result: Any) -> str:
-    label = getattr(result, "label", None)
-    if isinstance(label, str) and label:
-        return label
-    records = getattr(result, "records", None) or []
-    if records and "run" in records[0]:
-        return str(records[0]["run"])
-    plan = getattr(result, "plan", None)
-    return str(getattr(plan, "mode", "run"))
-
-
-def _records_of(source: Any) -> list[Mapping[str, Any]]:
-    results = results_of(source)
-    if results or isinstance(getattr(source, "results", None), Mapping):  # none: every plan failed
-        out: list[Mapping[str, Any]] = []
-        for label, result in results.items():
-            for record in result.records:
-                out.append(record if "run" in record else {**record, "run": label})
-        return out
-    if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
-        return list(source)
-    raise TypeError(
-        "records must be a list of record dicts, a DataFrame, a RunResult or a Comparison; "
-        f"got {type(source).__name__}"
-    )
+def results_of(source: RecordSource) -> dict[str, RunResult]:
+    """Label -> RunResult of any accepted source (:func:`~.source.as_comparison`)."""
+    return dict(as_comparison(source).results)
 
 
 def to_frame(source: RecordSource) -> pd.DataFrame:
     """Records -> DataFrame (one row per logged step, columns = record keys)."""
     if isinstance(source, pd.DataFrame):
         return source
-    records = _records_of(source)
+    return _frame(as_comparison(source))
+
+
+def _frame(comparison: Comparison) -> pd.DataFrame:
+    records = [
+        record if "run" in record else {**record, "run": label}
+        for label, result in comparison.results.items()
+        for record in result.records
+    ]
     frame = pd.DataFrame.from_records([dict(r) for r in records])
     if "dtype" in frame:
         frame["dtype"] = frame["dtype"].map(lambda d: d if d is None else str(d))
     return frame
 
 
-def scale_histories(source: Any) -> dict[str, list[Mapping[str, Any]]]:
-    """Label -> ``scale_history`` for the runs of a Comparison or RunResult (else ``{}``)."""
+def scale_histories(source: RecordSource) -> dict[str, list[Mapping[str, Any]]]:
+    """Label -> ``scale_history`` of every run that has one."""
     return {
-        label: list(getattr(result, "scale_history", None) or [])
-        for label, result in results_of(source).items()
-        if getattr(result, "scale_history", None)
+        label: list(result.scale_history)
+        for label, result in as_comparison(source).results.items()
+        if result.scale_history
     }
 
 
@@ -202,13 +175,12 @@ def summary(
 
     The baseline is the run labelled ``baseline``, else the first run whose resolved mode is fp32.
     """
-    frame = to_frame(source)
+    comparison = as_comparison(source)
+    frame = source if isinstance(source, pd.DataFrame) else _frame(comparison)
     if drift is None:
-        drift = getattr(source, "drift", None)
-    if merged is None:
-        merged = getattr(source, "merged", None)
-    figures = getattr(source, "figures", None) or {}
-    merged = merged or {}
+        drift = comparison.drift or None  # empty: not measured (a single run, bare records)
+    merged = comparison.merged if merged is None else merged
+    figures = comparison.figures
     if frame.empty or "run" not in frame:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     labels = list(dict.fromkeys(frame["run"].tolist()))
@@ -219,7 +191,7 @@ def summary(
     base_time = _median(rows[base], "step_time_s") if base else math.nan
     base_loss = _num(_last(rows[base], "loss")) if base else math.nan
 
-    miscalibrated = _miscalibrated(source)
+    miscalibrated = _miscalibrated(comparison)
     out = []
     for label in labels:
         r = rows[label]
@@ -277,14 +249,15 @@ def summary(
 MFU_NOTE = "mfu above 1 not shown: a calibration error (see the calibration event)"
 
 
-def _miscalibrated(source: Any) -> set[str]:
+def _miscalibrated(comparison: Comparison) -> set[str]:
     """Labels with a ``calibration`` event (an MFU above 1 was measured and recorded as such)."""
-    labels = set()
-    for event in getattr(source, "events", None) or []:
-        if getattr(event, "kind", None) == "calibration" and (event.data or {}).get("run"):
-            labels.add(str(event.data["run"]))
-    for label, result in results_of(source).items():
-        if any(getattr(e, "kind", None) == "calibration" for e in getattr(result, "events", [])):
+    labels = {
+        str(event.data["run"])
+        for event in comparison.events
+        if event.kind == "calibration" and event.data.get("run")
+    }
+    for label, result in comparison.results.items():
+        if any(e.kind == "calibration" for e in result.events):
             labels.add(label)
     return labels
 

@@ -131,12 +131,12 @@ def test_memory_chart_marks_the_allocator_peak_and_labels_hand_arithmetic() -> N
     assert widths == pytest.approx([600 / 2000 * 420, 400 / 2000 * 420, 500 / 2000 * 420], abs=0.1)
 
 
-def test_a_simulated_device_shows_hand_arithmetic_and_the_documented_policy() -> None:
+def test_a_simulated_device_shows_hand_arithmetic_and_the_policy_read_from_torch() -> None:
     panel = Panel(device="sim:cuda-bf16", mode="bf16")
     panel.inspect()
     data = panel._controller.analysis.shown["bf16"]
     assert data.simulated and "bf16 (expected)" in panel.widgets.memory_html.value
     ops = panel.widgets.ops_html.value
-    assert "documented autocast policy, not a trace" in ops
+    assert "autocast's policy in this torch, not a trace" in ops
     assert all(row["op"] in ops for row in data.policy)
     panel.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
@@ -48,6 +50,15 @@ def test_loss_figure_one_line_per_plan_with_labels(three_plans):
     assert lines["fp16"].get_ydata()[0] == pytest.approx(2.2 * 0.9048374, rel=1e-5)
 
 
+def test_loss_line_never_jumps_at_a_step_that_skipped_attempts_share(make_records):
+    records = make_records("fp16", "fp16", steps=4, use_scaler=True)
+    early = [{**records[0], "step": 0, "loss": 9.0 + i} for i in range(3)]  # skipped attempts
+    ax = F.loss_figure(early + records).axes[0]
+    (line,) = ax.get_lines()
+    xs = list(line.get_xdata())
+    assert xs == [0, 1, 2, 3, 4] and line.get_ydata()[0] == 11.0  # the last record of step 0
+
+
 def test_loss_scale_axis_is_log2_and_skips_are_marked(three_plans):
     ax = F.loss_scale_figure(three_plans).axes[0]
     assert ax.get_yscale() == "log"
@@ -55,7 +66,7 @@ def test_loss_scale_axis_is_log2_and_skips_are_marked(three_plans):
     assert "log2" in ax.get_ylabel()
     # Only the scaled plan draws a scale line.
     assert [line.get_label() for line in ax.get_lines()] == ["fp16"]
-    markers = [c for c in ax.collections if c.get_label() == "skipped step (overflow)"]
+    markers = [c for c in ax.collections if c.get_label() == "skipped step (inf or NaN)"]
     assert len(markers) == 1
     offsets = markers[0].get_offsets()
     assert [tuple(p) for p in offsets] == [(3.0, 2.0**15), (7.0, 2.0**14)]
@@ -69,7 +80,7 @@ def test_loss_scale_uses_scale_history_when_given(three_plans):
     ]
     ax = F.loss_scale_figure(three_plans, histories={"fp16": history}).axes[0]
     assert "attempt" in ax.get_xlabel()
-    markers = [c for c in ax.collections if c.get_label() == "skipped step (overflow)"]
+    markers = [c for c in ax.collections if c.get_label() == "skipped step (inf or NaN)"]
     assert [tuple(p) for p in markers[0].get_offsets()] == [(2.0, 32768.0)]
 
 
@@ -92,7 +103,7 @@ def test_throughput_prefers_tokens_when_every_run_has_them(make_records, three_p
 
 def test_memory_bars_are_peaks_in_mib_labelled_by_kind(three_plans):
     ax = F.memory_figure(three_plans).axes[0]
-    assert ax.get_ylabel() == "peak host RSS (MiB)"
+    assert ax.get_ylabel() == "peak host RSS, the whole process (MiB)"
     assert "host RSS" in ax.get_title()
     heights = [p.get_height() for p in ax.patches]
     assert heights == pytest.approx([120.0, 80.0, 90.0])
@@ -107,7 +118,7 @@ def test_memory_kinds_are_never_mixed_on_one_axis(make_records):
     assert len(fig.axes) == 2
     assert [ax.get_ylabel() for ax in fig.axes] == [
         "peak CUDA allocated (MiB)",
-        "peak host RSS (MiB)",
+        "peak host RSS, the whole process (MiB)",
     ]
     assert [len(ax.patches) for ax in fig.axes] == [1, 1]
 
@@ -138,6 +149,39 @@ def test_dashboard_is_two_by_two_with_all_four_views(three_plans):
     assert titles[3].startswith("Peak memory")
     assert fig.axes[1].get_yscale() == "log"
     assert "fp32, bf16, fp16" in fig.get_suptitle()
+
+
+def test_without_a_scaler_the_dashboard_has_no_empty_loss_scale_panel(make_records):
+    records = make_records("fp32", "fp32") + make_records("bf16", "bf16")
+    assert not F.uses_loss_scale(records)
+    fig = F.dashboard_figure(records)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 3 and not any(t.startswith("Loss scale") for t in titles)
+    loss, throughput, _ = fig.axes
+    assert titles[0].startswith("Training loss")
+    # the loss spans the top row: as wide as the two panels below it together
+    assert loss.get_position().width > 1.8 * throughput.get_position().width
+
+
+def test_the_dashboard_shows_memory_by_kind_from_an_inspection(three_plans):
+    from precision_nb.engine.inspect import memory as mem
+
+    inspections = {
+        label: SimpleNamespace(
+            label=label,
+            device="cpu",
+            simulated=False,
+            memory=[
+                {"kind": mem.PARAMS, "dtype": "fp32", "bytes": 2**20, "counted": True},
+                {"kind": mem.GRADS, "dtype": "fp32", "bytes": size, "counted": True},
+            ],
+        )
+        for label, size in (("fp32", 2**20), ("bf16", 2**19), ("fp16", 2**19))
+    }
+    ax = F.dashboard_figure(three_plans, inspections=inspections).axes[-1]
+    assert ax.get_title() == "Memory by kind (measured from the tensors)"
+    assert [p.get_height() for p in ax.patches] == pytest.approx([1, 1, 1, 0.5, 1, 0.5])
+    assert not any("RSS" in t.get_text() for t in ax.texts)
 
 
 def test_figures_display_as_png_in_ipython_without_the_inline_backend(three_plans):

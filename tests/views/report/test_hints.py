@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from precision_nb.core.plan import PrecisionPlan
+from precision_nb.engine.compare import Comparison
+from precision_nb.engine.results import RunResult
 from precision_nb.views.report.hints import (
     Hint,
     hints,
@@ -14,18 +17,21 @@ from precision_nb.views.report.hints import (
 
 
 def _result(records, *, workload=None, explanation=None, outcome=None, history=None):
-    return SimpleNamespace(
-        records=records,
-        plan=None,
-        workload=workload or {},
+    last = records[-1]
+    return RunResult(
+        label=last["run"],
+        plan=PrecisionPlan.from_dict(last),
         explanation=explanation,
         optimizer_outcome=outcome,
+        device=last["device"],
+        records=records,
+        workload=workload or {},
         scale_history=history or [],
     )
 
 
 def _comparison(**results):
-    return SimpleNamespace(results=results, drift=None, merged={})
+    return Comparison(results=results)
 
 
 def _by_topic(found: list[Hint]) -> dict[str, list[Hint]]:
@@ -51,13 +57,11 @@ def test_single_run_speedups_claim_nothing(make_records):
 
 
 def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
-    source = SimpleNamespace(
+    source = Comparison(
         results={
             "fp32": _result(make_records("fp32", "fp32")),
             "bf16": _result(make_records("bf16", "bf16")),
         },
-        drift=None,
-        merged={},
         peak_ratios={"bfloat16": 2.5},
         figures={
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
@@ -239,3 +243,78 @@ def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
     native = SimpleNamespace(capabilities=SimpleNamespace(cpu=CpuFeatures(avx512_bf16=True)))
     source.results["bf16"].explanation = native
     assert "cpu_features" not in _by_topic(hints(source))
+
+
+def _peak_source(make_records, *, device, source, tf32=None, cc=None):
+    records = {
+        mode: [
+            {**r, "mfu_peak_source": source}
+            for r in make_records(mode, mode, device=device, memory_kind="cuda_allocated")
+        ]
+        for mode in ("fp32", "bf16")
+    }
+    caps = SimpleNamespace(compute_capability=cc)
+    explanation = SimpleNamespace(capabilities=caps)
+    return Comparison(
+        results={m: _result(r, explanation=explanation) for m, r in records.items()},
+        peak_ratios={"bfloat16": 14.77},
+        figures={"fp32": {"tf32": tf32}} if tf32 is not None else {},
+    )
+
+
+def test_peak_ratio_is_an_estimate_labelled_with_its_source(make_records):
+    gpu = _peak_source(make_records, device="cuda:0", source="datasheet: h100 sxm bfloat16 dense")
+    (peak,) = _by_topic(hints(gpu))["peak"]
+    assert peak.message.startswith("Estimate: the bf16 matmul peak is 14.77x the fp32 peak")
+    assert "(datasheet peaks)" in peak.message and "no upper bound" in peak.message
+    assert "measured" not in peak.message and "calibrated" not in peak.measurement
+    assert peak.measurement.startswith("peak_ratios from datasheet peaks")
+    cpu = _peak_source(make_records, device="cpu", source="measured: CPU bfloat16 matmul")
+    (peak,) = _by_topic(hints(cpu))["peak"]
+    assert "(measured peaks)" in peak.message and "TF32" not in peak.message
+
+
+def test_peak_estimate_on_cuda_names_the_tf32_baseline(make_records):
+    flags = {
+        "cuda_matmul_allow_tf32": False,
+        "float32_matmul_precision": "highest",
+        "cudnn_allow_tf32": True,
+    }
+    gpu = _peak_source(make_records, device="cuda:0", source="datasheet: a100", tf32=flags)
+    (peak,) = _by_topic(hints(gpu))["peak"]
+    assert "convolutions (torch.backends.cudnn.allow_tf32=True in this run)" in peak.message
+    assert "about 2x" in peak.message and "matmuls (" not in peak.message
+    off = {**flags, "cudnn_allow_tf32": False}
+    gpu = _peak_source(make_records, device="cuda:0", source="datasheet: a100", tf32=off)
+    (peak,) = _by_topic(hints(gpu))["peak"]
+    assert "ran without TF32" in peak.message and "about 2x" not in peak.message
+    turing = _peak_source(
+        make_records, device="cuda:0", source="datasheet: t4", tf32=flags, cc=(7, 5)
+    )
+    (peak,) = _by_topic(hints(turing))["peak"]
+    assert "TF32" not in peak.message
+
+
+def test_skips_are_said_to_come_from_inf_or_nan(make_records):
+    often = make_records("fp16", "fp16", use_scaler=True, skipped_at=(2, 4, 6))
+    (hint,) = _by_topic(hints(often))["skips"]
+    assert "an inf or a NaN" in hint.message
+
+
+def test_fused_hint_says_what_plain_adamw_costs_once(make_records):
+    from precision_nb.core.optim import PLAIN_ADAMW_COST
+
+    outcome = SimpleNamespace(requested=None, probed=False, used=False, reason="probe false")
+    comparison = _comparison(
+        fp32=_result(make_records("fp32", "fp32", fused=False), outcome=outcome)
+    )
+    (hint,) = _by_topic(hints(comparison))["fused_adamw"]
+    assert hint.message.count(PLAIN_ADAMW_COST) == 1
+    already = SimpleNamespace(
+        requested=None, probed=False, used=False, reason=f"cpu: {PLAIN_ADAMW_COST}"
+    )
+    comparison = _comparison(
+        fp32=_result(make_records("fp32", "fp32", fused=False), outcome=already)
+    )
+    (hint,) = _by_topic(hints(comparison))["fused_adamw"]
+    assert hint.message.count(PLAIN_ADAMW_COST) == 1

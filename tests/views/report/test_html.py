@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import pytest
 from precision_nb.core.events import Event
 from precision_nb.views.report import html as report
 from precision_nb.views.report import profile as profile_mod
+from precision_nb.views.report.sections import files_of
 
 
 class _Explanation:
@@ -28,23 +30,23 @@ class _Explanation:
 
 
 @pytest.fixture
-def comparison(make_records):
+def comparison(make_result, make_comparison):
     def result(label, mode, **kw):
-        return SimpleNamespace(
-            label=label,
-            records=make_records(label, mode, **kw),
-            plan=None,
+        return make_result(
+            label,
+            mode,
             explanation=_Explanation(mode),
             optimizer_outcome=SimpleNamespace(
                 requested=None, probed=False, used=False, reason="probe is false off CUDA"
             ),
-            scale_history=[],
             events=[Event("warning", "a run event")] if mode == "bf16" else [],
             workload={"name": "mlp", "preset": "tiny", "dims": {"hidden": 100, "batch_size": 32}},
+            **kw,
         )
 
-    return SimpleNamespace(
-        results={"fp32": result("fp32", "fp32"), "bf16": result("bf16", "bf16")},
+    return make_comparison(
+        fp32=result("fp32", "fp32"),
+        bf16=result("bf16", "bf16"),
         drift={"bf16": {"final_loss_diff": 0.01, "param_rel_diff": 0.002}},
         merged={"fp16": "fp32"},
         events=[
@@ -56,17 +58,50 @@ def comparison(make_records):
             ),
             Event("warning", "bf16: a run event"),
         ],
+        figures={
+            "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
+            "bf16": {
+                "verdict": "bf16 is 1.50x the fp32 speed (95 % CI 1.40-1.60, 8 rounds).",
+                "verdict_kind": "faster",
+                "speedup_vs_fp32": 1.5,
+                "speedup_ci_low": 1.4,
+                "speedup_ci_high": 1.6,
+            },
+        },
     )
+
+
+def _sections(text):
+    return re.findall(r'<section id="([a-z_]+)"', text)
 
 
 def test_render_html_embeds_every_figure_and_nothing_external(comparison):
     text = report.render_html(comparison, settings={"command": "precision-nb profile"})
     images = re.findall(r'data-figure="([a-z_]+)" src="data:image/png;base64,([^"]+)"', text)
-    assert [stem for stem, _ in images] == list(report.FIGURES)
+    # No plan uses a loss scaler: its panel and figure are left out of the page.
+    assert [stem for stem, _ in images] == ["dashboard", "loss", "throughput", "memory"]
     for _, data in images:
         assert base64.b64decode(data).startswith(b"\x89PNG")
     assert "<script" not in text
     assert not re.search(r'(src|href)="(?!data:)', text)
+
+
+def test_the_answer_comes_first_and_the_settings_last_collapsed(comparison):
+    text = report.render_html(comparison, pngs={}, settings={"command": "precision-nb profile"})
+    order = _sections(text)
+    assert order[:3] == ["answer", "hints", "figures"] and order[-1] == "settings"
+    assert '<section id="settings"><details><summary><h2>Settings</h2>' in text
+    answer = text.split('<section id="answer">')[1].split("</section>")[0]
+    # One card per plan, the engine's verdict first in each; the merged request below them.
+    assert answer.count('class="card"') == 2
+    card = answer.split('data-plan="bf16"')[1]
+    verdict = "bf16 is 1.50x the fp32 speed (95 % CI 1.40-1.60, 8 rounds)."
+    where = [card.index(t) for t in (verdict, "memory", "numerics", "drift from fp32")]
+    assert where == sorted(where)
+    assert "fp16 resolved to the same plan as fp32 (fp32 on cpu), so it was run once." in answer
+    # The verdict is not repeated as a hint.
+    hints = text.split('<section id="hints">')[1].split("</section>")[0]
+    assert "1.50x" not in hints
 
 
 def test_render_html_shows_plans_merge_summary_hints_and_events(comparison):
@@ -74,7 +109,6 @@ def test_render_html_shows_plans_merge_summary_hints_and_events(comparison):
     # Explanations are escaped text plus their own HTML matrix.
     assert "Precision plan: fp32 on cpu &lt;explained&gt;" in text
     assert 'data-row="cpu-bf16"' in text
-    assert "<b>fp16</b> resolved to the same plan as <b>fp32</b>" in text
     assert "Why: no CPU scaler" in text
     assert 'id="summary"' in text
     assert "param_rel_diff_vs_fp32" in text and "0.002" in text
@@ -99,6 +133,16 @@ def test_write_report_writes_every_output_file(comparison, tmp_path):
     header = (tmp_path / "summary.csv").read_text().splitlines()[0]
     assert header.startswith("run,final_loss,")
     assert (tmp_path / "memory.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_sections_are_frozen_values_and_a_file_name_is_never_used_twice(comparison):
+    sections = report.report_sections(comparison, pngs={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sections[0].title = "x"
+    summary = next(s for s in sections if s.key == "summary")
+    assert [f.name for f in summary.files] == ["metrics.csv", "summary.csv"]
+    with pytest.raises(ValueError, match="'metrics.csv' comes from both"):
+        files_of([summary, summary])
 
 
 def test_parse_modes():

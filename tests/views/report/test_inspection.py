@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -69,12 +71,24 @@ def test_html_section_names_measured_and_expected_and_embeds_figures(plans):
     assert "process memory (host RSS)" in page
 
 
-def test_simulated_device_shows_the_documented_policy(plans):
+def test_the_op_table_fits_the_page_verdicts_head_groups_of_rows(plans):
+    page = I.inspection_html({"bf16": plans["bf16"]}, figures=False)
+    ops = page.split('<table class="compact">')[1].split("</table>")[0]
+    head = ops.split("</thead>")[0]
+    assert "<th>verdict</th>" not in head and head.count("<th>") == 9
+    assert "<th>inputs → output</th>" in head
+    groups = re.findall(r'<tr class="group"><th colspan="9">([^<]+)</th></tr>', ops)
+    assert groups[0] == "ran in bf16" and len(groups) == len(set(groups))
+    assert "<td>fp32 → bf16</td>" in ops  # a cast, its dtypes in one cell
+
+
+def test_simulated_device_shows_the_policy_read_from_torch(plans):
     sim = precision_nb.inspect("mlp", preset="tiny", capabilities="cuda-bf16")
     assert sim.simulated and sim.ops.empty
     assert set(sim.policy["source"]) == {sim.data.policy[0]["source"]}
+    assert {"evidence", "documented"} <= set(sim.policy.columns)
     page = sim._repr_html_()
-    assert "documented policy, not a trace" in page
+    assert "the ops table is for cuda: autocast&#x27;s policy, not a trace: measured" in page
     assert (
         "(expected, simulated)"
         in I.memory_breakdown_figure([sim]).axes[0].get_xticklabels()[0].get_text()

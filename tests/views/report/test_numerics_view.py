@@ -57,6 +57,11 @@ def test_figures_and_html(analysed):
     html = analysed._repr_html_()
     assert html.count("data:image/png;base64,") == 3
     assert "simulation" in html and "Update stagnation" in html
+    # One header row per table: no extra row holding only the index name ("format", "tensor").
+    for table in re.findall(r"<table>.*?</table>", html, flags=re.S):
+        assert len(re.findall(r"<thead>.*?</thead>", table, flags=re.S)[0].split("<tr>")) == 2
+    assert "<th>format</th><th>updated</th><th>lost</th><th>lost_fraction</th>" in html
+    assert "<th>tensor</th><th>format</th><th>median rel_error</th>" in html
     assert re.search(r"Safe fp16 loss scales: 2\^\d+ to 2\^\d+", html)
     with pytest.raises(ValueError, match="which: invalid value 'weights'"):
         analysed.heatmap("weights")
@@ -92,5 +97,38 @@ def test_bad_run_is_refused():
 def test_numerics_wraps_an_engine_result_without_a_run(analysed):
     bare = Numerics(analysed.result)
     assert "run" not in bare.window
-    right = bare.window_figure().axes[1]
-    assert any("no loss-scale history" in t.get_text() for t in right.texts)
+    # Without a run there is no history panel (not an empty one): the sweep alone.
+    (sweep,) = bare.window_figure().axes
+    assert sweep.get_ylabel() == "log2(loss scale)"
+
+
+def test_window_text_gives_the_subnormal_share_and_what_was_counted(analysed):
+    text = analysed.window_text()
+    win = analysed.window
+    assert f"at 2^{win['lo']} {win['lo_subnormal_fraction']:.1%}" in text
+    counted = (
+        f"the {win['counted_tensors']} of" if win["counted_tensors"] < win["tensors"] else "all"
+    )
+    assert f"Counted: {counted}" in text and "autocast step holds" in text
+    fig = analysed.window_figure()
+    left = fig.axes[0]
+    labels = {line.get_label() for line in left.get_lines()}
+    assert {"cast to 0", "subnormal"} <= labels
+    (band,) = left.patches  # the window band: it ends at the stated edges
+    assert (band.get_y(), band.get_y() + band.get_height()) == (win["lo"], win["hi"])
+
+
+def test_heatmap_labels_gradients_a_real_fp16_step_keeps_in_fp32():
+    class Embed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(10, 4), nn.Linear(4, 10)
+
+        def forward(self, x):
+            return self.out(self.emb(x))
+
+    x = torch.randint(0, 10, (8, 3))
+    result = precision_nb.numerics(Embed(), [(x, x)], device="cpu")
+    labels = [t.get_text() for t in result.heatmap().axes[0].get_yticklabels()]
+    assert labels[0].startswith("emb.weight  [") and labels[0].endswith("fp32 in fp16 run]")
+    assert labels[1:] == ["out.weight", "out.bias"]

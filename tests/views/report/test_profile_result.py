@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from precision_nb.engine.compare import Comparison
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.profile_result import Profile, measurement_settings
 from precision_nb.views.report.tables import summary
 
 
-def _comparison(make_records):
+def _comparison(make_result):
     results = {
-        label: SimpleNamespace(
-            label=label,
-            records=make_records(label, label, step_time_s=t),
-            plan=None,
-            workload={},
-            explanation=None,
-            optimizer_outcome=None,
-            scale_history=[],
-            device="cpu",
-        )
+        label: make_result(label, label, step_time_s=t)
         for label, t in (("fp32", 0.01), ("bf16", 0.005))
     }
-    return SimpleNamespace(
+    return Comparison(
         results=results,
-        drift=None,
-        merged={},
-        events=[],
         model_info={"class": "MLP", "params": 1234},
         peak_ratios={"bfloat16": 3.0},
         method={"method": "warm-up until ...", "rounds": 8, "steps per block": "6"},
@@ -49,16 +36,16 @@ def _comparison(make_records):
     )
 
 
-def _profile(make_records) -> Profile:
-    comparison = _comparison(make_records)
+def _profile(make_result) -> Profile:
+    comparison = _comparison(make_result)
     hint_list = tuple(hints(comparison))
     return Profile(
         comparison, summary(comparison), hint_list, measurement_settings(comparison, hint_list)
     )
 
 
-def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_records):
-    settings = _profile(make_records).settings
+def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_result):
+    settings = _profile(make_result).settings
     assert settings["model"] == "MLP (1,234 parameters)"
     assert "AVX512-BF16" in settings["CPU low-precision features"]
     assert "source:" in settings["CPU low-precision features"]
@@ -67,22 +54,25 @@ def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_r
     assert list(settings)[-1] == "what to try next"
 
 
-def test_summary_takes_the_measured_interval(make_records):
-    table = _profile(make_records).summary.set_index("run")
+def test_summary_takes_the_measured_interval(make_result):
+    table = _profile(make_result).summary.set_index("run")
     assert table.loc["bf16", "speedup_vs_fp32"] == 2.0
     assert table.loc["bf16", "speedup_ci_low"] == 1.9 and table.loc["bf16", "warmup_steps"] == 4
 
 
-def test_notebook_html_shows_verdicts_table_hints_and_figure(make_records):
-    page = _profile(make_records)._repr_html_()
-    assert "bf16 is 2.00x the fp32 speed (95 % CI 1.90-2.10, 8 rounds)." in page
+def test_notebook_html_opens_with_the_verdicts_then_table_hints_and_figure(make_result):
+    page = _profile(make_result)._repr_html_()
+    verdict = "bf16 is 2.00x the fp32 speed (95 % CI 1.90-2.10, 8 rounds)."
+    # One line per plan first (a card each), the verdict said once.
+    assert page.count(verdict) == 1 and page.count('class="card"') == 2
+    assert page.index("fp32 is the baseline.") < page.index(verdict) < page.index("<table")
     assert "speedup_ci_low" in page and "data:image/png;base64," in page
-    assert "see throughput.png" in page
+    assert "from: peak_ratios from measured peaks" in page  # the other hints follow
     assert "what to try next" in page
 
 
-def test_save_writes_the_cli_folder_and_refuses_a_file(make_records, tmp_path):
-    result = _profile(make_records)
+def test_save_writes_the_cli_folder_and_refuses_a_file(make_result, tmp_path):
+    result = _profile(make_result)
     files = result.save(tmp_path / "new" / "out")
     assert sorted(files) == sorted(OUTPUT_FILES)
     assert result.out_dir == tmp_path / "new" / "out"
@@ -95,10 +85,10 @@ def test_save_writes_the_cli_folder_and_refuses_a_file(make_records, tmp_path):
     assert "bf16 is 2.00x" in repr(result)
 
 
-def test_throughput_figure_shows_the_measured_rate_and_interval(make_records):
+def test_throughput_figure_shows_the_measured_rate_and_interval(make_result):
     from precision_nb.views.report.figures import throughput_figure
 
-    comparison = _comparison(make_records)
+    comparison = _comparison(make_result)
     comparison.figures["bf16"]["samples_per_s"] = 12345.0
     ax = throughput_figure(comparison).axes[0]
     labels = [line.get_label() for line in ax.get_lines()]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
 from precision_nb.views.report import tables as T
+from precision_nb.views.report.source import as_comparison
 
 
 def test_to_frame_keeps_every_record_and_key(three_plans):
@@ -18,9 +18,25 @@ def test_to_frame_keeps_every_record_and_key(three_plans):
     assert frame.loc[12, "loss"] == three_plans[12]["loss"]
 
 
-def test_to_frame_rejects_things_that_are_not_records():
-    with pytest.raises(TypeError, match="list of record dicts"):
+def test_sources_are_normalised_once_and_anything_else_is_refused(three_plans, make_result):
+    with pytest.raises(
+        ValueError, match="source: invalid value of type int; allowed: a Comparison"
+    ):
         T.to_frame(42)
+    with pytest.raises(ValueError, match="mapping whose values are not all RunResults"):
+        T.summary({"fp32": object()})
+    partial = [{"run": "x", "step": 1, "loss": 1.0}]
+    with pytest.raises(ValueError, match="records of run 'x' lack mode, use_scaler"):
+        T.summary(partial)
+    # Records, a RunResult and a mapping of them all become the same comparison.
+    result = make_result("bf16", "bf16")
+    from_records = as_comparison(result.records).results["bf16"]
+    assert from_records.plan == result.plan and from_records.records == result.records
+    assert as_comparison(result).results == {"bf16": result}
+    assert as_comparison({"b": result}).results == {"b": result}
+    comparison = as_comparison(three_plans)
+    assert as_comparison(comparison) is comparison
+    assert list(comparison.results) == ["fp32", "bf16", "fp16"]
 
 
 def test_summary_has_one_row_per_plan_and_the_documented_columns(three_plans):
@@ -55,11 +71,10 @@ def test_summary_values_come_from_the_records(three_plans):
     assert math.isnan(table.loc["fp32", "tokens_per_s"])
 
 
-def test_summary_uses_the_comparison_drift_and_merged_requests(make_records):
-    fp32 = SimpleNamespace(records=make_records("fp32", "fp32"), plan=None, scale_history=[])
-    bf16 = SimpleNamespace(records=make_records("bf16", "bf16"), plan=None, scale_history=[])
-    comparison = SimpleNamespace(
-        results={"fp32": fp32, "bf16": bf16},
+def test_summary_uses_the_comparison_drift_and_merged_requests(make_result, make_comparison):
+    comparison = make_comparison(
+        fp32=make_result("fp32", "fp32"),
+        bf16=make_result("bf16", "bf16"),
         drift={"bf16": {"final_loss_diff": 0.125, "param_rel_diff": 0.003}},
         merged={"fp16": "fp32"},
     )

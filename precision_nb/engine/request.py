@@ -1,0 +1,179 @@
+"""One run as a public entry receives it: :class:`RunRequest`, checked once, and :func:`prepare`.
+
+``fit``, ``compare``, ``fit_distributed`` and ``write_spec`` keep their keyword signatures; each
+turns its arguments into one frozen :class:`RunRequest` (``RunRequest.of``) and passes that on,
+so the arguments are checked in one place and never forwarded one by one. A request holds what
+to train (a module with its batches, or a built-in workload and its preset), where (``device``),
+under which precision request(s), with which optimizer settings, loop settings (one
+:class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from precision_nb.core.device import resolve_device
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.core.plan import PrecisionConfig
+from precision_nb.core.validate import short_repr
+from precision_nb.engine.run_setup import seed_everything
+from precision_nb.engine.train_config import TrainConfig, make_train_config
+from precision_nb.engine.workloads import Workload, get_workload
+
+__all__ = ["RunRequest", "optimizer_config", "precision_config", "prepare"]
+
+#: What a model argument may be: a module (with batches), a workload, or a workload's name.
+ModelArg = nn.Module | Workload | str
+#: A loss: a callable ``(output, target) -> scalar``, or its import path for torchrun workers.
+LossArg = Callable[..., torch.Tensor] | str | None
+
+
+def precision_config(value: PrecisionConfig | str | None, field_name: str = "precision") -> Any:
+    """A :class:`PrecisionConfig` from a config, a mode string or None (``auto``)."""
+    if isinstance(value, PrecisionConfig):
+        return value
+    if value is not None and not isinstance(value, (str, torch.dtype)):
+        raise ValueError(
+            f"{field_name}: invalid value {short_repr(value)} ({type(value).__name__}); allowed: "
+            "a PrecisionConfig, a mode name (auto, fp32, bf16, fp16) or None"
+        )
+    return PrecisionConfig(mode=value if value is not None else "auto")
+
+
+def optimizer_config(value: OptimizerConfig | None) -> OptimizerConfig:
+    """The optimizer settings (``OptimizerConfig()`` for None)."""
+    if value is None:
+        return OptimizerConfig()
+    if not isinstance(value, OptimizerConfig):
+        raise ValueError(
+            f"optimizer: invalid value {short_repr(value)} ({type(value).__name__}); allowed: an "
+            "OptimizerConfig or None"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What one public call asked to run; every field checked on construction.
+
+    ``precisions``: one request per plan (``fit`` takes exactly one: :attr:`precision`).
+    ``loss_fn``: a callable, or ``"package.module:function"`` for a distributed run.
+    """
+
+    model: ModelArg
+    batches: Any = None
+    preset: str = "tiny"
+    device: Any = "auto"
+    precisions: tuple[PrecisionConfig, ...] = (PrecisionConfig(),)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss_fn: LossArg = None
+
+    def __post_init__(self) -> None:
+        precisions = self.precisions
+        if isinstance(precisions, (PrecisionConfig, str)) or not isinstance(precisions, Sequence):
+            precisions = (precisions,)  # type: ignore[assignment]
+        object.__setattr__(self, "precisions", tuple(precision_config(p) for p in precisions))
+        if not self.precisions:
+            raise ValueError("precision: no precision requested; allowed: one or more modes")
+        object.__setattr__(self, "optimizer", optimizer_config(self.optimizer))
+        if not isinstance(self.train, TrainConfig):
+            raise ValueError(
+                f"train: invalid value {short_repr(self.train)} ({type(self.train).__name__}); "
+                "allowed: a TrainConfig or None"
+            )
+        if not isinstance(self.preset, str):
+            raise ValueError(
+                f"preset: invalid value {short_repr(self.preset)} ({type(self.preset).__name__}); "
+                "allowed: a preset name (tiny, small, medium, large)"
+            )
+        loss_fn = self.loss_fn
+        if loss_fn is not None and not callable(loss_fn) and not isinstance(loss_fn, str):
+            raise ValueError(
+                f"loss_fn: invalid value {short_repr(loss_fn)} ({type(loss_fn).__name__}); "
+                "allowed: None, a callable (output, target) -> scalar loss tensor, or "
+                "'package.module:function' for a distributed run"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelArg,
+        batches: Any = None,
+        *,
+        preset: str = "tiny",
+        device: Any = "auto",
+        precision: Any = None,
+        optimizer: OptimizerConfig | None = None,
+        train: TrainConfig | None = None,
+        loss_fn: LossArg = None,
+        **train_options: Any,
+    ) -> RunRequest:
+        """The request of a public call: ``precision`` is one request (a ``PrecisionConfig``, a
+        mode name or None) or a sequence of them; ``train_options`` are ``TrainConfig`` fields
+        applied over ``train``."""
+        many = isinstance(precision, Sequence) and not isinstance(precision, str)
+        return cls(
+            model=model,
+            batches=batches,
+            preset=preset,
+            device=device,
+            precisions=tuple(precision) if many else (precision,),
+            optimizer=optimizer_config(optimizer),
+            train=make_train_config(train, train_options),
+            loss_fn=loss_fn,
+        )
+
+    @property
+    def precision(self) -> PrecisionConfig:
+        """The one precision request of a single run."""
+        if len(self.precisions) != 1:
+            raise ValueError(
+                f"precision: {len(self.precisions)} requests given; a single run takes one"
+            )
+        return self.precisions[0]
+
+    def replace(self, **changes: Any) -> RunRequest:
+        """A copy with ``changes`` applied (and checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def prepare(self) -> tuple[nn.Module, Any, dict[str, Any]]:
+        """Model, batches and workload info, built as :func:`prepare` builds them."""
+        return prepare(self.model, self.batches, self.preset, self.device, self.train.seed)
+
+
+def prepare(
+    model: ModelArg | None,
+    batches: Any,
+    preset: str,
+    device: Any,
+    seed: int | None,
+) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """Model, batches and workload info from a module (+ batches) or a workload / its name.
+
+    A workload's model is built right after ``seed_everything(seed)`` and its batches are
+    placed on the device the trainer will resolve.
+    """
+    if resolve_device(device).type == "meta":  # torch would fail deep inside the first step
+        raise ValueError(
+            "device: 'meta' holds shapes without data, so nothing can train or be measured on "
+            "it; allowed: 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or another device with data"
+        )
+    info: dict[str, Any] = {}
+    if isinstance(model, str):
+        model = get_workload(model, preset)
+    if isinstance(model, Workload):
+        seed_everything(seed or 0)
+        info = dict(model.info)
+        if batches is None:
+            batches = model.make_batches(resolve_device(device))
+        model = model.make_model()
+    if batches is None:
+        raise ValueError("batches is None; pass batches for your own model (or a workload name)")
+    return model, batches, info

@@ -1,5 +1,0 @@
-"""Deprecated module path: moved to :mod:`precision_nb.views.report.figures`."""
-
-from precision_nb.views._moved import forwarder
-
-__getattr__ = forwarder(__name__, "precision_nb.views.report.figures")

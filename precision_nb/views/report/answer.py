@@ -1,0 +1,361 @@
+"""The answer first: one line (terminal) or one card (report, notebook) per plan.
+
+A card holds the plan's verdict with its interval, its memory by kind saved or added against the
+baseline, its numerics risk (share of gradients that flush to 0 in its format, skipped steps) and
+its drift from fp32. The verdict's words are the engine's (:mod:`precision_nb.engine.stats`),
+rendered by :func:`verdict_view` only; fields of the measurement this module does not know are
+shown as they come, never dropped.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from precision_nb.engine.compare import Comparison
+from precision_nb.views.colors import colors_for_labels
+from precision_nb.views.report.hints import Hint
+from precision_nb.views.report.markup import fmt, size_text
+from precision_nb.views.report.sections import Section
+
+__all__ = [
+    "KNOWN_FIELDS",
+    "PlanAnswer",
+    "VerdictView",
+    "answer_section",
+    "answers",
+    "cards_html",
+    "merge_notes",
+    "other_hints",
+    "terminal_lines",
+    "verdict_view",
+]
+
+#: Fields of a plan's measured row (``Comparison.figures``) shown elsewhere (the summary table,
+#: the settings) or used for the verdict; any other field is shown on the card as it comes.
+KNOWN_FIELDS = frozenset(
+    {
+        "median_step_time_s",
+        "step_time_q1_s",
+        "step_time_q3_s",
+        "step_time_iqr_s",
+        "timed_steps",
+        "samples_per_s",
+        "tokens_per_s",
+        "flops_per_s",
+        "mfu",
+        "rounds",
+        "warmup_steps",
+        "warmup_s",
+        "warmup_rule",
+        "failed",
+        "tf32",
+        "speedup_vs_fp32",
+        "speedup_ci_low",
+        "speedup_ci_high",
+        "verdict",
+        "verdict_kind",
+    }
+)
+
+
+@dataclass(frozen=True)
+class VerdictView:
+    """A plan's verdict as the engine worded it, its kind, and the measurement's other fields."""
+
+    text: str
+    kind: str
+    extra: tuple[tuple[str, str], ...] = ()
+
+
+def verdict_view(row: Mapping[str, Any] | None) -> VerdictView | None:
+    """The one reader of a measured row's verdict (None when the row has none).
+
+    ``verdict`` may be the engine's text or its verdict object (shown by ``str``); fields outside
+    :data:`KNOWN_FIELDS` become ``(name, text)`` pairs in ``extra``.
+    """
+    if not row or not row.get("verdict"):
+        return None
+    verdict = row["verdict"]
+    kind = row.get("verdict_kind") or getattr(verdict, "kind", "") or ""
+    extra = tuple(
+        (str(key).replace("_", " "), _value_text(value))
+        for key, value in row.items()
+        if key not in KNOWN_FIELDS and value is not None and _value_text(value)
+    )
+    return VerdictView(str(verdict), str(kind), extra)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={_value_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_value_text(v) for v in value)
+    return fmt(value)
+
+
+@dataclass(frozen=True)
+class PlanAnswer:
+    """What one card says about one plan (texts, ready to show; nothing here is measured)."""
+
+    label: str
+    color: str
+    verdict: VerdictView | None
+    memory: tuple[str, ...]
+    numerics: tuple[str, ...]
+    drift: str
+    #: (request, sentence) for each request merged into this plan's run.
+    merged: tuple[tuple[str, str], ...] = ()
+    failed: str = ""
+
+
+def answers(
+    comparison: Comparison,
+    table: Any,
+    *,
+    inspections: Mapping[str, Any] | None = None,
+    numerics: Any = None,
+) -> list[PlanAnswer]:
+    """One :class:`PlanAnswer` per plan of ``comparison`` (its summary ``table`` beside it)."""
+    rows = {str(r["run"]): r for r in table.to_dict("records")}
+    labels = list(comparison.results) or list(rows)
+    colors = colors_for_labels(labels)
+    base = next((k for k in labels if rows.get(k, {}).get("mode") == "fp32"), None)
+    memory = _memory_by_kind(inspections or {})
+    merged = merge_notes(comparison)
+    out = []
+    for label in labels:
+        row = rows.get(label, {})
+        out.append(
+            PlanAnswer(
+                label=label,
+                color=colors[label],
+                verdict=verdict_view(comparison.figures.get(label)),
+                memory=_memory_lines(label, base, memory),
+                numerics=_numerics_lines(row, numerics),
+                drift=_drift_line(label, base, row),
+                merged=tuple((req, text) for req, run, text in merged if run == label),
+                failed=str(comparison.failures.get(label) or ""),
+            )
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _memory_by_kind(inspections: Mapping[str, Any]) -> dict[str, dict[str, tuple[int, str]]]:
+    """Label -> kind -> (counted bytes, dtypes) from each plan's inspection."""
+    out: dict[str, dict[str, tuple[int, str]]] = {}
+    for label, item in inspections.items():
+        data = getattr(item, "data", item)  # an Inspection or its InspectionData
+        kinds: dict[str, list[Any]] = {}
+        for r in data.memory:
+            if not r.get("counted"):
+                continue
+            value = r.get("expected_bytes") if data.simulated else r.get("bytes")
+            entry = kinds.setdefault(r["kind"], [0, []])
+            entry[0] += int(value or 0)
+            if r.get("dtype") and r["dtype"] not in entry[1]:
+                entry[1].append(r["dtype"])
+        out[label] = {k: (v[0], "+".join(v[1])) for k, v in kinds.items()}
+    return out
+
+
+def _memory_lines(
+    label: str, base: str | None, memory: Mapping[str, Mapping[str, tuple[int, str]]]
+) -> tuple[str, ...]:
+    mine = memory.get(label)
+    if mine is None:
+        return ("not inspected (the inspection of memory by kind was left out)",)
+    total = sum(b for b, _ in mine.values())
+    if base is None or label == base or base not in memory:
+        if label == base:
+            what = "the reference"
+        elif base is None:
+            what = "no fp32 plan to compare with"
+        else:
+            what = f"{base} was not inspected: nothing to compare with"
+        return (f"{size_text(total)} counted in one training step ({what})",)
+    ref = memory[base]
+    ref_total = sum(b for b, _ in ref.values())
+    lines = [
+        f"{size_text(total - ref_total, signed=True)} against {base} "
+        f"({size_text(ref_total)} -> {size_text(total)} counted in one step)"
+    ]
+    for kind in dict.fromkeys([*ref, *mine]):
+        now, dtypes = mine.get(kind, (0, ""))
+        before = ref.get(kind, (0, ""))[0]
+        if now != before:
+            word = "saved" if now < before else "added"
+            where = f" ({dtypes})" if dtypes else ""
+            lines.append(f"{kind}{where}: {size_text(now - before, signed=True)} {word}")
+    return tuple(lines)
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+def _variant_of(label_mode: str, use_scaler: bool, rows: Sequence[Mapping[str, Any]]) -> str:
+    """The analysis variant that matches a plan: its mode, at the loss scale when it scales."""
+    variants = list(dict.fromkeys(str(r.get("variant")) for r in rows))
+    if use_scaler:
+        scaled = [v for v in variants if v.startswith(f"{label_mode} x")]
+        if scaled:
+            return scaled[0]
+    return label_mode if label_mode in variants else ""
+
+
+def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
+    mode = str(row.get("mode") or "")
+    lines = []
+    if numerics is None:
+        lines.append("gradient underflow not analysed (the numerics analysis was left out)")
+    elif mode == "fp32":
+        lines.append("gradients stay in fp32 (the reference)")
+    else:
+        grads = [r for r in numerics.result.gradients if r.get("status") == "ok"]
+        variant = _variant_of(mode, bool(row.get("use_scaler")), grads)
+        chosen = [r for r in grads if r.get("variant") == variant]
+        live = sum(int(r.get("live") or 0) for r in chosen)
+        if variant and live:
+            under = sum(int(r.get("underflow") or 0) for r in chosen)
+            lines.append(
+                f"{under / live:.2%} of non-zero gradient values flush to 0 in {variant} "
+                "(one batch, fp32 gradients cast)"
+            )
+        else:
+            lines.append(f"gradient underflow in {mode}: not in the analysis")
+    skipped = row.get("skipped_steps")
+    if row.get("use_scaler"):
+        steps = row.get("steps")
+        of = f" of {int(steps)} counted" if isinstance(steps, (int, float)) else ""
+        lines.append(f"skipped steps (overflow): {fmt(skipped)}{of}")
+    else:
+        lines.append("skipped steps: none by design (no grad scaler skips a step)")
+    return tuple(lines)
+
+
+# ----------------------------------------------------------------------------- drift
+
+
+def _drift_line(label: str, base: str | None, row: Mapping[str, Any]) -> str:
+    if base is None:
+        return "no fp32 plan to compare with"
+    if label == base:
+        return "the reference"
+    loss, params = row.get("final_loss_diff_vs_fp32"), row.get("param_rel_diff_vs_fp32")
+    parts = []
+    if _finite(loss):
+        parts.append(f"final loss {loss:+.4g} against {base}")
+    if _finite(params):
+        parts.append(f"parameters {params:.3%} apart (relative L2)")
+    return "; ".join(parts) or "not measured"
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ----------------------------------------------------------------------------- merged requests
+
+
+def merge_notes(comparison: Comparison) -> list[tuple[str, str, str]]:
+    """(request, run, sentence) for each request merged into another plan's run."""
+    out = []
+    for request, run in comparison.merged.items():
+        if request == run:
+            continue
+        result = comparison.results.get(run)
+        plan = result.explanation.summary() if result and result.explanation else ""
+        text = f"{request} resolved to the same plan as {run}"
+        text += f" ({plan}), so it was run once." if plan else ", so it was run once."
+        why = next(
+            (
+                str(e.data["why"])
+                for e in comparison.events
+                if e.kind == "merged" and e.data.get("label") == request and e.data.get("why")
+            ),
+            "",
+        )
+        out.append((request, run, f"{text} Why: {why}" if why else text))
+    return out
+
+
+# ----------------------------------------------------------------------------- hints
+
+
+def other_hints(hint_list: Sequence[Hint], shown: Sequence[PlanAnswer]) -> list[Hint]:
+    """The hints that do not repeat a verdict already shown on a card or a line."""
+    verdicts = {a.verdict.text for a in shown if a.verdict is not None}
+    return [h for h in hint_list if h.message not in verdicts]
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def cards_html(plans: Sequence[PlanAnswer]) -> str:
+    """One card per plan: verdict first, then memory, numerics and drift."""
+    e = html.escape
+    cards = []
+    for a in plans:
+        head = f'<h3>{e(a.label)}</h3><p class="verdict">'
+        head += e(a.verdict.text) if a.verdict else "No interleaved measurement: no verdict."
+        head += "</p>"
+        items = list(a.verdict.extra) if a.verdict else []
+        items += [("memory", line) for line in a.memory]
+        items += [("numerics", line) for line in a.numerics]
+        items.append(("drift from fp32", a.drift))
+        if a.failed:
+            items.append(("failed", a.failed))
+        if a.merged:
+            names = ", ".join(request for request, _ in a.merged)
+            items.append(("also requested as", f"{names} (the same plan, run once; see below)"))
+        body = "".join(
+            f"<dt>{e(name) if i == 0 or items[i - 1][0] != name else ''}</dt><dd{_css(v)}>"
+            f"{e(v)}</dd>"
+            for i, (name, v) in enumerate(items)
+        )
+        cards.append(
+            f'<div class="card" data-plan="{e(a.label)}" style="--plan:{e(a.color)}">'
+            f"{head}<dl>{body}</dl></div>"
+        )
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _css(line: str) -> str:
+    if line.endswith(" saved"):
+        return ' class="saved"'
+    if line.endswith(" added"):
+        return ' class="added"'
+    return ""
+
+
+def answer_section(plans: Sequence[PlanAnswer]) -> Section:
+    """The report's first section: the cards, then the requests merged into another's run."""
+    e = html.escape
+    notes = [f"<li>{e(text)}</li>" for a in plans for _, text in a.merged]
+    merged = (
+        '<div class="merged"><b>Requests merged</b> (same resolved plan, same seed: running them '
+        f"twice would only measure noise)<ul>{''.join(notes)}</ul></div>"
+        if notes
+        else ""
+    )
+    return Section("answer", "The answer, plan by plan", cards_html(plans) + merged)
+
+
+def terminal_lines(plans: Sequence[PlanAnswer]) -> list[str]:
+    """One line per plan, verdict first (plain text), then a line per merged request."""
+    width = max((len(a.label) for a in plans), default=0)
+    lines = []
+    for a in plans:
+        text = a.verdict.text if a.verdict else "no interleaved measurement: no verdict"
+        extra = (
+            "; ".join(f"{name}: {value}" for name, value in a.verdict.extra) if a.verdict else ""
+        )
+        lines.append(f"{a.label:<{width}}  {text}" + (f" [{extra}]" if extra else ""))
+    lines += [f"merged: {note}" for a in plans for _, note in a.merged]
+    return lines

@@ -110,3 +110,10 @@ def test_the_grad_scaler_inside_a_compiled_step_is_probed_and_its_breaks_attribu
 def test_a_plan_without_scaler_or_autocast_has_no_precision_probe(batch):
     found = graph_breaks(Clean(), batch, pnb.plan("fp32", "cpu").plan)
     assert found.probes == () and found.forward.region == "Clean.forward"
+
+
+def test_random_ops_are_named_for_the_agreement_check(batch):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2), nn.Linear(8, 2))
+    found = graph_breaks(model, batch, pnb.plan("fp32", "cpu").plan, probes=False)
+    assert found.forward.random_ops == ("dropout",)
+    assert graph_breaks(Clean(), batch, pnb.plan("fp32", "cpu").plan).forward.random_ops == ()

@@ -11,7 +11,7 @@ import torch
 from precision_nb.core.compile_mode import CompilePlan
 from precision_nb.engine.compile.agreement import agreement, tolerance
 from precision_nb.engine.compile.payback import pay_back
-from precision_nb.engine.compile.record import CompileLog
+from precision_nb.engine.compile.record import CompileLog, CompileRecord
 from precision_nb.engine.compile.report import compile_reports
 from precision_nb.engine.compile.torch_state import TorchCompilation, TorchCompilations
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
@@ -20,37 +20,36 @@ from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, 
 
 
 def test_pay_back_is_the_break_even_step_with_a_range_from_the_interval():
-    # 10 s extra first step, 10 ms compiled steps, 2x: 10 ms saved per step -> 1 + 1000 steps
-    pb = pay_back(10.5, 0.5, 0.01, 2.0, 1.5, 3.0)
-    assert pb.steps == 1001
-    assert pb.steps_low == 1 + math.ceil(10 / 0.02) and pb.steps_high == 1 + math.ceil(10 / 0.005)
-    assert pb.text.startswith("pays back after 1001 steps at this step time")
-    assert "within the interval: after 501 to 2001 steps" in pb.text
-    assert "first steps measured once each" in pb.text
+    # 10 s of compile, 10 ms compiled steps, 2x: 10 ms saved per step -> 1000 steps
+    pb = pay_back(10.0, 0.01, 2.0, 1.5, 3.0)
+    assert pb.steps == 1000
+    assert (pb.steps_low, pb.steps_high) == (500, 2000)
+    assert pb.text.startswith("pays back after 1000 steps at this step time")
+    assert "within the interval: after 500 to 2000 steps" in pb.text
+    assert "compiling cost 10.00 s (one measurement)" in pb.text
 
 
 def test_pay_back_never_when_compiled_is_not_faster():
-    pb = pay_back(10.0, 0.5, 0.01, 0.9, 0.8, 1.2)
+    pb = pay_back(10.0, 0.01, 0.9, 0.8, 1.2)
     assert pb.steps is None
     assert pb.text.startswith("never pays back at this step time")
-    assert "at the interval's upper end it would pay back after" in pb.text
-    assert pay_back(10.0, 0.5, 0.01, 1.0).steps is None
+    assert "at the interval's upper end it would pay back after 5000 steps" in pb.text
+    assert pay_back(10.0, 0.01, 1.0).steps is None
 
 
 def test_pay_back_says_it_may_never_when_the_interval_includes_no_gain():
-    pb = pay_back(2.0, 0.5, 0.01, 1.1, 0.95, 1.3)
-    assert pb.steps is not None and pb.steps_high is None
+    pb = pay_back(2.0, 0.01, 1.1, 0.95, 1.3)
+    assert pb.steps == 2000 and pb.steps_high is None
     assert "may never pay back" in pb.text
 
 
-def test_pay_back_from_the_first_step_when_compiling_cost_nothing_extra():
-    pb = pay_back(0.4, 0.5, 0.01, 1.5, 1.2, 1.8)
-    assert pb.steps == 1 and "no more than eager's" in pb.text
+def test_pay_back_of_a_compile_that_cost_nothing_is_the_first_step():
+    assert pay_back(0.0, 0.01, 1.5, 1.2, 1.8).steps == 1
 
 
 def test_pay_back_without_interval_or_times_says_so():
-    assert "no range for the steps" in pay_back(3.0, 0.5, 0.01, 2.0).text
-    unknown = pay_back(3.0, 0.5, math.nan, 2.0)
+    assert "no range for the steps" in pay_back(3.0, 0.01, 2.0).text
+    unknown = pay_back(3.0, math.nan, 2.0)
     assert unknown.steps is None and "not known" in unknown.text
 
 
@@ -121,11 +120,13 @@ def _measurement() -> Measurement:
     return m
 
 
-def _log(label: str) -> CompileLog:
+def _record(label: str) -> CompileRecord:
     log = CompileLog(label, CompilePlan(requested="default", mode="default"))
-    log.add("warm-up", 0, _compilations(3.0, 0, 2), times=[4.05])
-    log.add("measured", 4, _compilations(1.0, 2, 0, "0/0: tensor 'x' size mismatch"))
-    return log
+    log.compile_step(lambda: None)
+    log.first = _compilations(3.0, 0, 2)  # what torch would have compiled in that step
+    log.compile_s = 4.0
+    log.add("steps 5-8", _compilations(1.0, 2, 0, "0/0: tensor 'x' size mismatch"))
+    return log.record()
 
 
 def test_a_compiled_plan_is_reported_against_its_eager_twin():
@@ -133,7 +134,7 @@ def test_a_compiled_plan_is_reported_against_its_eager_twin():
     losses = {"bf16": [2.0, 1.9, 1.8], "bf16+compile": [2.0, 1.9, 1.8], "fp32": [2.0, 1.9, 1.79]}
     reports = compile_reports(
         m,
-        {"bf16+compile": _log("bf16+compile")},
+        {"bf16+compile": _record("bf16+compile")},
         {"bf16+compile": "bf16"},
         losses,
         {"bf16+compile": torch.bfloat16},
@@ -144,22 +145,22 @@ def test_a_compiled_plan_is_reported_against_its_eager_twin():
         "bf16+compile", "bf16").estimate)  # fmt: skip
     assert r.speedup.estimate > 1.9
     assert "bf16+compile is" in r.verdict
-    assert r.pay_back is not None and r.pay_back.steps is not None
     steady = m.plans["bf16+compile"].spread.median
-    assert r.record.compile_s == pytest.approx(4.05 - steady)
+    saving = steady * (r.speedup.estimate - 1)
+    assert r.pay_back is not None and r.pay_back.steps == math.ceil(4.0 / saving)
     assert r.record.cache == "miss"
-    assert r.record.recompiles == (("measured step 5", "0/0: tensor 'x' size mismatch"),)
+    assert r.record.recompiles == (("steps 5-8", "0/0: tensor 'x' size mismatch"),)
     assert r.agreement is not None and r.agreement.agrees
     row = r.row()
     assert row["recompiles"] == 1 and row["compile_cache"] == "miss"
     text = "\n".join(r.lines())
     assert "cold compile" in text and "1 recompilation(s)" in text and "pays back after" in text
-    assert "a warm-up step, not in the step times" in text
+    assert "not in any step time" in text
 
 
 def test_a_compiled_plan_without_eager_twin_says_what_would_measure_its_gain():
     m = _measurement()
-    reports = compile_reports(m, {"bf16+compile": _log("bf16+compile")}, {"bf16+compile": None})
+    reports = compile_reports(m, {"bf16+compile": _record("bf16+compile")}, {"bf16+compile": None})
     r = reports["bf16+compile"]
     assert r.speedup is None and r.pay_back is None and r.agreement is None
     assert any("measure compile off too" in line for line in r.lines())
@@ -167,16 +168,32 @@ def test_a_compiled_plan_without_eager_twin_says_what_would_measure_its_gain():
 
 def test_a_cache_hit_is_said_not_hidden():
     log = CompileLog("fp32+compile", CompilePlan(requested="default", mode="default"))
-    log.add("warm-up", 0, _compilations(0.4, 2, 0), times=[0.5])
-    record = log.record(0.01)
+    log.compile_step(lambda: None)
+    log.first = _compilations(0.4, 2, 0)
+    record = log.record()
     assert record.cache == "hit"
-    assert "cache hit" in record.lines()[0] and "shorter than a cold compile" in record.lines()[0]
+    assert "cache hit" in record.lines()[0] and "shorter than a cold one" in record.lines()[0]
 
 
 def test_a_failed_compile_is_shown_with_its_error():
     log = CompileLog("bf16+compile", CompilePlan(requested="default", mode="default"))
-    log.add("warm-up", 0, TorchCompilations(), failure=RuntimeError("InductorError: boom"))
-    reports = compile_reports(_measurement(), {"bf16+compile": log}, {"bf16+compile": "bf16"})
+
+    def fails() -> None:
+        raise RuntimeError("InductorError: boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        log.compile_step(fails)
+    reports = compile_reports(
+        _measurement(), {"bf16+compile": log.record()}, {"bf16+compile": "bf16"}
+    )
     r = reports["bf16+compile"]
     assert r.lines() == ["bf16+compile: compile failed: RuntimeError: InductorError: boom"]
     assert r.speedup is None and r.row()["compile_failed"].endswith("boom")
+
+
+def test_a_departure_with_random_ops_names_them_and_the_setting_that_compares_step_by_step():
+    eager = [2.3, 2.1, 1.9]
+    result = agreement("a", [2.3, 2.2, 2.0], "b", eager, torch.float32, random_ops=("dropout",))
+    assert not result.agrees
+    assert "draws random numbers (dropout)" in result.message()
+    assert "torch._inductor.config.fallback_random = True" in result.message()

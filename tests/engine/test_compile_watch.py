@@ -1,6 +1,6 @@
-"""A real inductor compile, watched: the first step's compile, torch's accounting and cache
-outcome, a recompilation with its reason, the CUDA-graph skip on CPU, and a compiled run that
-trains what the eager run trains.
+"""A real inductor compile through the Trainer: the compile step apart from every training step,
+torch's accounting and cache outcome, a recompilation with its reason, the CUDA-graph skip on
+CPU, and a compiled run that trains what the eager run trains.
 
 Compiling costs seconds even for a tiny model (a minute on a busy 2-core machine), so ONE
 module-scoped run compiles once and recompiles once; every test reads it.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -20,41 +19,16 @@ from torch import nn
 import precision_nb as pnb
 from precision_nb.core.amp import autocast_context
 from precision_nb.engine.compile.agreement import agreement
-from precision_nb.engine.compile.record import CompileLog, compile_model, reset_compiled
+from precision_nb.engine.compile.record import CompileLog, reset_compiled
 from precision_nb.engine.compile.torch_state import TorchWatch, _metrics_module
 from precision_nb.engine.compile.visibility import DISPATCH_MODE_SKIP, inspection_caveats
-
-
-class StepSession:
-    """The smallest session (``advance``/``result.step_times_s``): one AdamW step per batch."""
-
-    def __init__(self, model: nn.Module, forward: nn.Module, batches, plan) -> None:
-        self.model, self.forward, self.batches, self.plan = model, forward, batches, plan
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        self.result = SimpleNamespace(step_times_s=[], losses=[])
-        self.done = False
-
-    def advance(self, n: int) -> int:
-        for _ in range(n):
-            x, y = self.batches[len(self.result.losses)]
-            start = time.perf_counter()
-            with autocast_context(self.plan):
-                out = self.forward(x)
-            loss = nn.functional.cross_entropy(out.float(), y)
-            loss.backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.result.step_times_s.append(time.perf_counter() - start)
-            self.result.losses.append(float(loss))
-        return n
-
-    def finish(self):
-        return self.result
+from precision_nb.engine.train_config import TrainConfig
+from precision_nb.engine.trainer import Trainer
 
 
 def tiny() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 4))
 
 
 @pytest.fixture(scope="module")
@@ -64,51 +38,52 @@ def watched():
     batches = [(torch.randn(8, 16, generator=gen), torch.randint(0, 4, (8,), generator=gen))
                for _ in range(6)]  # fmt: skip
     batches.append((torch.randn(5, 16, generator=gen), torch.randint(0, 4, (5,), generator=gen)))
-    explanation = pnb.plan("bf16", "cpu", compile="reduce-overhead")
-    plan = explanation.plan
-    log = CompileLog(explanation.label, explanation.compile)
+    train = TrainConfig(steps=7, log_every=1, progress=False, measure_peak=False)
     initial = tiny()
-    warm_model = copy.deepcopy(initial)
-    warm = log.watch(StepSession(warm_model, compile_model(warm_model, explanation.compile),
-                                 batches, plan), "warm-up")  # fmt: skip
-    warm.advance(1)
-    warm.advance(2)
-    run_model = copy.deepcopy(initial)
-    compiled = compile_model(run_model, explanation.compile)
-    run = log.watch(StepSession(run_model, compiled, batches, plan), "measured")
-    run.advance(6)  # a measured copy reuses the compiled code: nothing compiles here
-    run.advance(1)  # a batch of 5 samples: a new shape, a recompilation
-    eager_model = copy.deepcopy(initial)
-    eager = StepSession(eager_model, eager_model, batches, plan)
-    eager.advance(6)
+    # Dropout draws from inductor's own generator in compiled code; fallback_random makes it
+    # draw eager's numbers, so the two runs can be compared step by step (what the agreement
+    # message advises for models with random ops).
+    import torch._inductor.config as inductor_config
+
+    optimizer = pnb.OptimizerConfig(lr=1e-2)
+    with inductor_config.patch(fallback_random=True):
+        compiled = Trainer(copy.deepcopy(initial), batches, device="cpu", precision="bf16",
+                           train=train, compile="reduce-overhead", optimizer=optimizer)  # fmt: skip
+        result = compiled.fit()
+    eager = Trainer(copy.deepcopy(initial), batches, device="cpu", precision="bf16",
+                    train=dataclasses.replace(train, steps=6), optimizer=optimizer)  # fmt: skip
+    eager_result = eager.fit()
     yield SimpleNamespace(
-        log=log, record=log.record(steady_step_s=min(run.result.step_times_s[1:6])),
-        run=run.result, eager=eager.result, plan=plan, compiled=compiled, eager_model=eager_model,
+        trainer=compiled, result=result, record=result.compile, eager=eager,
+        eager_result=eager_result,
     )  # fmt: skip
     reset_compiled()
 
 
-def test_the_first_step_holds_the_compile_torch_accounts_for(watched):
+def test_the_compile_step_runs_before_training_and_torch_accounts_for_it(watched):
     record = watched.record
+    assert watched.result.label == "bf16+compile:reduce-overhead"
     kinds = [e.kind for e in record.first.entries]
     assert "forward" in kinds
     if record.cache == "miss":  # a cold compile builds the backward at the first backward;
         assert "backward" in kinds  # a cache hit loads it with the forward
-    assert record.torch_compile_s > 0
-    assert record.first_step_s is not None and record.first_step_s > record.steady_step_s
-    assert record.compile_s == pytest.approx(record.first_step_s - record.steady_step_s)
-    # A first run compiles cold, a rerun may hit inductor's on-disk cache: either is said.
-    assert record.cache in ("hit", "miss", "partial")
-    assert record.cache_text() in record.lines()[0]
+    assert record.cache in ("hit", "miss", "partial")  # either is said
+    assert record.compile_s is not None and record.torch_compile_s > 0
+    assert record.compile_s >= record.torch_compile_s * 0.9
+    # no training step pays the compile: every step is far shorter than the compile step
+    assert max(watched.result.step_times_s[:6]) < record.compile_s / 5
+    events = [e for e in watched.result.events if e.kind == "compile"]
+    assert events and events[0].message.startswith("bf16+compile:reduce-overhead: compile step")
+    assert watched.result.to_dict()["compile"]["cache"] == record.cache
 
 
 def test_a_new_batch_shape_is_one_recompilation_with_torchs_reason(watched):
     (where, reason), *rest = watched.record.recompiles
     assert rest == []
-    assert where == "measured step 7"
+    assert where == "steps 1-7"
     assert "size mismatch" in reason
     assert watched.record.recompile_s > 0
-    assert any("1 recompilation(s)" in line for line in watched.record.lines())
+    assert any("1 recompilation(s)" in e.message for e in watched.result.events)
 
 
 def test_reduce_overhead_on_cpu_records_inductors_cuda_graph_skip(watched):
@@ -119,13 +94,20 @@ def test_reduce_overhead_on_cpu_records_inductors_cuda_graph_skip(watched):
 
 
 def test_the_compiled_run_trains_what_the_eager_run_trains(watched):
-    result = agreement(
-        "bf16+compile", watched.run.losses[:6], "bf16", watched.eager.losses, torch.bfloat16
-    )
+    compiled = [r["loss"] for r in watched.result.records][:6]
+    eager = [r["loss"] for r in watched.eager_result.records]
+    result = agreement("bf16+compile", compiled, "bf16", eager, torch.bfloat16)
     assert result.steps == 6
-    assert result.agrees, result.message()
-    shifted = [v * 1.05 for v in watched.eager.losses]  # a 5 % different trajectory
-    assert not agreement("x", shifted, "bf16", watched.eager.losses, torch.bfloat16).agrees
+    assert result.agrees, result.message()  # dropout included: the compile step forked the RNG
+    shifted = [v * 1.05 for v in eager]  # a 5 % different trajectory
+    assert not agreement("x", shifted, "bf16", eager, torch.bfloat16).agrees
+
+
+def test_a_second_fit_of_the_same_trainer_does_not_compile_again(watched):
+    before = watched.record.compile_s
+    more = watched.trainer.fit(steps=2)
+    assert more.compile.compile_s == before
+    assert [e for e in more.events if e.kind == "compile" and "compile step" in e.message] == []
 
 
 def test_compilations_outside_a_watch_are_not_counted(watched):
@@ -134,17 +116,18 @@ def test_compilations_outside_a_watch_are_not_counted(watched):
     assert nothing.result.entries == () and nothing.result.cache == "none"
 
 
-def test_a_failing_session_is_recorded_then_raised():
-    class Failing:
-        result = SimpleNamespace(step_times_s=[])
-
-        def advance(self, n: int) -> int:
-            raise RuntimeError("BackendCompilerFailed: simulated")
-
+def test_a_failing_compile_step_is_recorded_then_raised():
     log = CompileLog("fp32+compile", pnb.plan("fp32", "cpu").compile)
+
+    def fails() -> None:
+        raise RuntimeError("BackendCompilerFailed: simulated")
+
     with pytest.raises(RuntimeError, match="simulated"):
-        log.watch(Failing()).advance(1)
+        log.compile_step(fails)
     assert log.record().failure == "RuntimeError: BackendCompilerFailed: simulated"
+    assert log.record().lines() == [
+        "fp32+compile: compile failed: RuntimeError: BackendCompilerFailed: simulated"
+    ]
 
 
 def test_torchs_compilation_metrics_keep_the_fields_read_here():
@@ -175,9 +158,9 @@ def test_a_dispatch_mode_trace_of_a_compiled_model_sees_eager_ops(watched):
 
     x = torch.randn(8, 16)
     traced = []
-    for forward in (watched.compiled, watched.eager_model):
+    for forward in (watched.trainer.forward, watched.eager.model):
         with TorchWatch() as seen, Ops() as ops:
-            with autocast_context(watched.plan):
+            with autocast_context(watched.trainer.plan):
                 forward(x).float().sum().backward()
         traced.append(ops.ops)
         assert seen.result.entries == ()  # and nothing was compiled for the trace

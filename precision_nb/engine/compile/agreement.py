@@ -58,6 +58,8 @@ class Agreement:
     dtype: str
     tolerance_at_end: float = math.nan
     rule: str = RULE
+    #: Ops of the model that draw random numbers (dropout...): compiled code draws other ones.
+    random_ops: tuple[str, ...] = ()
 
     def message(self) -> str:
         if self.steps == 0:
@@ -69,12 +71,19 @@ class Agreement:
                 f"within the {self.dtype} tolerance (largest difference {self.max_abs_diff:.3g}, "
                 f"{within})"
             )
-        return (
+        departs = (
             f"{self.label} departs from {self.eager_label} at step {self.first_bad}: loss "
             f"differences beyond the {self.dtype} tolerance (largest {self.max_abs_diff:.3g}, "
-            f"{within}); the compiled graph computes something else (check the graph breaks "
-            "and recompilations)"
+            f"{within})"
         )
+        if self.random_ops:
+            return (
+                f"{departs}; the model draws random numbers ({', '.join(self.random_ops)}) and "
+                "compiled code draws them from inductor's own generator, not eager's, so the "
+                "steps differ by more than rounding: set torch._inductor.config.fallback_random "
+                "= True to compare step by step"
+            )
+        return f"{departs}; the compiled graph computes something else (check the graph breaks)"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -114,11 +123,14 @@ def agreement(
     dtype: torch.dtype,
     fp32_eager: Sequence[float] | None = None,
     steps: Sequence[int] | None = None,
+    random_ops: Sequence[str] = (),
 ) -> Agreement:
     """Compare per-step losses of a compiled run with its eager twin (same weights, same data).
 
     ``fp32_eager``: the eager fp32 run's losses at the same steps, for a mixed plan's own drift
     ``D(t)``. ``steps``: the 0-based step of each loss (default: one loss per step).
+    ``random_ops``: the model's random ops (from the graph breaks report), named when they
+    explain a departure.
     """
     n = min(len(compiled), len(eager))
     tol = tolerance(list(eager[:n]), dtype, fp32_eager, steps)
@@ -146,4 +158,5 @@ def agreement(
         first_bad=first_bad,
         dtype=str(dtype).removeprefix("torch."),
         tolerance_at_end=tol[-1] if tol else math.nan,
+        random_ops=tuple(random_ops),
     )

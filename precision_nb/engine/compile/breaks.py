@@ -35,6 +35,14 @@ from precision_nb.engine.batches import output_to_loss, split_batch
 
 __all__ = ["BreakReport", "GraphBreak", "GraphBreaks", "PrecisionProbe", "graph_breaks"]
 
+#: Names of ops that draw random numbers (any name with "dropout" counts too).
+_RANDOM = frozenset(
+    {
+        "rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "randperm",
+        "bernoulli", "bernoulli_", "normal", "normal_", "uniform_", "multinomial", "rrelu",
+        "poisson", "exponential_", "geometric_", "cauchy_", "log_normal_",
+    }
+)  # fmt: skip
 #: Words in a break's reason or frames that tie it to a precision component.
 _CAUSES = (("scaler", ("gradscaler", "grad_scaler")), ("autocast", ("autocast", "autocast_mode")))
 
@@ -63,6 +71,9 @@ class BreakReport:
 
     ``graphs``: graphs captured; ``ops``: ops in them; ``breaks``: every break with its reason.
     ``error``: explain itself failed (the region raised); the message is kept.
+    ``random_ops``: the captured ops that draw random numbers (dropout, ``rand``...): compiled
+    code draws them from inductor's own generator, so its steps differ from eager's by more than
+    rounding (unless ``torch._inductor.config.fallback_random`` is set).
     """
 
     region: str
@@ -70,6 +81,7 @@ class BreakReport:
     ops: int = 0
     breaks: tuple[GraphBreak, ...] = ()
     error: str | None = None
+    random_ops: tuple[str, ...] = ()
 
     @property
     def traceable(self) -> bool:
@@ -105,6 +117,7 @@ class BreakReport:
             "ops": self.ops,
             "traceable": self.traceable,
             "error": self.error,
+            "random_ops": list(self.random_ops),
             "breaks": [b.__dict__ for b in self.breaks],
         }
 
@@ -204,7 +217,11 @@ def explain(region: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> B
         if reason not in seen:  # a break before any op of its graph: no frame recorded
             breaks.append(GraphBreak(reason, detail, "", _cause(text)))
             seen.add(reason)
-    return BreakReport(region, int(out.graph_count), int(out.op_count), tuple(breaks))
+    names = [getattr(op, "__name__", str(op)) for ops in out.ops_per_graph for op in ops]
+    random = tuple(dict.fromkeys(n for n in names if n in _RANDOM or "dropout" in n.lower()))
+    return BreakReport(
+        region, int(out.graph_count), int(out.op_count), tuple(breaks), random_ops=random
+    )
 
 
 _WHAT = {"autocast": "autocast", "scaler": "the GradScaler"}
@@ -274,7 +291,7 @@ def graph_breaks(
     Deep copies of ``model`` run; the model itself is left untouched. ``probes=False`` skips the
     autocast and scaler probes (the forward is always explained). Resets dynamo (see module doc).
     """
-    args, kwargs, labels = split_batch(batch)
+    args, kwargs, labels = split_batch(batch, model, loss_fn)
     args, kwargs = tuple(args), dict(kwargs)
     work = copy.deepcopy(model).train()
     name = label or plan.mode

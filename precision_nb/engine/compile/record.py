@@ -4,31 +4,32 @@
 module (``torch.compile(model, mode=...)``): the compiled wrapper shares the module's parameters,
 so the module itself is what a checkpoint saves (its keys carry no ``_orig_mod.`` prefix).
 
-A :class:`CompileLog` follows one compiled plan: every session of that plan (the warm-up's
-throw-away one and the measured one) is wrapped by :meth:`CompileLog.watch`, so each ``advance``
-runs inside a :class:`~precision_nb.engine.compile.torch_state.TorchWatch` and what torch compiled
-is kept with the step it happened at. :meth:`CompileLog.record` turns that into a
-:class:`CompileRecord`:
+A :class:`CompileLog` follows one trainer's compiled model:
 
-- the **first step** (the compile and one step; it is a warm-up step, never a measured one) and
-  what torch compiled in it: seconds by its own accounting, forward and backward graphs, whether
-  the local caches (inductor's FX-graph cache, AOTAutograd's cache) answered — a cache hit makes
-  the first step cheaper and is said, never hidden;
-- **recompilations**: compilations after the first step, each with the guard that failed
-  (``recompile_reason``); the steps they happened in carry their cost;
-- **CUDA-graph skips** with inductor's reason (``reduce-overhead`` and ``max-autotune`` off CUDA).
+- :meth:`CompileLog.compile_step` runs the **compile step**: one forward and backward on a
+  throw-away copy of the model, before the first training step (the trainer does this in
+  ``start()``, with the RNG state forked so training draws the same random numbers as eager).
+  Dynamo keeps the compiled code per code object and guards, so the real model's first step
+  reuses it: the compile never lands in a training step's time. The record keeps the step's wall
+  time and what torch compiled in it: seconds by its own accounting, forward and backward graphs,
+  and whether the local caches (inductor's FX-graph cache, AOTAutograd's cache) answered — a
+  cache hit makes the compile shorter and is said, never hidden;
+- :meth:`CompileLog.add` keeps **recompilations**: compilations during training, each with the
+  guard that failed (``recompile_reason``) and where it happened; those steps carry their cost;
+- **CUDA-graph skips** (``reduce-overhead`` and ``max-autotune`` off CUDA) are counted.
 
 Several plans compiled in one process share dynamo's code cache: a plan compiled second compiles
 its own graphs (the autocast state is part of dynamo's guards), which torch records as a
-recompilation of the same code. Those first-step compilations are this plan's compile, not a
-recompilation: only compilations after a plan's first step are counted as recompilations.
+recompilation of the same code. Those compile-step compilations are this plan's compile, not a
+recompilation: only compilations during training are counted as recompilations.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,13 +40,7 @@ from precision_nb.engine.compile.torch_state import TorchCompilations, TorchWatc
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "CompileLog",
-    "CompileRecord",
-    "WatchedSession",
-    "compile_model",
-    "reset_compiled",
-]
+__all__ = ["CompileLog", "CompileRecord", "compile_model", "reset_compiled"]
 
 
 def compile_model(model: nn.Module, plan: CompilePlan) -> nn.Module:
@@ -70,39 +65,28 @@ def reset_compiled() -> None:
 class CompileRecord:
     """What compiling one plan cost and did, apart from its steady-state step times.
 
-    ``first_step_s``: wall time of the plan's first step (compile + step). ``steady_step_s``: its
-    steady-state median step time (None until measured). ``first``: torch's compilations in the
-    first step. ``later``: ``(step, compilations)`` for compilations after it (recompilations).
-    ``failure``: the error that ended the compile, as shown to the user.
+    ``compile_s``: wall time of the compile step (the compile plus one forward and backward on a
+    throw-away copy; None before it ran). ``first``: torch's compilations in it. ``later``:
+    ``(where, compilations)`` for compilations during training (recompilations), ``where``
+    naming the steps ("measured steps 5-8"). ``failure``: the error that ended the compile.
     """
 
     label: str
     mode: str
     device_type: str = "cpu"
-    first_step_s: float | None = None
-    steady_step_s: float | None = None
+    compile_s: float | None = None
     first: TorchCompilations = field(default_factory=TorchCompilations)
     later: tuple[tuple[str, TorchCompilations], ...] = ()
     failure: str | None = None
 
     @property
-    def compile_s(self) -> float | None:
-        """The first step's wall time minus a steady step: what compiling added to it."""
-        if self.first_step_s is None:
-            return None
-        steady = self.steady_step_s
-        if steady is None or not math.isfinite(steady):
-            return self.first_step_s
-        return max(0.0, self.first_step_s - steady)
-
-    @property
     def torch_compile_s(self) -> float:
-        """Seconds torch's own accounting gives the first step's compilations."""
+        """Seconds torch's own accounting gives the compile step's compilations."""
         return self.first.seconds
 
     @property
     def recompiles(self) -> tuple[tuple[str, str], ...]:
-        """``(where, reason)`` of each recompilation after the first step."""
+        """``(where, reason)`` of each recompilation during training."""
         out = []
         for where, seen in self.later:
             for entry in seen.entries:
@@ -116,7 +100,7 @@ class CompileRecord:
 
     @property
     def cache(self) -> str:
-        """The first step's cache outcome: "hit", "miss", "partial" or "none"."""
+        """The compile step's cache outcome: "hit", "miss", "partial" or "none"."""
         return self.first.cache
 
     @property
@@ -135,7 +119,7 @@ class CompileRecord:
     def cache_text(self) -> str:
         return {
             "hit": "cache hit: inductor's and AOTAutograd's local caches answered every lookup, "
-            "so this compile time is shorter than a cold compile",
+            "so this compile is shorter than a cold one",
             "partial": "partly cached: some graphs came from the local caches, others were "
             "compiled",
             "miss": "cold compile: no local cache entry answered",
@@ -147,26 +131,25 @@ class CompileRecord:
         if self.failure is not None:
             return [f"{self.label}: compile failed: {self.failure}"]
         out: list[str] = []
-        if self.first_step_s is not None:
+        if self.compile_s is not None:
             forward = sum(1 for e in self.first.entries if e.kind == "forward")
             backward = sum(1 for e in self.first.entries if e.kind == "backward")
-            compile_s = self.compile_s or 0.0
             out.append(
-                f"{self.label}: first step {self.first_step_s:.2f} s, of which about "
-                f"{compile_s:.2f} s compiling (first step minus a steady step; torch's own "
-                f"accounting: {self.torch_compile_s:.2f} s for {forward} forward and {backward} "
-                f"backward graph(s)); {self.cache_text()}; a warm-up step, not in the step times"
+                f"{self.label}: compile step {self.compile_s:.2f} s (the compile plus one forward "
+                f"and backward on a throw-away copy, before training; torch's own accounting: "
+                f"{self.torch_compile_s:.2f} s for {forward} forward and {backward} backward "
+                f"graph(s)); {self.cache_text()}; not in any step time"
             )
         recompiles = self.recompiles
         if recompiles:
             shown = "; ".join(f"{where}: {why}" for where, why in recompiles[:3])
             more = f"; and {len(recompiles) - 3} more" if len(recompiles) > 3 else ""
             out.append(
-                f"{self.label}: {len(recompiles)} recompilation(s) after the first step, "
-                f"{self.recompile_s:.2f} s ({shown}{more})"
+                f"{self.label}: {len(recompiles)} recompilation(s) during training, "
+                f"{self.recompile_s:.2f} s, inside those steps' times ({shown}{more})"
             )
         else:
-            out.append(f"{self.label}: no recompilation after the first step")
+            out.append(f"{self.label}: no recompilation during training")
         for skip in self.cudagraph_skips:
             out.append(f"{self.label}: CUDA graphs not used: {skip}")
         if self.cudagraph_skip_count and not self.cudagraph_skips:
@@ -181,8 +164,7 @@ class CompileRecord:
         return {
             "label": self.label,
             "mode": self.mode,
-            "first_step_s": self.first_step_s,
-            "steady_step_s": self.steady_step_s,
+            "device_type": self.device_type,
             "compile_s": self.compile_s,
             "torch_compile_s": self.torch_compile_s,
             "cache": self.cache,
@@ -193,86 +175,67 @@ class CompileRecord:
             "failure": self.failure,
         }
 
-
-class WatchedSession:
-    """A session whose every ``advance`` runs inside a :class:`TorchWatch` (see
-    :class:`CompileLog`); everything else is the wrapped session's."""
-
-    def __init__(self, session: Any, log_: CompileLog, phase: str) -> None:
-        self._session = session
-        self._log = log_
-        self._phase = phase
-        self._steps = 0
-
-    def advance(self, n: int) -> int:
-        before = self._steps
-        watch = TorchWatch()
-        try:
-            with watch:
-                got = self._session.advance(n)
-        except (RuntimeError, ValueError) as exc:  # recorded, then raised as it is
-            self._log.add(self._phase, before, watch.result, failure=exc)
-            raise
-        self._steps += got
-        self._log.add(self._phase, before, watch.result, times=self._times(got))
-        return got
-
-    def _times(self, got: int) -> list[float]:
-        result = getattr(self._session, "result", None)
-        times = list(getattr(result, "step_times_s", []) or [])
-        return [float(t) for t in times[-got:]] if got and times else []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._session, name)
+    def merged(self, later: CompileRecord, where: str) -> CompileRecord:
+        """This record (the one that compiled) with ``later``'s compilations appended as
+        recompilations, each ``where`` prefixed (a measured session after a warm-up)."""
+        extra = list(later.later)
+        if later.first.entries or later.first.cudagraph_skip_count:
+            extra.insert(0, ("compile step", later.first))
+        return CompileRecord(
+            label=self.label,
+            mode=self.mode,
+            device_type=self.device_type,
+            compile_s=self.compile_s,
+            first=self.first,
+            later=self.later + tuple((f"{where} {w}", seen) for w, seen in extra),
+            failure=self.failure or later.failure,
+        )
 
 
 class CompileLog:
-    """What torch compiled for one plan, step by step, across the plan's sessions.
-
-    The first ``advance`` of the first session watched holds the plan's first step (with a
-    warm-up, the throw-away warm-up session's); everything compiled after it is a recompilation.
-    """
+    """What torch compiled for one trainer's model: the compile step, then recompilations."""
 
     def __init__(self, label: str, plan: CompilePlan) -> None:
         self.label = label
         self.plan = plan
-        self.first_step_s: float | None = None
+        self.compile_s: float | None = None
         self.first: TorchCompilations | None = None
         self.later: list[tuple[str, TorchCompilations]] = []
         self.failure: str | None = None
 
-    def watch(self, session: Any, phase: str = "warm-up") -> WatchedSession:
-        """``session`` with its ``advance`` calls watched by this log; ``phase`` names it in
-        the record ("warm-up", "measured")."""
-        return WatchedSession(session, self, phase)
+    @property
+    def compiled(self) -> bool:
+        """True once the compile step ran (later fits of the same trainer skip it)."""
+        return self.first is not None
 
-    def add(
-        self,
-        phase: str,
-        before: int,
-        seen: TorchCompilations,
-        times: list[float] | None = None,
-        failure: BaseException | None = None,
-    ) -> None:
-        """Keep what one ``advance`` compiled: the first step's compile, or a recompilation."""
-        if failure is not None:
-            self.failure = f"{type(failure).__name__}: {failure}"
-            log.warning("%s: compile or step failed: %s", self.label, self.failure)
-        if self.first is None:
-            self.first = seen
-            if times:
-                self.first_step_s = times[0]
-        elif seen.entries or seen.cudagraph_skips or seen.cudagraph_skip_count:
-            self.later.append((f"{phase} step {before + 1}", seen))
+    def compile_step(self, step: Callable[[], Any]) -> None:
+        """Run ``step`` (a forward and backward on a copy) as the compile step, timed and
+        watched; an error is recorded (``failure``) and raised as it is."""
+        watch = TorchWatch()
+        start = time.perf_counter()
+        try:
+            with watch:
+                step()
+        except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
+            self.first = watch.result
+            self.failure = f"{type(exc).__name__}: {exc}"
+            log.warning("%s: compile failed: %s", self.label, self.failure)
+            raise
+        self.compile_s = time.perf_counter() - start
+        self.first = watch.result
 
-    def record(self, steady_step_s: float | None = None) -> CompileRecord:
-        """The :class:`CompileRecord` so far (``steady_step_s``: the measured median step)."""
+    def add(self, where: str, seen: TorchCompilations) -> None:
+        """Keep what torch compiled during training steps (``where``: "steps 5-8")."""
+        if seen.entries or seen.cudagraph_skips or seen.cudagraph_skip_count:
+            self.later.append((where, seen))
+
+    def record(self) -> CompileRecord:
+        """The :class:`CompileRecord` so far."""
         return CompileRecord(
             label=self.label,
             mode=self.plan.mode,
             device_type=self.plan.device_type,
-            first_step_s=self.first_step_s,
-            steady_step_s=steady_step_s,
+            compile_s=self.compile_s,
             first=self.first if self.first is not None else TorchCompilations(),
             later=tuple(self.later),
             failure=self.failure,

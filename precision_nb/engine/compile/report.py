@@ -18,7 +18,7 @@ from precision_nb.engine import stats
 from precision_nb.engine.compile.agreement import Agreement, agreement
 from precision_nb.engine.compile.breaks import GraphBreaks
 from precision_nb.engine.compile.payback import PayBack, pay_back
-from precision_nb.engine.compile.record import CompileLog, CompileRecord
+from precision_nb.engine.compile.record import CompileRecord
 
 __all__ = ["CompiledPlanReport", "compile_reports"]
 
@@ -65,7 +65,6 @@ class CompiledPlanReport:
             "plan": self.label,
             "eager_plan": self.eager_label,
             "compile_mode": self.record.mode,
-            "first_step_s": self.record.first_step_s,
             "compile_s": self.record.compile_s,
             "torch_compile_s": self.record.torch_compile_s,
             "compile_cache": self.record.cache,
@@ -92,36 +91,33 @@ class CompiledPlanReport:
         }
 
 
-def _first_step(measurement: Any, label: str) -> float | None:
-    warm = measurement.plans[label].warmup if label in measurement.plans else None
-    return float(warm.times[0]) if warm is not None and warm.times else None
-
-
 def compile_reports(
     measurement: Any,
-    logs: Mapping[str, CompileLog],
+    records: Mapping[str, CompileRecord],
     eager_labels: Mapping[str, str | None],
     losses: Mapping[str, Sequence[float]] | None = None,
     dtypes: Mapping[str, torch.dtype] | None = None,
     fp32_label: str | None = None,
     breaks: Mapping[str, GraphBreaks] | None = None,
+    steps: Mapping[str, Sequence[int]] | None = None,
 ) -> dict[str, CompiledPlanReport]:
-    """One :class:`CompiledPlanReport` per compiled label of ``logs``.
+    """One :class:`CompiledPlanReport` per compiled label of ``records``.
 
     ``measurement``: the interleaved measurement (``plans[label]`` with ``warmup`` and
     ``spread``; ``speedup(label, baseline)``). ``eager_labels``: compiled label -> its eager
     twin (None: not measured). ``losses``: label -> per-step losses (for agreement);
     ``dtypes``: label -> compute dtype; ``fp32_label``: the eager fp32 plan (a mixed plan's own
-    drift). ``breaks``: label -> :class:`GraphBreaks`.
+    drift). ``breaks``: label -> :class:`GraphBreaks`. ``steps``: label -> the 0-based step of each
+    loss (default: one loss per step).
     """
     losses = losses or {}
     dtypes = dtypes or {}
     breaks = breaks or {}
+    steps = steps or {}
     out: dict[str, CompiledPlanReport] = {}
-    for label, log_ in logs.items():
+    for label, record in records.items():
         timing = measurement.plans.get(label)
         steady = timing.spread.median if timing is not None and timing.spread.n else None
-        record = log_.record(steady)
         eager = eager_labels.get(label)
         if eager is not None and eager not in measurement.plans:
             eager = None
@@ -129,13 +125,16 @@ def compile_reports(
         if eager is not None and record.failure is None and timing is not None:
             speed = measurement.speedup(label, eager)
             verdict = str(stats.verdict(label, speed, baseline=eager, spread_of_plan=timing.spread))
-            first_c, first_e = _first_step(measurement, label), _first_step(measurement, eager)
-            if first_c is not None and first_e is not None and steady is not None:
-                pb = pay_back(first_c, first_e, steady, speed.estimate, speed.low, speed.high)
+            if record.compile_s is not None and steady is not None:
+                pb = pay_back(record.compile_s, steady, speed.estimate, speed.low, speed.high)
             if label in losses and eager in losses:
                 dtype = dtypes.get(label, torch.float32)
                 ref = losses.get(fp32_label) if fp32_label and fp32_label != eager else None
-                agree = agreement(label, losses[label], eager, losses[eager], dtype, ref)
+                found = breaks.get(label)
+                random = found.forward.random_ops if found is not None else ()
+                agree = agreement(
+                    label, losses[label], eager, losses[eager], dtype, ref, steps.get(eager), random
+                )
         out[label] = CompiledPlanReport(
             label=label,
             eager_label=eager,

@@ -19,10 +19,11 @@ steps are measured on the compiled plan itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from precision_nb.core.compile_mode import CompilePlan
 
-__all__ = ["DISPATCH_MODE_SKIP", "Caveat", "inspection_caveats"]
+__all__ = ["DISPATCH_MODE_SKIP", "Caveat", "inspection_caveats", "mark_compiled"]
 
 #: torch's own words for skipping a compiled frame while a dispatch mode is active.
 DISPATCH_MODE_SKIP = "non-infra torch dispatch mode present, this is not supported today"
@@ -65,3 +66,14 @@ def inspection_caveats(plan: CompilePlan, precision: str) -> tuple[Caveat, ...]:
             "inductor may fuse casts into the kernels that use them",
         ),
     )
+
+
+def mark_compiled(data: Any, plan: CompilePlan, label: str) -> Any:
+    """An inspection (``InspectionData``) of a compiled plan, labelled ``label`` and with the
+    caveats first among its flags (the views show the first flag in bold). Returns ``data``."""
+    from precision_nb.engine.inspect.op_trace import Flag
+
+    caveats = inspection_caveats(plan, data.plan.mode)
+    data.label = label
+    data.flags[:0] = [Flag("compiled", c.text(), {"part": c.part}) for c in caveats]
+    return data

@@ -128,9 +128,11 @@ def collect(
         None,
     )
     dtypes = {label: compute_dtype(e.plan) for label, e in explanations.items()}
+    plans = {label: (e.compile, e.plan.mode) for label, e in explanations.items()}
     reports = compile_reports(
-        measurement, records, twins, losses, dtypes, fp32_label=fp32, breaks=breaks, steps=steps
-    )
+        measurement, records, twins, losses, dtypes, fp32_label=fp32, breaks=breaks, steps=steps,
+        plans=plans,
+    )  # fmt: skip
     events = []
     for report in reports.values():
         data = report.to_dict()

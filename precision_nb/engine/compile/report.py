@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.compile_mode import CompilePlan
 from precision_nb.engine import stats
 from precision_nb.engine.compile.agreement import Agreement, agreement
 from precision_nb.engine.compile.breaks import GraphBreaks
 from precision_nb.engine.compile.payback import PayBack, pay_back
 from precision_nb.engine.compile.record import CompileRecord
+from precision_nb.engine.compile.visibility import Caveat, inspection_caveats
 
 __all__ = ["CompiledPlanReport", "compile_reports"]
 
@@ -35,6 +37,15 @@ class CompiledPlanReport:
     pay_back: PayBack | None = None
     agreement: Agreement | None = None
     breaks: GraphBreaks | None = None
+    #: The resolved compile plan and the precision mode (what the inspection caveats name).
+    compile_plan: CompilePlan | None = None
+    precision: str = ""
+
+    def caveats(self) -> tuple[Caveat, ...]:
+        """What the op trace and memory inspection cannot see of this plan's compiled graph."""
+        if self.compile_plan is None:
+            return ()
+        return inspection_caveats(self.compile_plan, self.precision or self.label)
 
     def lines(self) -> list[str]:
         """The report's sentences for this plan, compile first."""
@@ -73,6 +84,7 @@ class CompiledPlanReport:
             "speedup_vs_eager": s.estimate if s else None,
             "speedup_vs_eager_low": s.low if s else None,
             "speedup_vs_eager_high": s.high if s else None,
+            "pays_back": _pays_back_text(pb),
             "pays_back_after_steps": pb.steps if pb else None,
             "pays_back_low": pb.steps_low if pb else None,
             "pays_back_high": pb.steps_high if pb else None,
@@ -91,6 +103,19 @@ class CompiledPlanReport:
         }
 
 
+def _pays_back_text(pb: PayBack | None) -> str:
+    """The pay-back in a table cell: "never", "340", "340 (210-900)" or "340 (may never)"."""
+    if pb is None:
+        return ""
+    if pb.steps is None:
+        return "never"
+    if pb.steps_high is None and pb.steps_low is not None:
+        return f"{pb.steps} (may never)"
+    if pb.steps_low is not None and pb.steps_low != pb.steps_high:
+        return f"{pb.steps} ({pb.steps_low}-{pb.steps_high})"
+    return str(pb.steps)
+
+
 def compile_reports(
     measurement: Any,
     records: Mapping[str, CompileRecord],
@@ -100,6 +125,7 @@ def compile_reports(
     fp32_label: str | None = None,
     breaks: Mapping[str, GraphBreaks] | None = None,
     steps: Mapping[str, Sequence[int]] | None = None,
+    plans: Mapping[str, tuple[CompilePlan, str]] | None = None,
 ) -> dict[str, CompiledPlanReport]:
     """One :class:`CompiledPlanReport` per compiled label of ``records``.
 
@@ -108,12 +134,13 @@ def compile_reports(
     twin (None: not measured). ``losses``: label -> per-step losses (for agreement);
     ``dtypes``: label -> compute dtype; ``fp32_label``: the eager fp32 plan (a mixed plan's own
     drift). ``breaks``: label -> :class:`GraphBreaks`. ``steps``: label -> the 0-based step of each
-    loss (default: one loss per step).
+    loss (default: one loss per step). ``plans``: label -> (its compile plan, its precision mode).
     """
     losses = losses or {}
     dtypes = dtypes or {}
     breaks = breaks or {}
     steps = steps or {}
+    plans = plans or {}
     out: dict[str, CompiledPlanReport] = {}
     for label, record in records.items():
         timing = measurement.plans.get(label)
@@ -144,5 +171,7 @@ def compile_reports(
             pay_back=pb,
             agreement=agree,
             breaks=breaks.get(label),
+            compile_plan=plans[label][0] if label in plans else None,
+            precision=plans[label][1] if label in plans else "",
         )
     return out

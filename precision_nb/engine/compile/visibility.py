@@ -42,6 +42,11 @@ class Caveat:
         return f"{self.part}: {self.sees}; {self.cannot}"
 
 
+def _language(plan: CompilePlan) -> str:
+    """What inductor writes for the plan's device ("C++", "Triton", "Metal"), or "generated"."""
+    return plan.codegen.split(" ", 1)[0] if plan.codegen else "generated"
+
+
 def inspection_caveats(plan: CompilePlan, precision: str) -> tuple[Caveat, ...]:
     """The caveats an inspection of a plan compiled as ``plan`` carries (none for eager)."""
     if not plan.enabled:
@@ -52,7 +57,7 @@ def inspection_caveats(plan: CompilePlan, precision: str) -> tuple[Caveat, ...]:
             f"the op trace is of the EAGER {precision} step: torch.compile does not run while "
             f"the tracer's dispatch mode is active (torch: '{DISPATCH_MODE_SKIP}'), so the "
             "trace records the ops eager runs, labelled as such",
-            f"inside the compiled graph inductor's fused {plan.codegen or 'generated'} kernels "
+            f"inside the compiled graph inductor's fused {_language(plan)} kernels "
             "are not ATen ops: which casts and intermediates they fuse away is not visible to "
             "any dispatch mode",
         ),

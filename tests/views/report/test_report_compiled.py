@@ -30,10 +30,8 @@ def _reports(compiled_step: float):
     log.compile_step(lambda: None)
     log.first = TorchCompilations((TorchCompilation("0/0", "forward", 2.0, None, 0, 0, 2),))
     log.compile_s = 2.5
-    breaks = GraphBreaks(
-        "fp32+compile",
-        BreakReport("MLP.forward", 2, 5, (GraphBreak("Tensor.item() call", "", "m.py:3", "model"),)),
-    )  # fmt: skip
+    item = GraphBreak("Tensor.item() call", "", "m.py:3", "model")
+    breaks = GraphBreaks("fp32+compile", BreakReport("MLP.forward", 2, 5, (item,)))
     plans = {"fp32+compile": (log.plan, "fp32")}
     return compile_reports(
         _measurement(compiled_step), {"fp32+compile": log.record()}, {"fp32+compile": "fp32"},

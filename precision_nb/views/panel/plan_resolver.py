@@ -247,6 +247,12 @@ class LivePlan:
             return f"Run is disabled: the distributed request cannot run here: {self.error}"
         if self.error is not None:
             return "Run is disabled: the selection cannot be resolved (see the message above)."
+        if self.distributed is not None and self.explanation is not None:
+            if self.explanation.compile.enabled:
+                return (
+                    "Run is disabled: distributed runs train eagerly (their ranks do not compile "
+                    "the model); set Compile to off, or the strategy to none"
+                )
         if self.explanation is not None and self.explanation.simulated:
             name = self.explanation.capabilities.name
             return (

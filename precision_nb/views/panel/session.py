@@ -115,7 +115,9 @@ class RunSession:
         self.per_rank.clear()
         live = LiveCallback(
             steps=selection.steps,
-            runs=1 if kind == "run" else max(1, len(selection.compare_plans)),
+            runs=1
+            if kind == "run"
+            else max(1, len(selection.compare_plans)) * len(compare_compiles(selection)),
             progress=self._progress,
             draw=self._draw_live,
             budget=self.plot_budget,
@@ -214,6 +216,7 @@ class RunSession:
 
         common = self.run_options(selection, live, stop)
         common["precision"] = explanation.config
+        common["compile"] = selection.compile
         user = self.user_model
         if user is not None:
             model = copy.deepcopy(user.model)
@@ -228,6 +231,7 @@ class RunSession:
             for name in selection.compare_plans
         ]
         common = self.run_options(selection, live, stop)
+        common["compile"] = compare_compiles(selection)
         user = self.user_model
         if user is not None:
             return compare(
@@ -339,6 +343,7 @@ class RunSession:
             seconds=seconds,
             figures=getattr(source, "figures", None) or {},
             method=None if measurement is None else measurement.method(),
+            compiled=getattr(source, "compiled", None) or {},
         )
         return None if frame.empty else frame
 
@@ -403,3 +408,9 @@ class RunSession:
         self.frame_cost_s = time.perf_counter() - start
         self.outputs.show_figure(png, "")
         return png
+
+
+def compare_compiles(selection: Selection) -> tuple[str, ...]:
+    """The compile modes a panel comparison measures: eager only, or eager and the selected
+    mode (so every plan is compared with its own eager twin)."""
+    return ("off",) if selection.compile == "off" else ("off", selection.compile)

@@ -73,3 +73,49 @@ def test_a_mode_this_machine_cannot_compile_is_shown_not_a_dead_widget(panel: Pa
         finally:
             panel.widgets.compile.value = "off"
     assert panel.error is None and panel.explanation is not None
+
+
+def test_a_distributed_run_with_compile_is_disabled_with_the_reason(panel: Panel) -> None:
+    panel.set(compile="default", strategy="ddp", nproc=2)
+    try:
+        assert panel.widgets.run_button.disabled
+        assert "distributed runs train eagerly" in panel.widgets.run_reason.value
+    finally:
+        panel.set(distributed=None, compile="off")
+    assert not panel.widgets.run_button.disabled
+
+
+def test_a_panel_comparison_with_compile_measures_each_plan_eager_and_compiled() -> None:
+    from precision_nb.views.panel.session import compare_compiles
+
+    made = Panel(steps=3, log_every=1, device="cpu", compile="reduce-overhead")
+    try:
+        assert compare_compiles(made.selection) == ("off", "reduce-overhead")
+        made.set(compile="off")
+        assert compare_compiles(made.selection) == ("off",)
+    finally:
+        made.close()
+
+
+def test_the_compare_tab_shows_the_engines_compile_sentences() -> None:
+    from types import SimpleNamespace
+
+    from precision_nb.views.panel.results import compiled_html
+
+    report = SimpleNamespace(lines=lambda: ["bf16+compile: pays back after 12 steps <x>"])
+    block = compiled_html({"bf16+compile": report})
+    assert "pnb-compiled" in block and "pays back after 12 steps &lt;x&gt;" in block
+    assert compiled_html({}) == ""
+
+
+def test_run_trains_the_compiled_plan_and_says_what_compiling_cost() -> None:
+    """One compiled panel run (the mlp workload's tiny preset): the run's label, its compile
+    record and the compile step among the events the Live tab lists."""
+    made = Panel(steps=3, log_every=1, device="cpu", mode="fp32", compile="default")
+    try:
+        result = made.run(block=True, timeout=600)
+        assert result.label == "fp32+compile" and result.compile is not None
+        assert result.compile.compile_s > 0
+        assert "compile step" in made.widgets.events_html.value
+    finally:
+        made.close()

@@ -87,6 +87,8 @@ def describe_run(session: FitSession, first: Any) -> tuple[BatchShape, int, Peak
         "flops_source": "torch.utils.flop_counter (one microbatch forward+backward x K)",
         "peak_flops_per_s": peak.flops_per_s if peak else None,
         "peak_source": peak.source if peak else None,
+        "peak_flops_low": peak.low if peak else None,
+        "peak_flops_high": peak.high if peak else None,
         "task": task,
         "dims": t.workload_info.get("dims", {}),
     }

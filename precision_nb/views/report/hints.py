@@ -103,21 +103,26 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
 
 
 def _peak_gain(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
-    """What low precision can gain here at best: measured matmul peaks against fp32."""
+    """What low precision can gain here at best: matmul peaks against fp32, with their range."""
     ratios = getattr(source, "peak_ratios", None) or {}
     names = {"bf16": "bfloat16", "fp16": "float16"}
     out = []
     for label, row in rows.items():
-        ratio = ratios.get(names.get(str(row.get("mode")), ""))
+        value = ratios.get(names.get(str(row.get("mode")), ""))
+        ratio = getattr(value, "ratio", value)
         if not _is_mixed(row) or not _ok(ratio):
             continue
+        low, high = getattr(value, "low", ratio), getattr(value, "high", ratio)
+        spread = (
+            "" if low == high else f" (range {low:.2f}-{high:.2f}x over the calibration repeats)"
+        )
         out.append(
             Hint(
                 label,
                 "peak",
-                f"On this device the {row['mode']} matmul peak is {ratio:.2f}x the fp32 peak: "
-                f"the most {row['mode']} can gain on matmul-bound work here; a step that also "
-                "spends time outside matmuls gains less.",
+                f"Measured here, the {row['mode']} matmul peak came out at {ratio:.2f}x the fp32 "
+                f"peak{spread}: at best, what {row['mode']} can gain on matmul-bound work on this "
+                "machine as loaded now; a step that also spends time outside matmuls gains less.",
                 "calibrated peaks (mfu_peak_source)",
                 "summary table",
             )

@@ -180,7 +180,9 @@ def measurement_settings(comparison: Any, hint_list: tuple[Hint, ...]) -> dict[s
             out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
     ratios = getattr(comparison, "peak_ratios", None) or {}
     if ratios:
-        out["measured matmul peak vs fp32"] = ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items())
+        out["matmul peak vs fp32 (median, range over calibration repeats)"] = ", ".join(
+            f"{k} {v}" if hasattr(v, "ratio") else f"{k} {v:.2f}x" for k, v in ratios.items()
+        )
     method: Mapping[str, Any] = getattr(comparison, "method", None) or {}
     out.update(method)
     out["what to try next"] = " | ".join(what_to_try_next(hint_list))

@@ -262,6 +262,14 @@ def _widest(estimates: Mapping[str, np.ndarray]) -> float:
     return widest
 
 
+def _widest_words(widest: float) -> str:
+    if not math.isfinite(widest):
+        return "no interval yet"
+    if widest >= 10:
+        return "largest half-width over ±1000 %"
+    return f"largest half-width ±{widest:.1%}"
+
+
 def _target_reached(estimates: Mapping[str, np.ndarray], target: float) -> bool:
     """Whether every plan's interval reached ``target`` at this look (:func:`stats.first_stop`
     over its process estimates: the rule the calibration simulation checks)."""
@@ -324,7 +332,7 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
         n = m.process_count
         estimates = _estimates(m, ctx.labels, ctx.baseline)
         widest = _widest(estimates)
-        shown = f"largest half-width ±{widest:.1%}" if widest < 10 else "no usable interval yet"
+        shown = _widest_words(widest)
         if adaptive and cfg.target is not None and n >= stats.MIN_PROCESSES:
             m.sequential = True
             if _target_reached(estimates, cfg.target):

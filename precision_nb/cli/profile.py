@@ -82,7 +82,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--processes",
-        type=_optional_number(int),
         default=None,
         metavar="N",
         help="processes that measure the plans: 1 (this one only) or N (this one and N-1 fresh "
@@ -90,16 +89,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--target",
-        type=_optional_number(float),
-        default=DEFAULT_TARGET,
+        default=str(DEFAULT_TARGET),
         metavar="FRACTION",
         help="stop adding processes when every speedup interval's half-width is within this "
         "fraction (0.05 = ±5 %%); none: measure until the budget is spent",
     )
     parser.add_argument(
         "--budget",
-        type=_optional_number(float),
-        default=DEFAULT_BUDGET_S,
+        default=f"{DEFAULT_BUDGET_S:g}",
         metavar="SECONDS",
         help="wall-clock seconds the measurement may take (warm-ups, rounds, processes); "
         "none: no limit",
@@ -195,6 +192,9 @@ def check_flags(args: argparse.Namespace) -> None:
     positive_int("--accumulation", args.accumulation)
     from precision_nb.engine.measure import check_options
 
+    args.processes = _optional_number("--processes", args.processes, int)
+    args.target = _optional_number("--target", args.target, float)
+    args.budget = _optional_number("--budget", args.budget, float)
     check_options(args.processes, args.target, args.budget, None, FLAG_NAMES)
     if args.nproc is not None:
         positive_int("--nproc", args.nproc)
@@ -314,21 +314,17 @@ def _run(args: argparse.Namespace) -> int:
 FLAG_NAMES = ("--processes", "--target", "--budget", "--model")
 
 
-def _optional_number(kind: type) -> Any:
-    """An argparse type: a number of ``kind``, or "none" for None (no target, no limit)."""
-
-    def parse(text: str) -> Any:
-        if text.strip().lower() == "none":
-            return None
-        try:
-            return kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid value {text!r}; allowed: {'an integer' if kind is int else 'a number'} "
-                "or none"
-            ) from None
-
-    return parse
+def _optional_number(flag: str, value: Any, kind: type) -> Any:
+    """A flag's text as a number of ``kind``, or None for "none" (no target, no time limit)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if str(value).strip().lower() == "none":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = "an integer" if kind is int else "a number"
+        raise ValueError(f"{flag}: invalid value {value!r}; allowed: {allowed} or none") from None
 
 
 def _rebuild(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -419,6 +415,8 @@ def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _print_outcome(output: Any) -> None:
+    if getattr(output, "load_note", ""):  # a busy machine is said before any figure
+        print(cli_text(output.load_note))
     table = output.summary
     columns = [
         c

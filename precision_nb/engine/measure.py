@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -172,10 +173,15 @@ def check_options(
     line's flags) for a bad number of processes, precision target, time budget or rebuild pair."""
     if processes is not None:
         validate.integer(names[0], processes, 1, MAX_PROCESSES)
-    if target is not None:  # a relative half-width: 0.05 = ±5 %
-        validate.number(names[1], target, minimum=0.0, strict=True, maximum=0.99)
-    if budget_s is not None:  # seconds
-        validate.number(names[2], budget_s, minimum=0.0, strict=True)
+    for name, value, allowed, top in (
+        (names[1], target, "a relative half-width above 0 and below 1 (0.05 = ±5 %)", 1.0),
+        (names[2], budget_s, "a number of seconds above 0", math.inf),
+    ):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is not None and not (ok and 0 < value < top and math.isfinite(value)):
+            raise ValueError(
+                f"{name}: invalid value {validate.short_repr(value)}; allowed: {allowed}, or none"
+            )
     if rebuild is not None and (
         not isinstance(rebuild, (tuple, list))
         or len(rebuild) != 2

@@ -71,6 +71,8 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
                 "unresolved": "Run more rounds (--steps) or a larger model or batch.",
                 "too_few": f"Run at least {_MIN_ROUNDS} rounds (more --steps).",
             }.get(kind, "")
+            detail = measured.get("verdict_detail")  # the verdict's own advice names its level
+            advice = getattr(detail, "advice", "") or advice
             out.append(
                 Hint(
                     label,

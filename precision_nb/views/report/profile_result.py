@@ -59,6 +59,13 @@ class Profile:
     distributed: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def load_note(self) -> str:
+        """On a busy machine, the sentence to show before any figure ("" on a quiet one)."""
+        measurement = getattr(self.comparison, "measurement", None)
+        load = getattr(measurement, "load", None)
+        return load.note() if load is not None else ""
+
+    @property
     def verdicts(self) -> dict[str, str]:
         """Label -> the verdict in words (from the interleaved measurement)."""
         figures = getattr(self.comparison, "figures", None) or {}
@@ -90,6 +97,8 @@ class Profile:
 
         e = html.escape
         parts = ["<div class='precision-nb-profile'><h3>precision_nb profile</h3>"]
+        if self.load_note:
+            parts.append(f"<p><b>{e(self.load_note)}</b></p>")
         verdicts = self.verdicts
         if verdicts:
             items = "".join(f"<li>{e(v)}</li>" for v in verdicts.values())
@@ -133,6 +142,7 @@ class Profile:
 
     def __repr__(self) -> str:
         lines = [f"Profile of {', '.join(results_of(self.comparison)) or 'no run'}"]
+        lines += [f"  {self.load_note}"] if self.load_note else []
         lines += [f"  {v}" for v in self.verdicts.values()]
         if self.out_dir is not None:
             lines.append(f"  saved in {self.out_dir}")

@@ -566,8 +566,8 @@ def measure_plans(
 def _check_budget(
     cfg: MeasureConfig, timings: Mapping[str, PlanTiming], sizes: Sequence[int], spent: float
 ) -> None:
-    """A time budget too small for the warm-ups and one round is refused, naming the minimum
-    (estimated from the warm-ups' last step times)."""
+    """A time budget too small for a single round is refused, naming the minimum (one round of
+    every plan, estimated from the last step times of their warm-ups)."""
     if cfg.budget_s is None or not sizes:
         return
     per_step = [
@@ -576,12 +576,11 @@ def _check_budget(
         if t.warmup is not None and t.warmup.times
     ]
     one_round = sizes[0] * sum(per_step)
-    if spent + one_round > cfg.budget_s:
+    if one_round > cfg.budget_s:
         raise ValueError(
             f"measure.budget_s: invalid value {cfg.budget_s:g} s: too small for a single round "
-            f"here (the warm-ups took {spent:.2f} s and one round of {sizes[0]} step(s) per plan "
-            f"takes about {one_round:.2f} s); allowed: at least {spent + one_round:.2f} s, or "
-            "None for no limit"
+            f"here (one round of {sizes[0]} step(s) per plan takes about {one_round:.2f} s, after "
+            f"warm-ups of {spent:.2f} s); allowed: at least {one_round:.2f} s, or None for no limit"
         )
 
 

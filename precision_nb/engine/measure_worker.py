@@ -1,7 +1,7 @@
-"""A fresh process that measures every plan once (``python -m precision_nb.engine.measure_worker
-SPEC``), started by :mod:`precision_nb.engine.measure_processes`.
+"""A fresh process that measures every plan once, started by the multi-process measurement.
 
-It reads the spec (JSON: the workload or ``module:factory`` to rebuild, the device, the training
+:mod:`precision_nb.engine.measure_processes` runs ``python -m precision_nb.engine.measure_worker
+SPEC``. It reads the spec (JSON: the workload or ``module:factory`` to rebuild, the device, the training
 and optimizer settings, the plans, the measured steps, the rounds and warm-up rule, the rotation
 to start with, a wall-clock deadline), builds the model from the same seed (or loads the initial
 weights it was sent), warms each plan up and measures them interleaved in rounds with

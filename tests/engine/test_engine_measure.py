@@ -272,9 +272,11 @@ def test_plans_are_keyed_by_a_frozen_spec_and_the_measurement_is_returned():
 
 def test_a_budget_too_small_for_one_round_is_refused_with_the_minimum():
     cfg = M.MeasureConfig(rounds=2, budget_s=0.5)
-    with pytest.raises(ValueError, match=r"too small for a single round.*at least 2\.") as info:
+    with pytest.raises(ValueError, match=r"too small for a single round.*at least 2\.00 s") as info:
         M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, cfg)
     assert "measure.budget_s" in str(info.value)  # 2 steps per plan x 0.5 s x 2 plans = 2 s
+    fits = M.MeasureConfig(rounds=2, budget_s=2.5)  # warm-ups are not a round: they fit
+    M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, fits)
 
 
 def test_speedups_are_over_processes_once_fresh_processes_measured():

@@ -1,7 +1,7 @@
 """The panel's results table and the notes that say how its numbers were measured.
 
 A comparison's speed figures come from the interleaved measurement (warm-up apart, rounds, paired
-speedups with a 95 % bootstrap interval): the table shows each speedup with its interval beside it
+speedups with a 95 % interval): the table shows each speedup with its interval beside it
 ("1.31× (1.22–1.40)") and the verdict in words. A single run's figures are medians over its logged
 intervals: the table says so and shows no interval, no verdict.
 """
@@ -12,6 +12,8 @@ import html
 import math
 from collections.abc import Mapping
 from typing import Any
+
+from precision_nb.engine.stats import MIN_ROUNDS
 
 __all__ = ["SINGLE_RUN_NOTE", "results_table_html", "speedup_text", "warmup_note_html"]
 
@@ -46,7 +48,7 @@ def speedup_text(row: Mapping[str, Any]) -> str:
         return f"{estimate:.2f}× (baseline)"
     if low is None or high is None:
         rounds = row.get("rounds")
-        return f"{estimate:.2f}× (no interval: {rounds} rounds, 4 needed)"
+        return f"{estimate:.2f}× (no interval: {rounds} rounds, {MIN_ROUNDS} needed)"
     return f"{estimate:.2f}× ({low:.2f}–{high:.2f})"
 
 
@@ -61,8 +63,8 @@ def results_table_html(summary: Any, *, measured: bool) -> str:
         frame.insert(2, "verdict", [r.get("verdict") or "" for r in rows])
         head = (
             "<div class='pnb-method'><i>Speed measured like a benchmark: warm-up apart, plans "
-            "interleaved in rounds, speedup = median of per-round paired ratios with a 95 % "
-            "bootstrap interval.</i></div>"
+            "interleaved in rounds, speedup from per-round paired ratios with a 95 % interval "
+            "(what it covers and what stopped the measurement: the verdict).</i></div>"
         )
     else:
         frame = frame.drop(columns=[c for c in _DROP if c in frame.columns])

@@ -78,8 +78,8 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
                     label,
                     "payoff",
                     str(measured["verdict"]),
-                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (median of per-round "
-                    "paired ratios, bootstrap interval)",
+                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (paired per-round "
+                    "ratios; what the interval covers: the verdict)",
                     "throughput.png",
                     advice,
                 )

@@ -1,10 +1,10 @@
 """A fresh process that measures every plan once, started by the multi-process measurement.
 
 :mod:`precision_nb.engine.measure_processes` runs ``python -m precision_nb.engine.measure_worker
-SPEC``. It reads the spec (JSON: the workload or ``module:factory`` to rebuild, the device, the training
-and optimizer settings, the plans, the measured steps, the rounds and warm-up rule, the rotation
-to start with, a wall-clock deadline), builds the model from the same seed (or loads the initial
-weights it was sent), warms each plan up and measures them interleaved in rounds with
+SPEC``. It reads the spec (JSON: the workload or ``module:factory`` to rebuild, the device, the
+training and optimizer settings, the plans, the measured steps, the rounds and warm-up rule, the
+rotation to start with, a wall-clock deadline), builds the model from the same seed (or loads
+the initial weights it was sent), warms each plan up and measures them interleaved in rounds with
 :func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block to
 the spec's ``out`` file. At the deadline it stops after the current step and sends what it has.
 """

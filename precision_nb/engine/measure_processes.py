@@ -251,13 +251,13 @@ def _estimates(m: Measurement, labels: Sequence[str], baseline: str) -> dict[str
     return out
 
 
-def _widest(estimates: Mapping[str, np.ndarray]) -> float:
-    """The largest relative half-width over the plans, at the look's level (inf: no interval)."""
+def _widest(estimates: Mapping[str, np.ndarray], confidence: float) -> float:
+    """The largest relative half-width over the plans at ``confidence`` (inf: no interval)."""
     widest = 0.0
     for values in estimates.values():
         if values.size < 2:
             return math.inf
-        _, low, high = stats.process_interval(values, stats.LOOK_CONFIDENCE)
+        _, low, high = stats.process_interval(values, confidence)
         widest = max(widest, float(stats.relative_half_width(low, high)))
     return widest
 
@@ -331,9 +331,10 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
     while True:
         n = m.process_count
         estimates = _estimates(m, ctx.labels, ctx.baseline)
-        widest = _widest(estimates)
+        sequential = adaptive and cfg.target is not None and n >= stats.MIN_PROCESSES
+        widest = _widest(estimates, stats.LOOK_CONFIDENCE if sequential else stats.CONFIDENCE)
         shown = _widest_words(widest)
-        if adaptive and cfg.target is not None and n >= stats.MIN_PROCESSES:
+        if sequential:
             m.sequential = True
             if _target_reached(estimates, cfg.target):
                 return (

@@ -347,6 +347,12 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
         elapsed = time.perf_counter() - ctx.t0
         guess = float(np.mean(durations)) if durations else m.seconds + STARTUP_GUESS_S
         if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
+            if n == 1:
+                return (
+                    f"budget: this process's measurement took {elapsed:.0f} s of the "
+                    f"{cfg.budget_s:g} s budget and no fresh process fit (one needs about "
+                    f"{guess:.0f} s): the interval covers this process's rounds only"
+                )
             target = f", target ±{cfg.target:.0%}" if adaptive and cfg.target is not None else ""
             return (
                 f"budget: {cfg.budget_s:g} s; another process (about {guess:.0f} s) did not fit "
@@ -368,7 +374,8 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
             if stop is not None and stop.is_set():
                 m.stopped = True
                 return f"stopped on request after {n} processes"
-            return f"a fresh process failed ({error}); {n} process(es) measured"
+            only = " (the interval covers this process's rounds only)" if n == 1 else ""
+            return f"a fresh process failed ({error}); {n} process(es) measured{only}"
         m.processes.append(timing)
         bar.update(1)
         bar.set_postfix_str(shown)

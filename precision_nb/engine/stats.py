@@ -456,7 +456,7 @@ def _pct(confidence: float) -> str:
 def _scope(s: Speedup) -> str:
     if s.level == "processes":
         return f"over {s.processes} processes, {s.rounds} paired rounds in all"
-    return f"{s.rounds} rounds in one process"
+    return f"{s.rounds} rounds in one process, which does not cover process-to-process variation"
 
 
 def _needed(s: Speedup) -> int | None:

@@ -61,15 +61,38 @@ def test_fresh_processes_are_added_until_the_target(monkeypatch):
     )
 
 
+class Clock:
+    """The multi-process loop's clock only: ``advance`` moves it (a worker's run time)."""
+
+    def __init__(self, start=0.0):
+        self.now = start
+
+    def perf_counter(self):
+        return self.now
+
+    @staticmethod
+    def time():
+        import time
+
+        return time.time()
+
+
 def test_a_target_out_of_reach_stops_at_the_budget_and_says_so(monkeypatch):
-    workers = Workers([2.0, 0.8, 1.6, 1.0], seconds=0.0)
-    cfg = MeasureConfig(rounds=4, warmup_max=0, processes=None, target=0.05, budget_s=60.0)
+    clock = Clock()
+    monkeypatch.setattr(MP, "time", clock)
     monkeypatch.setattr(MP, "STARTUP_GUESS_S", 0.0)
-    clock = iter(range(0, 10_000, 20))  # every reading of the clock: 20 s later
-    monkeypatch.setattr(MP.time, "perf_counter", lambda: float(next(clock)))
-    m, _, _ = _measure(monkeypatch, workers, cfg)
-    assert m.stopped_by.startswith("budget: 60 s; another process")
-    assert "target ±5%" in m.stopped_by and m.process_count < 6
+    workers = Workers([2.0, 0.8, 1.6, 1.0])
+
+    def fifteen_seconds_each(*args):
+        clock.now += 15.0
+        return workers(*args)
+
+    cfg = MeasureConfig(rounds=4, warmup_max=0, processes=None, target=0.05, budget_s=60.0)
+    m, _, _ = _measure(monkeypatch, fifteen_seconds_each, cfg)
+    assert m.process_count == 5 and workers.calls == 4  # 4 x 15 s fill the 60 s
+    assert m.stopped_by.startswith("budget: 60 s; another process (about 15 s) did not fit")
+    assert "5 processes measured" in m.stopped_by and "target ±5%" in m.stopped_by
+    assert m.sequential  # looks were taken from the third process on: 97.5 % per look
 
 
 def test_a_fixed_number_of_processes_is_measured_at_95_percent(monkeypatch):
@@ -163,3 +186,22 @@ def test_each_plan_is_measured_in_fresh_processes_too():
     assert row["processes"] == 2 and row["speedup_covers"] == "processes"
     assert row["stopped_by"].startswith("2 processes, as asked")
     assert out.results["bf16"].steps == 4  # this process's run is the one the report shows
+
+
+def test_a_budget_spent_by_this_process_says_the_interval_covers_its_rounds_only(monkeypatch):
+    cfg = MeasureConfig(rounds=8, warmup_max=0, processes=None, budget_s=40.0)
+    clock = Clock()
+    monkeypatch.setattr(MP, "time", clock)
+    real = MP.measure_plans
+
+    def slow_first_process(*args, **kwargs):
+        clock.now += 45.0  # this process's measurement alone spends the budget
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(MP, "measure_plans", slow_first_process)
+    monkeypatch.setattr(MP, "_run_worker", lambda *a: pytest.fail("no process fits"))
+    m, _, _ = MP.measure(PLANS, _sessions(), 8, cfg, rebuild=SPEC, baseline="fp32")
+    assert m.process_count == 1 and "no fresh process fit" in m.stopped_by
+    v = stats.verdict("bf16", m.speedup("bf16", "fp32"))
+    assert "8 rounds in one process, which does not cover process-to-process" in v.text
+    assert v.stopped_by.endswith("the interval covers this process's rounds only")

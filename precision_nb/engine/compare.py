@@ -276,7 +276,8 @@ def compare(
     plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
     model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
     ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``. ``measure`` sets
-    the warm-up rule and the rounds (:class:`MeasureConfig`); ``steps`` (a TrainConfig field) is
+    the warm-up rule, the rounds and the processes (:class:`MeasureConfig`: this process only by
+    default; see :mod:`precision_nb.engine.measure_processes`); ``steps`` (a TrainConfig field) is
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
     still finish; then the first failure is raised with the whole comparison attached as
     ``exc.precision_nb_comparison`` (``failures`` says which plans stopped where).

@@ -409,8 +409,11 @@ def _run_worker(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "precision_nb.engine.measure_worker", str(spec_path)]
     began = time.perf_counter()
+    # its own session: a Ctrl-C reaches this process only, which then ends the worker by its id
     with open(errors, "wb") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
+        )
     try:
         while True:
             try:

@@ -111,6 +111,8 @@ class MeasureConfig:
     completes its rounds; the budget decides whether another process fits.
     ``rebuild``: for a model object, the ``("module:factory", "module:batches")`` it came from,
     so fresh processes can rebuild it (built-in workloads need nothing).
+    ``refuse_small_budget``: a budget too small for a single round is refused (a budget asked
+    for); False for a default budget, which then only limits the fresh processes.
     """
 
     rounds: int = 8
@@ -123,6 +125,7 @@ class MeasureConfig:
     target: float | None = 0.05
     budget_s: float | None = None
     rebuild: tuple[str, str] | None = None
+    refuse_small_budget: bool = True
 
     def __post_init__(self) -> None:
         validate.integer("measure.rounds", self.rounds, minimum=1)
@@ -131,6 +134,7 @@ class MeasureConfig:
         validate.integer("measure.warmup_window", self.warmup_window, minimum=2)
         validate.number("measure.warmup_tolerance", self.warmup_tolerance, minimum=0.0)
         validate.number("measure.warmup_seconds", self.warmup_seconds, minimum=0.0)
+        validate.boolean("measure.refuse_small_budget", self.refuse_small_budget)
         names = ("measure.processes", "measure.target", "measure.budget_s", "measure.rebuild")
         check_options(self.processes, self.target, self.budget_s, self.rebuild, names)
         if self.rebuild is not None:
@@ -568,7 +572,7 @@ def _check_budget(
 ) -> None:
     """A time budget too small for a single round is refused, naming the minimum (one round of
     every plan, estimated from the last step times of their warm-ups)."""
-    if cfg.budget_s is None or not sizes:
+    if cfg.budget_s is None or not cfg.refuse_small_budget or not sizes:
         return
     per_step = [
         statistics.median(t.warmup.times[-3:])

@@ -308,3 +308,9 @@ def test_plan_timing_travels_as_json():
     timing = M.PlanTiming("bf16", M.Warmup(3, 0.2, "stable", (1.0, 0.5, 0.5)), [[0.5, 0.4], []])
     back = M.PlanTiming.from_dict("bf16", timing.to_dict())
     assert back.warmup == timing.warmup and back.blocks == timing.blocks and back.failed is None
+
+
+def test_a_default_budget_is_not_refused_it_only_limits_the_fresh_processes():
+    cfg = M.MeasureConfig(rounds=2, budget_s=0.5, refuse_small_budget=False)
+    m, _, _ = M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, cfg)
+    assert m.plans["bf16"].rounds_completed == 2  # this process completes its rounds anyway

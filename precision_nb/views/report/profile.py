@@ -458,4 +458,7 @@ def _measure_config(request: ProfileRequest) -> Any:
         target=request.target,
         budget_s=request.budget_s,
         rebuild=request.rebuild,
+        # the default budget limits the fresh processes; only a budget asked for is refused
+        # when a single round does not fit in it
+        refuse_small_budget=request.budget_s != DEFAULT_BUDGET_S,
     )

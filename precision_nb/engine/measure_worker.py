@@ -1,12 +1,13 @@
 """A fresh process that measures every plan once, started by the multi-process measurement.
 
 :mod:`precision_nb.engine.measure_processes` runs ``python -m precision_nb.engine.measure_worker
-SPEC``. It reads the spec (JSON: the workload or ``module:factory`` to rebuild, the device, the
-training and optimizer settings, the plans, the measured steps, the rounds and warm-up rule, the
-rotation to start with, a wall-clock deadline), builds the model from the same seed (or loads
-the initial weights it was sent), warms each plan up and measures them interleaved in rounds with
-:func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block to
-the spec's ``out`` file. At the deadline it stops after the current step and sends what it has.
+RUN_FILE``. It reads the run file (JSON: the workload or ``module:factory`` to rebuild, the
+device, the training and optimizer settings, the plans, the measured steps, the rounds and warm-up
+rule, the rotation to start with, a wall-clock deadline), builds the model from the same seed (or
+loads the initial weights it was sent), warms each plan up and measures them interleaved in rounds
+with :func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block
+to the run file's ``out`` path. At the deadline it stops after the current step and sends what it
+has.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _import(path: str) -> Any:
 
 
 def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """The model, its batches and workload info, as the spec names them."""
+    """The model, its batches and workload info, as the run file names them."""
     import torch
 
     from precision_nb.engine.trainer import prepare, seed_everything
@@ -67,7 +68,7 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    """Measure the spec's plans in this process; the JSON-able result."""
+    """Measure the run file's plans in this process; the JSON-able result."""
     import torch
 
     from precision_nb.core.optim import OptimizerConfig

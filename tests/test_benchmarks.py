@@ -58,3 +58,11 @@ def test_bench_numerics_times_both_variants_and_a_full_call():
     assert len(bench.numerics_seconds("mlp", "tiny", calls=1)) == 1
     fits = bench.fit_step_times("mlp", "tiny", steps=2, repeats=2, every=(None, 1))
     assert len(fits) == 2 and all(set(f) == {None, 1} and min(f.values()) > 0 for f in fits)
+
+
+def test_bench_calibration_prints_rates_from_the_product_statistics():
+    bench = _load("bench_calibration")
+    lines = bench.simulated_rates(trials=40)
+    assert lines[0].startswith("simulation, 40 comparisons") and any("power" in x for x in lines)
+    rates = bench.sleep_null(rounds=6, repeats=1)
+    assert sum(rates.values()) == 1.0

@@ -13,7 +13,7 @@ from torch import nn
 
 import precision_nb as pnb
 from precision_nb.cli.main import main
-from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, run_rounds
+from precision_nb.engine.measure import run_rounds
 
 MESSAGE = "the model is broken on purpose"
 
@@ -32,9 +32,8 @@ def batches() -> list:
 
 
 def test_rounds_without_any_plan_left_do_nothing() -> None:
-    measurement = Measurement(MeasureConfig(), [2, 2], {"fp32": PlanTiming("fp32")})
-    assert run_rounds({}, [2, 2], measurement) == {}
-    assert measurement.orders == []
+    rounds = run_rounds({}, [2, 2])
+    assert rounds.blocks == {} and rounds.orders == [] and rounds.failures == {}
 
 
 def test_profile_in_python_raises_the_models_own_error(tmp_path) -> None:

@@ -182,6 +182,9 @@ BOUNDED = [
     ("steps", lambda: _profile(steps=LONG_LIST)),
     ("accumulation", lambda: _profile(accumulation=HUGE)),
     ("compare", lambda: _profile(modes="," * 100_000)),
+    ("processes", lambda: _profile(processes=LONG_LIST)),
+    ("target", lambda: _profile(target=LONG_LIST)),
+    ("budget_s", lambda: _profile(budget_s=LONG_LIST)),
 ]
 
 

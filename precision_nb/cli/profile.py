@@ -37,6 +37,9 @@ DEFAULT_WORKLOAD = "mlp"
 DEFAULT_PRESET = "small"
 DEFAULT_STEPS = 48
 DEFAULT_ROUNDS = 8
+DEFAULT_TARGET = 0.05
+DEFAULT_BUDGET_S = 40.0
+MIN_ROUNDS = 6  # engine.stats.MIN_ROUNDS: rounds a 95 % interval needs in one process
 STRATEGIES = ("ddp", "fsdp2")
 COMM_HOOKS = ("none", "fp16", "bf16")
 
@@ -75,7 +78,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=DEFAULT_ROUNDS,
-        help="interleaved rounds the measured steps are split over",
+        help="interleaved rounds the measured steps are split over, in each process",
+    )
+    parser.add_argument(
+        "--processes",
+        default=None,
+        metavar="N",
+        help="processes that measure the plans: 1 (this one only) or N (this one and N-1 fresh "
+        "ones); default: fresh ones are added until --target or --budget",
+    )
+    parser.add_argument(
+        "--target",
+        default=str(DEFAULT_TARGET),
+        metavar="FRACTION",
+        help="stop adding processes when every speedup interval's half-width is within this "
+        "fraction (0.05 = ±5 %%); none: measure until the budget is spent",
+    )
+    parser.add_argument(
+        "--budget",
+        default=f"{DEFAULT_BUDGET_S:g}",
+        metavar="SECONDS",
+        help="wall-clock seconds the measurement may take (warm-ups, rounds, processes); "
+        "none: no limit",
     )
     parser.add_argument(
         "--workload",
@@ -166,6 +190,12 @@ def check_flags(args: argparse.Namespace) -> None:
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
+    from precision_nb.engine.measure import check_options
+
+    args.processes = _optional_number("--processes", args.processes, int)
+    args.target = _optional_number("--target", args.target, float)
+    args.budget = _optional_number("--budget", args.budget, float)
+    check_options(args.processes, args.target, args.budget, None, FLAG_NAMES)
     if args.nproc is not None:
         positive_int("--nproc", args.nproc)
     for flag, value in (("--strategy", args.strategy), ("--comm-hook", args.comm_hook)):
@@ -239,9 +269,20 @@ def _run(args: argparse.Namespace) -> int:
             inspect=not args.no_inspect,
             numerics=not args.no_numerics,
             distributed=_distributed(args),
+            processes=args.processes,
+            target=args.target,
+            budget_s=args.budget,
+            rebuild=_rebuild(args),
         )
     except (ValueError, RuntimeError) as err:
         return error("profile", err)
+    if args.rounds < MIN_ROUNDS and args.processes == 1:
+        print(
+            f"precision-nb profile: --rounds {args.rounds} in one process is below the "
+            f"{MIN_ROUNDS} rounds a 95 % interval needs: the verdicts give the raw per-round "
+            "ratios instead",
+            file=sys.stderr,
+        )
 
     command = "precision-nb " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
     stop = threading.Event()
@@ -271,6 +312,30 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failures else EXIT_OK
 
 
+FLAG_NAMES = ("--processes", "--target", "--budget", "--model")
+
+
+def _optional_number(flag: str, value: Any, kind: type) -> Any:
+    """A flag's text as a number of ``kind``, or None for "none" (no target, no time limit)."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if str(value).strip().lower() == "none":
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = "an integer" if kind is int else "a number"
+        raise ValueError(f"{flag}: invalid value {value!r}; allowed: {allowed} or none") from None
+
+
+def _rebuild(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The import paths fresh measuring processes rebuild ``--model`` and its batches from."""
+    if args.model is None:
+        return None
+    module = args.model.partition(":")[0]
+    return args.model, args.batches or f"{module}:batches"
+
+
 def _distributed(args: argparse.Namespace) -> Any:
     """The ``Distributed`` request of ``--nproc`` / ``--strategy`` / ``--comm-hook``, or None."""
     if args.nproc is None:
@@ -293,9 +358,11 @@ def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _print_outcome(output: Any) -> None:
     """One line per plan, the verdict first (merged requests under their plan), then the
-    table, the other hints and where the report is."""
+    table, the other hints and where the report is; a busy machine is said before any figure."""
     from precision_nb.views.report.answer import other_hints, terminal_lines
 
+    if output.load_note:
+        print(cli_text(output.load_note))
     plans = output.answers()
     for line in terminal_lines(plans):
         print(cli_text(line))

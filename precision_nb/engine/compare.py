@@ -13,7 +13,6 @@ parameters.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -29,10 +28,11 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.engine import stats
-from precision_nb.engine.batches import BatchSource
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.compile import comparing
-from precision_nb.engine.measure import MeasureConfig, Measurement, measure_plans
+from precision_nb.engine.measure import MeasureConfig, Measurement, PlanSpec
+from precision_nb.engine.measure_processes import measure as measure_in_processes
+from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
 from precision_nb.engine.metrics import compute_dtype, peak_ratios, tf32_state
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.engine.request import RunRequest
@@ -108,22 +108,33 @@ def plan_figures(
 ) -> tuple[dict[str, dict[str, Any]], list[Event]]:
     """Per plan: step-time median and IQR, rates, MFU, speedup with interval, verdict, warm-up.
 
-    Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time,
-    so they cannot disagree with the speedup. An MFU above 1 means the peak was measured too
-    low: it is recorded as a ``calibration`` event and left out (None), not shown as utilisation.
+    Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time
+    (all processes pooled), so they cannot disagree with the speedup. The MFU carries the range
+    its peak's calibration repeats allow (``mfu_low`` / ``mfu_high``). An MFU above 1 means the
+    peak was measured too low: it is recorded as a ``calibration`` event and left out (None),
+    not shown as utilisation. ``verdict_detail`` is the :class:`~precision_nb.engine.stats.
+    Verdict` (wording, interval, method, how the measurement stopped, the load note).
     """
     events: list[Event] = []
     out: dict[str, dict[str, Any]] = {}
+    load = getattr(measurement, "load", None)
+    busy = load.note() if load is not None else ""
     for label, timing in measurement.plans.items():
         result = results.get(label)
         info = result.workload if result is not None else {}
-        sp = timing.spread
+        sp = measurement.spread(label)
         median = sp.median if sp.n else math.nan
         per_step = (info.get("batch_size") or 0) * (info.get("accumulation") or 1)
         tps = _tokens_per_sample(result) if result is not None else None
         flops_per_s = _per_s(info.get("flops_per_step"), median)
         peak = info.get("peak_flops_per_s")
         mfu = flops_per_s / peak if flops_per_s and peak else None
+        peak_low, peak_high = info.get("peak_flops_low"), info.get("peak_flops_high")
+        mfu_range = (
+            (flops_per_s / peak_high, flops_per_s / peak_low)
+            if flops_per_s and peak_low and peak_high
+            else (mfu, mfu)
+        )
         if mfu is not None and mfu > 1:
             events.append(
                 Event(
@@ -135,6 +146,7 @@ def plan_figures(
                 )
             )
             mfu = None
+            mfu_range = (None, None)
         warm = timing.warmup
         row: dict[str, Any] = {
             "median_step_time_s": median,
@@ -146,7 +158,10 @@ def plan_figures(
             "tokens_per_s": _per_s(per_step * tps, median) if tps else None,
             "flops_per_s": flops_per_s,
             "mfu": mfu,
+            "mfu_low": mfu_range[0],
+            "mfu_high": mfu_range[1],
             "rounds": timing.rounds_completed,
+            "processes": measurement.process_count,
             "warmup_steps": warm.steps if warm else 0,
             "warmup_s": warm.seconds if warm else 0.0,
             "warmup_rule": warm.rule if warm else "",
@@ -174,15 +189,23 @@ def plan_figures(
             speed = measurement.speedup(label, baseline)
             base_mode = getattr(results.get(baseline), "plan", None)
             name = getattr(base_mode, "mode", baseline)
-            v = stats.verdict(label, speed, baseline=str(name), spread_of_plan=sp)
+            v = stats.verdict(label, speed, baseline=str(name), spread_of_plan=sp, busy=busy)
             if label == baseline:
-                v = stats.Verdict("baseline", f"{label} is the baseline.")
+                v = stats.Verdict(
+                    "baseline", f"{label} is the baseline.", label=label, baseline=label,
+                    stopped_by=speed.stopped_by, busy=busy,
+                )  # fmt: skip
             row.update(
                 speedup_vs_fp32=speed.estimate,
                 speedup_ci_low=speed.low,
                 speedup_ci_high=speed.high,
+                speedup_half_width=v.half_width,
+                speedup_method=v.method,
+                speedup_covers=v.level,
+                stopped_by=v.stopped_by,
                 verdict_kind=v.kind,
                 verdict=str(v),
+                verdict_detail=v,
             )
         out[label] = row
     return out, events
@@ -283,7 +306,8 @@ def compare(
     plain "fp16" request into the CPU loss-scale lab. With ``model`` (and ``batches``) your own
     model is copied for every run; otherwise the built-in ``workload`` at ``preset`` is used.
     ``loss_fn`` is passed to every run's :class:`Trainer`, as in ``fit()``. ``measure`` sets
-    the warm-up rule and the rounds (:class:`MeasureConfig`); ``steps`` (a TrainConfig field) is
+    the warm-up rule, the rounds and the processes (:class:`MeasureConfig`: this process only by
+    default; see :mod:`precision_nb.engine.measure_processes`); ``steps`` (a TrainConfig field) is
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
     still finish; then a :class:`ComparisonError` is raised with the whole comparison as
     ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
@@ -337,28 +361,30 @@ def run_comparison(
     mcfg = measure if measure is not None else MeasureConfig()
     trainers: dict[str, Trainer] = {}
     warm_trainers: dict[str, Trainer] = {}
-
-    def make_session(label: str, steps: int, warmup: bool) -> Any:
-        train = dataclasses.replace(cfg, label=label, progress=cfg.progress and not warmup)
-        trainer = Trainer(
-            copy.deepcopy(initial),
-            BatchSource(batches),
-            device=device,
-            precision=planned[label].config,
-            optimizer=optimizer,
-            train=train,
-            loss_fn=loss_fn,
-            workload_info=info,
-            compile=planned[label].compile,
-        )
-        (warm_trainers if warmup else trainers)[label] = trainer
-        return trainer.start(
-            steps=steps, callbacks=() if warmup else dispatch, stop=None if warmup else stop
-        )
-
-    measurement, sessions, failures = measure_plans(
-        list(planned), make_session, cfg.steps, mcfg, stop, dispatch.warmup
+    precisions = {label: e.config for label, e in planned.items()}
+    compiles = {label: e.compile.requested for label, e in planned.items()}
+    make_session = trainer_sessions(
+        initial, batches, device=device, plans=precisions, optimizer=optimizer, train=cfg,
+        loss_fn=loss_fn, info=info, callbacks=dispatch, stop=stop, trainers=trainers,
+        compiles=compiles, warm_trainers=warm_trainers,
+    )  # fmt: skip
+    user_model = isinstance(request.model, nn.Module)
+    rebuild, single_reason = rebuild_spec(
+        workload=None if user_model else request.model, preset=request.preset,
+        user_model=user_model, batches=request.batches, loss_fn=loss_fn, device=device,
+        train=cfg, optimizer=optimizer, plans=precisions, initial=initial, model_spec=mcfg.rebuild,
+        compiles=compiles,
+    )  # fmt: skip
+    baseline = next(
+        (k for k, e in planned.items() if e.config.requested == "fp32" and compiles[k] == "off"),
+        None,
     )
+    measurement, sessions, failures = measure_in_processes(
+        [PlanSpec(label, precisions[label], compiles[label]) for label in planned],
+        make_session, cfg.steps, mcfg, rebuild=rebuild, single_reason=single_reason,
+        baseline=baseline, stop=stop, on_warmup=dispatch.warmup, callbacks=dispatch,
+        progress=cfg.progress,
+    )  # fmt: skip
     out.measurement = measurement
     out.events.extend(measurement.events)
     reference: torch.Tensor | None = None

@@ -16,6 +16,7 @@ import functools
 import logging
 import os
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,10 +74,34 @@ _ANY_NAME = re.compile(r"nvidia|geforce|rtx|tesla|\d+gb")
 
 @dataclass(frozen=True)
 class Peak:
-    """A peak FLOP/s figure and where it came from (datasheet entry or CPU calibration)."""
+    """A peak FLOP/s figure and where it came from (datasheet entry or CPU calibration).
+
+    A measured peak is the median of its calibration repeats, ``low`` / ``high`` the slowest and
+    fastest of them (None for a datasheet figure, which has no spread to measure).
+    """
 
     flops_per_s: float
     source: str
+    low: float | None = None
+    high: float | None = None
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
+class PeakRatio:
+    """A dtype's peak over the fp32 peak (an estimate of what matmul-bound work could gain, not a
+    bound), with the range its calibration repeats allow (``low`` = slowest dtype repeat / fastest
+    fp32 repeat, ``high`` the other way round; equal to ``ratio`` for datasheet peaks)."""
+
+    ratio: float
+    low: float
+    high: float
+    source: str
+
+    def __str__(self) -> str:
+        if self.low == self.high:
+            return f"{self.ratio:.2f}x ({self.source})"
+        return f"{self.ratio:.2f}x, range {self.low:.2f}-{self.high:.2f}x ({self.source})"
 
 
 def gpu_table_key(device_name: str) -> str | None:
@@ -94,13 +119,19 @@ _CPU_PEAKS: dict[str, Peak] = {}
 
 #: Square matmul sizes timed per dtype; the best rate of them is the peak.
 CALIBRATION_SIZES = (256, 512, 1024)
+#: Timings of the best size per dtype: the peak is their median, their range its spread.
+CALIBRATION_REPEATS = 5
 
 
-def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05) -> Peak:
-    """This process's best CPU matmul FLOP/s for ``dtype`` (cached per dtype).
+def calibrate_cpu_peak(
+    dtype: torch.dtype = torch.float32, seconds: float = 0.05, repeats: int = CALIBRATION_REPEATS
+) -> Peak:
+    """This process's CPU matmul FLOP/s for ``dtype`` with its spread (cached per dtype).
 
     Each size of :data:`CALIBRATION_SIZES` is timed with ``torch.utils.benchmark.Timer``
-    (``blocked_autorange``, at least ``seconds`` per size; its median); the best rate is kept.
+    (``blocked_autorange``, at least ``seconds`` per size; its median); the size with the best
+    rate is then timed ``repeats - 1`` more times. The peak is the median of those ``repeats``
+    rates, ``low`` / ``high`` the slowest and fastest (a busy machine shows as a wide range).
     A larger size is skipped when one call of it would take longer than ``seconds`` at the best
     rate so far (a dtype without fast kernels, fp16 on most CPUs, stays cheap to calibrate).
     """
@@ -110,7 +141,7 @@ def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05
     if key in _CPU_PEAKS:
         return _CPU_PEAKS[key]
     gen = torch.Generator().manual_seed(0)  # own generator: the global RNG stays untouched
-    best, best_n = 0.0, 0
+    best, best_n, best_timer = 0.0, 0, None
     for n in CALIBRATION_SIZES:
         if best and 2.0 * n**3 / best > seconds:
             break
@@ -119,33 +150,49 @@ def calibrate_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.05
         timer = Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b})
         rate = 2.0 * n**3 / timer.blocked_autorange(min_run_time=seconds).median
         if rate > best:
-            best, best_n = rate, n
+            best, best_n, best_timer = rate, n, timer
+    rates = [best]
+    for _ in range(max(0, repeats - 1) if best_timer is not None else 0):
+        rates.append(2.0 * best_n**3 / best_timer.blocked_autorange(min_run_time=seconds).median)
+    rates.sort()
     peak = Peak(
-        best,
+        statistics.median(rates),
         f"measured: CPU {key} matmul, best of sizes {'/'.join(map(str, CALIBRATION_SIZES))} "
-        f"(best {best_n}), torch.utils.benchmark blocked_autorange median, "
+        f"(best {best_n}), median of {len(rates)} torch.utils.benchmark blocked_autorange "
+        f"medians (range {rates[0] / 1e9:.1f}-{rates[-1] / 1e9:.1f} GFLOP/s), "
         f"{torch.get_num_threads()} threads",
+        rates[0],
+        rates[-1],
+        len(rates),
     )
     _CPU_PEAKS[key] = peak
     log.info("CPU %s matmul peak %.2f GFLOP/s", key, peak.flops_per_s / 1e9)
     return peak
 
 
-def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, float]:
+def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, PeakRatio]:
     """Peak FLOP/s of each dtype over the fp32 peak on ``device``: an estimate of what it could
     gain on matmul-bound work if both reached the same fraction of their peaks (not a bound).
 
-    On CPU these are measured (:func:`calibrate_cpu_peak`); on CUDA they come from the datasheet
-    table. Dtypes without a known peak are left out.
+    On CPU these are measured (:func:`calibrate_cpu_peak`), with the range their repeats allow;
+    on CUDA they come from the datasheet table. Dtypes without a known peak are left out.
     """
     base = peak_flops(device, torch.float32)
     if base is None or base.flops_per_s <= 0:
         return {}
-    out: dict[str, float] = {}
+    out: dict[str, PeakRatio] = {}
     for dtype in dtypes:
         peak = peak_flops(device, dtype)
-        if peak is not None:
-            out[str(dtype).replace("torch.", "")] = peak.flops_per_s / base.flops_per_s
+        if peak is None:
+            continue
+        ratio = peak.flops_per_s / base.flops_per_s
+        if None in (peak.low, peak.high, base.low, base.high):
+            out[str(dtype).replace("torch.", "")] = PeakRatio(ratio, ratio, ratio, "datasheet")
+            continue
+        low = peak.low / base.high  # type: ignore[operator]
+        high = peak.high / base.low  # type: ignore[operator]
+        source = f"measured: {min(peak.repeats, base.repeats)}+ calibration repeats each"
+        out[str(dtype).replace("torch.", "")] = PeakRatio(ratio, low, high, source)
     return out
 
 

@@ -84,6 +84,8 @@ def describe_run(
         "flops_source": "torch.utils.flop_counter (one microbatch forward+backward x K)",
         "peak_flops_per_s": peak.flops_per_s if peak else None,
         "peak_source": peak.source if peak else None,
+        "peak_flops_low": peak.low if peak else None,
+        "peak_flops_high": peak.high if peak else None,
         "task": task,
         "dims": info.get("dims", {}),
     }

@@ -41,8 +41,11 @@ def _profile(*args: str) -> int:
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory) -> tuple[Path, int]:
     out = tmp_path_factory.mktemp("profile") / "out"
-    # CPU on every machine, so fp16 always resolves to fp32 and is merged.
-    code = _profile("--preset", "tiny", "--steps", "4", "--device", "cpu", "--out", str(out))
+    # CPU on every machine, so fp16 always resolves to fp32 and is merged. The default
+    # measurement (fresh processes until the target) with a shorter budget for the test.
+    code = _profile(
+        "--preset", "tiny", "--steps", "4", "--device", "cpu", "--budget", "30", "--out", str(out)
+    )  # fmt: skip
     return out, code
 
 
@@ -86,6 +89,10 @@ def test_summary_csv_has_one_row_per_plan(profiled):
     # bf16 is compared with fp32, so its hints column carries its verdict (whatever it is).
     assert by_run["bf16"]["verdict"] in by_run["bf16"]["hints"]
     assert "fp32" in by_run["bf16"]["verdict"]
+    # measured in this process and at least one fresh one; the row says what stopped it
+    processes = int(by_run["bf16"]["processes"])
+    assert processes >= 2 and f"over {processes} processes" in by_run["bf16"]["verdict"]
+    assert by_run["bf16"]["stopped_by"].startswith(("target:", "budget:", "a fresh process"))
 
 
 def test_figures_are_png(profiled):
@@ -183,6 +190,12 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
         (["--compare", "fp32,fp8"], "'fp8'"),
         (["--simulate", "cuda-bf16"], "nothing can train on simulated hardware"),
         (["--simulate"], "nothing can train on simulated hardware"),
+        (["--processes", "0"], "--processes: invalid value 0 (int); allowed: an integer from 1"),
+        (["--target", "2"], "--target: invalid value 2.0; allowed: a relative half-width above 0"),
+        (["--target", "0"], "--target: invalid value 0.0"),
+        (["--budget", "-1"], "--budget: invalid value -1.0; allowed: a number of seconds above 0"),
+        (["--budget", "soon"], "--budget: invalid value 'soon'; allowed: a number or none"),
+        (["--processes", "two"], "--processes: invalid value 'two'; allowed: an integer or none"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, message):
@@ -254,6 +267,9 @@ def test_help_lists_every_flag(capsys):
         "--loss-scale-lab",
         "--no-inspect",
         "--no-numerics",
+        "--processes",
+        "--target",
+        "--budget",
         "--out",
     ):
         assert flag in text
@@ -276,6 +292,7 @@ def test_the_cli_module_imports_no_heavy_library():
 def test_token_workload_reports_tokens_per_s_for_every_plan(tmp_path):
     out = tmp_path / "lm"
     args = ("--workload", "lm", "--preset", "tiny", "--steps", "1", "--compare", "fp32,bf16")
+    args = (*args, "--processes", "1")
     assert _profile(*args, "--device", "cpu", "--out", str(out)) == 0
     by_run = {r["run"]: r for r in _rows(out / "summary.csv")}
     assert set(by_run) == {"fp32", "bf16"}
@@ -316,3 +333,42 @@ def test_the_terminal_opens_with_one_verdict_line_per_plan_said_once(
     )
     assert sum(verdict in line for line in lines) == 1  # not again as `verdict:` or a hint
     assert not any(line.startswith("verdict:") for line in lines)
+
+
+def test_a_budget_too_small_for_one_round_is_refused_with_the_minimum(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = _profile(
+        "--preset", "tiny", "--steps", "4", "--compare", "fp32,bf16", "--device", "cpu",
+        "--budget", "0.001", "--no-inspect", "--no-numerics", "--out", str(out),
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "too small for a single round" in err and "allowed: at least" in err
+    assert not out.exists()
+
+
+def test_too_few_rounds_in_one_process_say_so_and_give_the_raw_ratios(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = _profile(
+        "--preset", "tiny", "--steps", "4", "--rounds", "4", "--processes", "1",
+        "--compare", "fp32,bf16", "--device", "cpu", "--no-inspect", "--no-numerics",
+        "--out", str(out),
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "--rounds 4 in one process is below the 6 rounds a 95 % interval needs" in captured.err
+    by_run = {r["run"]: r for r in _rows(out / "summary.csv")}
+    verdict = by_run["bf16"]["verdict"]
+    assert (
+        "4 round(s) in one process are too few" in verdict and "per-round speed ratios" in verdict
+    )
+    assert by_run["bf16"]["speedup_ci_low"] == "" and by_run["bf16"]["processes"] == "1"
+
+
+def test_measurement_defaults_are_the_engines():
+    from precision_nb.cli import profile as cli_profile
+    from precision_nb.engine import stats
+
+    assert cli_profile.DEFAULT_TARGET == report.DEFAULT_TARGET
+    assert cli_profile.DEFAULT_BUDGET_S == report.DEFAULT_BUDGET_S
+    assert cli_profile.MIN_ROUNDS == stats.MIN_ROUNDS
+    assert report.DEFAULT_PROCESSES is None  # the command line's default: processes added

@@ -122,3 +122,20 @@ def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, c
     assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
     assert "run failed: plan fp32 failed: every plan failed" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_model_from_an_import_path_is_measured_in_fresh_processes_too(user_module, tmp_path):
+    import csv
+
+    out = tmp_path / "out"
+    args = [
+        "--model", f"{user_module}:make", "--batches", f"{user_module}:data",
+        "--compare", "fp32,bf16", "--steps", "4", "--rounds", "2", "--processes", "2",
+        "--no-inspect", "--no-numerics", "--out", str(out),
+    ]  # fmt: skip
+    assert main(["profile", "--no-progress", *args]) == 0
+    with (out / "summary.csv").open(newline="") as handle:
+        by_run = {r["run"]: r for r in csv.DictReader(handle)}
+    # a fresh process rebuilt the model from the factory (with this process's initial weights)
+    assert by_run["bf16"]["processes"] == "2", by_run["bf16"]["stopped_by"]
+    assert by_run["bf16"]["stopped_by"].startswith("2 processes, as asked")

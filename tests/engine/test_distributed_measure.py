@@ -20,7 +20,7 @@ from precision_nb.engine.distributed.measured import (
 )
 from precision_nb.engine.measure import MeasureConfig
 
-STEPS, ROUNDS = 8, 4
+STEPS, ROUNDS = 12, 6  # 6 rounds: the fewest a 95 % interval over one launch's rounds needs
 MLP_TINY_PARAMS = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
 
 
@@ -54,8 +54,8 @@ def measured(phases):
 
 def test_one_launch_measures_both_plans_like_one_process(measured) -> None:
     m = measured.measurement
-    assert m.orders == [["fp32", "bf16"], ["bf16", "fp32"]] * 2  # rotated every round
-    assert m.sizes == [2, 2, 2, 2]
+    assert m.orders == [["fp32", "bf16"], ["bf16", "fp32"]] * 3  # rotated every round
+    assert m.sizes == [2] * ROUNDS
     for label in ("fp32", "bf16"):
         timing = m.plans[label]
         assert timing.failed is None and timing.rounds_completed == ROUNDS
@@ -71,6 +71,7 @@ def test_one_launch_measures_both_plans_like_one_process(measured) -> None:
         speed.rounds == ROUNDS and speed.has_interval and speed.low <= speed.estimate <= speed.high
     )
     assert stats.verdict("bf16", speed).kind in ("faster", "slower", "unresolved")
+    assert speed.level == "rounds" and "one torchrun launch" in speed.stopped_by
 
 
 def test_the_ranks_stop_each_warm_up_at_the_same_step(measured) -> None:
@@ -93,7 +94,7 @@ def test_progress_names_each_phase_as_it_starts(measured, phases) -> None:
     assert phases.seen[0] == "warm-up of fp32"
     assert "warm-up of bf16" in phases.seen
     assert [p for p in phases.seen if p.startswith("round")] == [
-        f"round {r}/4" for r in range(1, 5)
+        f"round {r}/{ROUNDS}" for r in range(1, ROUNDS + 1)
     ]
 
 
@@ -157,15 +158,15 @@ def test_an_fsdp2_profile_is_measured_with_an_interval() -> None:
         "mlp",
         compare="fp32,bf16",
         device="cpu",
-        steps=4,
-        rounds=4,
+        steps=6,
+        rounds=6,
         distributed=Distributed("fsdp2", 2, timeout_s=180),
         inspect=False,
         numerics=False,
         progress=False,
     )
     figures = p.comparison.figures
-    assert figures["bf16"]["rounds"] == 4 and figures["bf16"]["warmup_steps"] >= 1
+    assert figures["bf16"]["rounds"] == 6 and figures["bf16"]["warmup_steps"] >= 1
     assert figures["bf16"]["speedup_ci_low"] is not None
     assert figures["bf16"]["verdict_kind"] in ("faster", "slower", "unresolved")
     assert "slowest rank" in p.comparison.method["distributed step time"]

@@ -15,7 +15,7 @@ from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, 
 from precision_nb.engine.results import FitError, RunResult
 from precision_nb.engine.trainer import Trainer
 
-FAST = MeasureConfig(rounds=4, warmup_min=2, warmup_max=3)
+FAST = MeasureConfig(rounds=6, warmup_min=2, warmup_max=3)
 
 
 def _params(model):
@@ -30,7 +30,7 @@ def test_interleaved_training_equals_a_sequential_fit_of_each_plan(make_model, b
         model=copy.deepcopy(model),
         batches=batches,
         train=quiet(steps=10, log_every=3, overflow_at_steps=(4,)),
-        measure=FAST,
+        measure=MeasureConfig(rounds=4, warmup_min=2, warmup_max=3),
     )
     assert out.measurement is not None and len(out.measurement.orders) == 4
     for label, request in (("fp32", "fp32"), ("bf16", "bf16"), ("fp16 (loss-scale lab)", lab)):
@@ -52,7 +52,7 @@ def test_interleaved_training_equals_a_sequential_fit_of_each_plan(make_model, b
 
 def test_figures_derive_every_rate_from_one_median(batches, make_model):
     out = compare(
-        ["fp32", "bf16"], model=make_model(), batches=batches, train=quiet(steps=8), measure=FAST
+        ["fp32", "bf16"], model=make_model(), batches=batches, train=quiet(steps=12), measure=FAST
     )
     for label, fig in out.figures.items():
         result = out.results[label]
@@ -60,13 +60,20 @@ def test_figures_derive_every_rate_from_one_median(batches, make_model):
         assert median == pytest.approx(out.measurement.plans[label].spread.median)
         assert fig["samples_per_s"] == pytest.approx(result.workload["batch_size"] / median)
         assert fig["flops_per_s"] == pytest.approx(result.workload["flops_per_step"] / median)
-        assert fig["rounds"] == 4 and fig["timed_steps"] == 8
+        assert fig["rounds"] == 6 and fig["timed_steps"] == 12 and fig["processes"] == 1
         assert fig["warmup_steps"] >= 2 and fig["warmup_rule"]
     assert out.figures["fp32"]["verdict_kind"] == "baseline"
     bf16 = out.figures["bf16"]
     assert bf16["speedup_ci_low"] <= bf16["speedup_vs_fp32"] <= bf16["speedup_ci_high"]
     assert bf16["verdict_kind"] in ("faster", "slower", "unresolved")
     assert "rounds" in out.method and "steps per block" in out.method
+    detail = bf16["verdict_detail"]  # the one verdict object the views render
+    assert str(detail) == bf16["verdict"] and detail.kind == bf16["verdict_kind"]
+    assert (detail.low, detail.high) == (bf16["speedup_ci_low"], bf16["speedup_ci_high"])
+    assert detail.level == "rounds" and "one process" in detail.method
+    # a model object cannot be rebuilt in a fresh process: measured here only, and said so
+    assert detail.stopped_by == bf16["stopped_by"] == "one process, as asked (processes=1)"
+    assert out.measurement.load is not None and "machine load" in out.method
 
 
 def test_a_plan_failing_part_way_is_kept_with_its_rounds(make_model, batches):
@@ -121,12 +128,15 @@ def _fake_result(label, peak):
 
 
 def test_mfu_above_one_is_a_calibration_event_not_a_utilisation():
-    m = Measurement(MeasureConfig(), [2, 2, 2, 2])
-    m.plans["fp32"] = PlanTiming("fp32", Warmup(3, 0.1, "stable"), [[0.5, 0.5]] * 4)
-    m.plans["bf16"] = PlanTiming("bf16", Warmup(3, 0.1, "stable"), [[0.25, 0.25]] * 4)
+    m = Measurement(MeasureConfig(), [2] * 6)
+    m.plans["fp32"] = PlanTiming("fp32", Warmup(3, 0.1, "stable"), [[0.5, 0.5]] * 6)
+    m.plans["bf16"] = PlanTiming("bf16", Warmup(3, 0.1, "stable"), [[0.25, 0.25]] * 6)
     results = {"fp32": _fake_result("fp32", 4e9), "bf16": _fake_result("bf16", 1e9)}
+    results["fp32"].workload.update(peak_flops_low=3e9, peak_flops_high=5e9)
     figures, events = plan_figures(m, results, "fp32")
     assert figures["fp32"]["mfu"] == pytest.approx(0.5)  # 2 GFLOP/s of 4
+    # its range: 2 GFLOP/s over the fastest and the slowest calibration repeat of the peak
+    assert (figures["fp32"]["mfu_low"], figures["fp32"]["mfu_high"]) == pytest.approx((0.4, 2 / 3))
     assert figures["bf16"]["mfu"] is None  # 4 GFLOP/s of a 1 GFLOP/s peak: impossible
     assert [e.kind for e in events] == ["calibration"] and events[0].data["run"] == "bf16"
     assert figures["bf16"]["speedup_vs_fp32"] == pytest.approx(2.0)

@@ -55,7 +55,26 @@ def test_peak_ratios_divide_by_the_fp32_peak(monkeypatch):
 
     monkeypatch.setattr(metrics, "peak_flops", fake)
     got = metrics.peak_ratios(torch.device("cpu"), (torch.bfloat16, torch.float16))
-    assert got == {"bfloat16": 2.5}
+    assert set(got) == {"bfloat16"} and got["bfloat16"].ratio == 2.5
+    assert got["bfloat16"].low == got["bfloat16"].high == 2.5  # no repeats: no range
+
+
+def test_peak_ratios_carry_the_range_of_the_calibration_repeats(monkeypatch):
+    peaks = {
+        torch.float32: metrics.Peak(10.0, "m", low=8.0, high=11.0, repeats=5),
+        torch.bfloat16: metrics.Peak(25.0, "m", low=20.0, high=30.0, repeats=5),
+    }
+    monkeypatch.setattr(metrics, "peak_flops", lambda device, dtype, calibrate=True: peaks[dtype])
+    got = metrics.peak_ratios(torch.device("cpu"), (torch.bfloat16,))["bfloat16"]
+    assert (got.ratio, got.low, got.high) == pytest.approx((2.5, 20 / 11, 30 / 8))
+    assert "range 1.82-3.75x" in str(got) and "5+ calibration repeats" in str(got)
+
+
+def test_a_measured_peak_is_the_median_of_its_repeats_with_their_range(monkeypatch):
+    monkeypatch.setattr(metrics, "_CPU_PEAKS", {})
+    peak = metrics.calibrate_cpu_peak(torch.float32, seconds=1e-4, repeats=4)
+    assert peak.repeats == 4 and peak.low <= peak.flops_per_s <= peak.high
+    assert "median of 4" in peak.source and "GFLOP/s" in peak.source
 
 
 def test_calibration_skips_sizes_too_slow_for_the_budget(monkeypatch):

@@ -76,13 +76,26 @@ def test_rounds_rotate_the_order_and_pair_the_blocks():
         "fp16": Scripted(lambda k: 4.0, log=log, name="fp16"),
     }
     sizes = M.block_sizes(12, 4)
-    m = M.Measurement(M.MeasureConfig(rounds=4), sizes, {k: M.PlanTiming(k) for k in sessions})
-    assert M.run_rounds(sessions, sizes, m) == {}
-    assert m.orders[0] == ["fp32", "bf16", "fp16"] and m.orders[1] == ["bf16", "fp16", "fp32"]
+    rounds = M.run_rounds(sessions, sizes)
+    assert rounds.failures == {} and rounds.failed == {}
+    assert rounds.orders[0] == ["fp32", "bf16", "fp16"]
+    assert rounds.orders[1] == ["bf16", "fp16", "fp32"]
     assert log[:6] == ["fp32", "bf16", "fp16", "bf16", "fp16", "fp32"]
-    assert [len(b) for b in m.plans["bf16"].blocks] == [3, 3, 3, 3]
+    assert [len(b) for b in rounds.blocks["bf16"]] == [3, 3, 3, 3]
+    m = _measurement(rounds, sizes)
     assert m.speedup("bf16", "fp32").estimate == pytest.approx(2.0)
     assert m.speedup("fp16", "fp32").estimate == pytest.approx(0.5)
+
+
+def _measurement(rounds, sizes):
+    plans = {k: M.PlanTiming(k, None, b, rounds.failed.get(k)) for k, b in rounds.blocks.items()}
+    return M.Measurement(M.MeasureConfig(rounds=len(sizes)), list(sizes), plans, rounds.orders)
+
+
+def test_a_fresh_process_starts_its_rotation_elsewhere():
+    sessions = {k: Scripted(lambda k: 1.0) for k in ("fp32", "bf16", "fp16")}
+    rounds = M.run_rounds(sessions, [1, 1], offset=2)
+    assert rounds.orders == [["fp16", "fp32", "bf16"], ["fp32", "bf16", "fp16"]]
 
 
 def test_a_plan_failing_part_way_keeps_its_completed_rounds():
@@ -91,22 +104,21 @@ def test_a_plan_failing_part_way_keeps_its_completed_rounds():
         "bf16": Scripted(lambda k: 1.0, fail_at=5),  # fails inside round 3 (blocks of 2)
     }
     sizes = [2, 2, 2, 2, 2]
-    m = M.Measurement(M.MeasureConfig(rounds=5), sizes, {k: M.PlanTiming(k) for k in sessions})
-    failures = M.run_rounds(sessions, sizes, m)
-    assert set(failures) == {"bf16"}
+    rounds = M.run_rounds(sessions, sizes)
+    assert set(rounds.failures) == {"bf16"}
+    m = _measurement(rounds, sizes)
     bf16 = m.plans["bf16"]
     assert bf16.rounds_completed == 2 and "failed in round 3: RuntimeError: boom" in bf16.failed
     assert m.plans["fp32"].rounds_completed == 5
     s = m.speedup("bf16", "fp32")
     assert s.rounds == 2 and s.low is None  # too few rounds for an interval
-    assert any("2 round(s) it completed" in e.message for e in m.events)
+    assert any("2 round(s) it completed" in e.message for e in rounds.events)
 
 
 def test_a_plan_running_dry_in_the_rounds_is_reported():
     sessions = {"fp32": Scripted(lambda k: 1.0), "bf16": Scripted(lambda k: 1.0, limit=5)}
     sizes = [2, 2, 2, 2]
-    m = M.Measurement(M.MeasureConfig(rounds=4), sizes, {k: M.PlanTiming(k) for k in sessions})
-    M.run_rounds(sessions, sizes, m)
+    m = _measurement(M.run_rounds(sessions, sizes), sizes)
     assert m.plans["bf16"].failed == "batches ran out in round 3 after 1 of 2 steps"
     assert m.plans["bf16"].rounds_completed == 2
 
@@ -114,10 +126,9 @@ def test_a_plan_running_dry_in_the_rounds_is_reported():
 def test_a_stop_request_ends_the_rounds():
     stop = threading.Event()
     sessions = {"fp32": Scripted(lambda k: 1.0)}
-    m = M.Measurement(M.MeasureConfig(), [1, 1, 1], {"fp32": M.PlanTiming("fp32")})
     stop.set()
-    M.run_rounds(sessions, [1, 1, 1], m, stop)
-    assert m.stopped and len(m.orders) == 1
+    rounds = M.run_rounds(sessions, [1, 1, 1], stop)
+    assert rounds.stopped and len(rounds.orders) == 1
 
 
 def test_measure_plans_warms_each_plan_on_a_throw_away_session():
@@ -224,11 +235,82 @@ def test_a_rank_told_to_stop_before_its_own_rule_says_it_was_agreed():
 def test_fail_fast_raises_a_failing_session_at_once_with_the_round_announced():
     sessions = {"fp32": Scripted(lambda k: 1.0), "bf16": Scripted(lambda k: 1.0, fail_at=3)}
     sizes = [2, 2, 2]
-    m = M.Measurement(M.MeasureConfig(rounds=3), sizes, {k: M.PlanTiming(k) for k in sessions})
     rounds: list[tuple[int, int]] = []
     with pytest.raises(RuntimeError, match="boom"):
-        M.run_rounds(
-            sessions, sizes, m, fail_fast=True, on_round=lambda r, n: rounds.append((r, n))
-        )
+        M.run_rounds(sessions, sizes, fail_fast=True, on_round=lambda r, n: rounds.append((r, n)))
     # round 2 starts with bf16 (order rotated), which fails before fp32 runs its block
-    assert rounds == [(1, 3), (2, 3)] and m.plans["fp32"].rounds_completed == 1
+    assert rounds == [(1, 3), (2, 3)] and len(sessions["fp32"].result.step_times_s) == 2
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"processes": 0}, "measure.processes: invalid value 0"),
+        ({"processes": M.MAX_PROCESSES + 1}, "measure.processes"),
+        ({"target": 0.0}, "measure.target: invalid value 0.0"),
+        ({"target": 1.5}, "measure.target: invalid value 1.5"),
+        ({"budget_s": 0}, "measure.budget_s: invalid value 0"),
+        ({"budget_s": float("nan")}, "measure.budget_s"),
+        ({"rebuild": ("pkg.mod:make", "no-colon")}, "measure.rebuild"),
+    ],
+)
+def test_measure_config_names_a_bad_process_target_or_budget(options, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.", 1)):
+        M.MeasureConfig(**options)
+
+
+def test_plans_are_keyed_by_a_frozen_spec_and_the_measurement_is_returned():
+    spec = M.PlanSpec("bf16", {"mode": "bf16"})
+    with pytest.raises(AttributeError):
+        spec.label = "x"  # frozen
+    m, _, _ = M.measure_plans(
+        [M.PlanSpec("fp32"), spec], lambda *a: Scripted(lambda k: 1.0), 4, M.MeasureConfig(rounds=2)
+    )
+    assert m.plans["bf16"].spec is spec and spec.to_dict()["precision"] == {"mode": "bf16"}
+    assert len(m.orders) == 2 and m.seconds > 0
+
+
+def test_a_budget_too_small_for_one_round_is_refused_with_the_minimum():
+    cfg = M.MeasureConfig(rounds=2, budget_s=0.5)
+    with pytest.raises(ValueError, match=r"too small for a single round.*at least 2\.00 s") as info:
+        M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, cfg)
+    assert "measure.budget_s" in str(info.value)  # 2 steps per plan x 0.5 s x 2 plans = 2 s
+    fits = M.MeasureConfig(rounds=2, budget_s=2.5)  # warm-ups are not a round: they fit
+    M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, fits)
+
+
+def test_speedups_are_over_processes_once_fresh_processes_measured():
+    rounds = [[1.0], [1.0], [1.0], [1.0]]
+    m = M.Measurement(
+        M.MeasureConfig(rounds=4),
+        [1, 1, 1, 1],
+        {
+            "fp32": M.PlanTiming("fp32", None, [[2.0]] * 4),
+            "bf16": M.PlanTiming("bf16", None, rounds),
+        },
+    )
+    assert m.speedup("bf16", "fp32").level == "rounds"  # one process: too few rounds, no interval
+    assert not m.speedup("bf16", "fp32").has_interval
+    for i, base in enumerate((2.2, 1.8)):
+        plans = {
+            "fp32": M.PlanTiming("fp32", None, [[base]] * 4),
+            "bf16": M.PlanTiming("bf16", None, rounds),
+        }
+        m.processes.append(M.ProcessTiming(i + 1, plans))
+    s = m.speedup("bf16", "fp32")
+    assert s.level == "processes" and s.processes == 3 and s.has_interval
+    assert s.estimate == pytest.approx((2.0 * 2.2 * 1.8) ** (1 / 3)) and s.rounds == 12  # geometric
+    assert m.spread("fp32").n == 12 and m.spread("fp32").median == pytest.approx(2.0)
+    assert m.method()["processes"] == 3 and "over the 3 processes" in m.method()["speedup"]
+
+
+def test_plan_timing_travels_as_json():
+    timing = M.PlanTiming("bf16", M.Warmup(3, 0.2, "stable", (1.0, 0.5, 0.5)), [[0.5, 0.4], []])
+    back = M.PlanTiming.from_dict("bf16", timing.to_dict())
+    assert back.warmup == timing.warmup and back.blocks == timing.blocks and back.failed is None
+
+
+def test_a_default_budget_is_not_refused_it_only_limits_the_fresh_processes():
+    cfg = M.MeasureConfig(rounds=2, budget_s=0.5, refuse_small_budget=False)
+    m, _, _ = M.measure_plans(["fp32", "bf16"], lambda *a: Scripted(lambda k: 0.5), 4, cfg)
+    assert m.plans["bf16"].rounds_completed == 2  # this process completes its rounds anyway

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from precision_nb.engine import stats
@@ -21,13 +22,74 @@ def test_spread_of_nothing_is_nan():
     assert s.n == 0 and math.isnan(s.median)
 
 
+# ----------------------------------------------------------------------------- interval maths
+
+
+@pytest.mark.parametrize(
+    ("p", "df", "expected"),  # Student's t table
+    [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 5, 2.5706), (0.975, 30, 2.0423),
+     (0.9875, 2, 6.2053), (0.995, 10, 3.1693), (0.025, 4, -2.7764)],
+)  # fmt: skip
+def test_t_quantile_matches_the_table(p, df, expected):
+    assert stats.t_quantile(p, df) == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("n", "critical"),  # two-sided 5 % critical values of the Wilcoxon signed-rank statistic
+    [(5, None), (6, 0), (7, 2), (8, 3), (10, 8), (12, 13), (20, 52), (30, 137)],
+)
+def test_signed_rank_critical_values_match_the_table(n, critical):
+    assert stats._signed_rank_critical(n, 0.95) == critical
+
+
+def test_hodges_lehmann_is_the_median_of_walsh_averages():
+    d = np.array([0.0, 1.0, 5.0])  # Walsh averages 0, .5, 2.5, 1, 3, 5
+    assert float(stats.hodges_lehmann(d)) == pytest.approx(1.75)
+
+
+def test_six_rounds_give_the_range_and_five_give_no_interval():
+    d = np.array([0.3, 0.1, 0.2, 0.5, 0.4, 0.6])
+    est, low, high = stats.signed_rank_interval(d)
+    assert (float(low), float(high)) == (0.1, 0.6)  # coverage 1 - 2/64 = 96.9 %
+    _, low5, high5 = stats.signed_rank_interval(d[:5])
+    assert np.isnan(low5) and np.isnan(high5)
+
+
+def test_process_interval_is_a_student_t_interval():
+    m = np.array([0.1, 0.3, 0.2])
+    mean, low, high = stats.process_interval(m)
+    half = 4.3027 * np.std(m, ddof=1) / math.sqrt(3)
+    assert float(mean) == pytest.approx(0.2)
+    assert (float(low), float(high)) == pytest.approx((0.2 - half, 0.2 + half), abs=1e-5)
+    assert np.isnan(stats.process_interval(np.array([0.1]))[1])
+
+
+def test_first_stop_looks_from_the_minimum_number_of_processes():
+    tight = np.array([0.26, 0.261, 0.259, 0.26, 0.262])
+    assert int(stats.first_stop(tight, 0.05)) == stats.MIN_PROCESSES
+    loose = np.array([0.0, 0.5, -0.3, 0.6, 0.1])
+    assert int(stats.first_stop(loose, 0.05)) == 0  # never reached
+    both = stats.first_stop(np.stack([tight, loose]), 0.05)
+    assert both.tolist() == [stats.MIN_PROCESSES, 0]
+
+
+def test_the_relative_half_width_is_the_shown_plus_minus():
+    low, high = math.log(1.3) - 0.05, math.log(1.3) + 0.05
+    hw = float(stats.relative_half_width(low, high))
+    assert hw == pytest.approx((math.exp(high) - math.exp(low)) / (2 * 1.3), rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- speedups
+
+
 def test_paired_speedup_constant_ratio_has_a_tight_interval():
     base = [[2.0, 2.0, 2.1]] * 8
     plan = [[1.0, 1.0, 1.05]] * 8
     s = stats.paired_speedup(base, plan)
     assert s.estimate == pytest.approx(2.0)
     assert s.low == pytest.approx(2.0) and s.high == pytest.approx(2.0)
-    assert s.rounds == 8 and len(s.ratios) == 8
+    assert s.rounds == 8 and len(s.ratios) == 8 and s.level == "rounds"
+    assert "one process" in s.method and "Wilcoxon" in s.method
 
 
 def test_paired_ratio_cancels_a_drift_shared_by_both_plans():
@@ -39,7 +101,7 @@ def test_paired_ratio_cancels_a_drift_shared_by_both_plans():
     assert s.low == pytest.approx(1.5) and s.high == pytest.approx(1.5)
 
 
-def test_bootstrap_interval_is_deterministic_and_contains_the_estimate():
+def test_interval_is_deterministic_and_contains_the_estimate():
     ratios = [0.9, 1.1, 1.0, 1.2, 0.95, 1.05, 1.15, 0.85]
     base = [[r] for r in ratios]
     plan = [[1.0]] * len(ratios)
@@ -56,43 +118,69 @@ def test_failed_rounds_are_left_out():
     assert s.rounds == 2 and s.estimate == pytest.approx(2.0)
 
 
-def test_verdict_faster_names_the_interval():
-    s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8)
+def test_process_speedup_is_over_the_processes_estimates():
+    one = ([[2.0]] * 4, [[1.0]] * 4)
+    per = [one, ([[2.2]] * 4, [[1.0]] * 4), ([[1.8]] * 4, [[1.0]] * 4)]
+    s = stats.process_speedup(per)
+    assert s.level == "processes" and s.processes == 3 and s.rounds == 12
+    assert s.process_ratios == pytest.approx((2.0, 2.2, 1.8))
+    m = np.log([2.0, 2.2, 1.8])
+    half = 4.3027 * np.std(m, ddof=1) / math.sqrt(3)
+    assert math.log(s.low) == pytest.approx(m.mean() - half, abs=1e-4)
+    seq = stats.process_speedup(per, sequential=True)  # each look at 97.5 %: wider
+    assert seq.low < s.low and "97.5% t quantile" in seq.method
+
+
+def test_process_speedup_with_one_usable_process_is_the_rounds_interval():
+    per = [([[2.0]] * 8, [[1.0]] * 8), ([[]] * 8, [[]] * 8)]
+    s = stats.process_speedup(per)
+    assert s.level == "rounds" and s.rounds == 8 and s.has_interval
+
+
+# ----------------------------------------------------------------------------- verdicts
+
+
+def test_verdict_faster_names_the_interval_and_what_it_covers():
+    s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8, stopped_by="one process, as asked")
     v = stats.verdict("bf16", s)
     assert v.kind == "faster"
-    assert "1.31x the fp32 speed" in v.text and "95 % CI 1.31-1.31, 8 rounds" in v.text
+    assert v.text.startswith("bf16 is 1.31x the fp32 speed: faster (95 % interval 1.31-1.31")
+    assert "8 rounds in one process" in v.text
+    assert (v.low, v.high, v.estimate) == pytest.approx((1.31, 1.31, 1.31))
+    assert v.stopped_by == "one process, as asked" and v.level == "rounds" and v.method
 
 
 def test_verdict_slower():
     v = stats.verdict("fp16", stats.paired_speedup([[1.0]] * 6, [[1.25]] * 6))
-    assert v.kind == "slower" and "0.80x" in v.text
+    assert v.kind == "slower" and "0.80x" in v.text and "slower" in v.text
 
 
-def test_verdict_unresolved_says_what_would_resolve_it():
+def test_unresolved_shows_the_half_width_not_the_distance_from_one():
     ratios = [0.9, 1.1, 1.0, 1.2, 0.95, 1.05, 1.15, 0.85]
     s = stats.paired_speedup([[r] for r in ratios], [[1.0]] * 8)
     v = stats.verdict("bf16", s, spread_of_plan=stats.spread([1.0, 2.0, 1.0, 2.0]))
     assert v.kind == "unresolved"
-    assert "no difference this machine can resolve (±" in v.text
+    hw = (s.high - s.low) / (2 * s.estimate)
+    assert v.half_width == pytest.approx(hw)
+    assert f"±{hw * 100:.0f} %" in v.text and "no difference this measurement can resolve" in v.text
     # the observed difference (2 %) would need hundreds of rounds: no rounds advice then
-    assert "rounds" not in v.advice and "larger model or batch (step times spread" in v.advice
-    assert "paid off" not in str(v)
+    assert "about" not in v.advice and "larger model or batch (step times spread" in v.advice
+    assert "several processes" in v.advice
 
 
-def test_unresolved_verdict_estimates_the_rounds_that_would_resolve_it():
-    ratios = [0.9, 1.4, 1.0, 1.5, 1.2, 0.95, 1.3, 1.1]
-    s = stats.paired_speedup([[r] for r in ratios], [[1.0]] * 8)
+def test_unresolved_over_processes_estimates_the_processes_needed():
+    per = [([[b]] * 4, [[1.0]] * 4) for b in (1.5, 0.95, 1.4, 1.1)]
+    s = stats.process_speedup(per)
     v = stats.verdict("bf16", s)
-    assert v.kind == "unresolved"
-    hw, diff = s.half_width, abs(s.estimate - 1)
-    needed = int(-(-8 * (hw / diff) ** 2 // 1)) + 1
-    assert f"about {needed} rounds" in v.advice
+    assert v.kind == "unresolved" and s.processes == 4
+    needed = math.ceil(4 * (math.asinh(s.half_width) / math.log(s.estimate)) ** 2) + 1
+    assert f"about {needed} processes" in v.advice and "over 4 processes" in v.text
 
 
-def test_a_very_wide_interval_is_shown_as_its_range():
-    s = stats.paired_speedup([[r] for r in [0.1, 5.0, 0.2, 4.0, 3.0]], [[1.0]] * 5)
+def test_a_very_wide_interval_drops_the_plus_minus():
+    s = stats.paired_speedup([[r] for r in [0.1, 5.0, 0.2, 4.0, 3.0, 0.3]], [[1.0]] * 6)
     v = stats.verdict("bf16", s)
-    assert v.kind == "unresolved" and "the interval spans" in v.text
+    assert v.kind == "unresolved" and "±" not in v.text and "interval 0.10-5.00" in v.text
 
 
 def test_too_few_rounds_give_a_message_and_the_raw_ratios():
@@ -101,6 +189,15 @@ def test_too_few_rounds_give_a_message_and_the_raw_ratios():
     v = stats.verdict("bf16", s)
     assert v.kind == "too_few"
     assert "2.00, 3.00" in v.text and str(stats.MIN_ROUNDS) in v.advice
+    five = stats.verdict("bf16", stats.paired_speedup([[2.0]] * 5, [[1.0]] * 5))
+    assert five.kind == "too_few"  # no narrower interval than 95 % is ever shown
+
+
+def test_a_busy_machine_is_said_in_the_verdict():
+    s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8)
+    v = stats.verdict("bf16", s, busy="The machine was busy ...")
+    assert v.busy and "busy machine" in v.text
+    assert "busy" not in stats.verdict("bf16", s).text
 
 
 def test_no_times_gives_no_verdict():

@@ -47,6 +47,13 @@ STEP_RULE = (
 )
 
 
+#: What the interval of a distributed profile covers (shown with every verdict).
+ONE_LAUNCH = (
+    "one torchrun launch: the interval covers the rounds of this launch, not the variation from "
+    "one launch to the next"
+)
+
+
 @dataclass
 class MeasuredRuns:
     """What :func:`measure_distributed` gives back."""
@@ -105,6 +112,7 @@ def merge_measurement(
     first = present[0] if present else {"sizes": [], "orders": [], "plans": {}}
     m = Measurement(cfg, list(first["sizes"]), {label: PlanTiming(label) for label in labels})
     m.orders = [list(o) for o in first["orders"]]
+    m.stopped_by = ONE_LAUNCH
     m.stopped = len(present) < len(items) or any(i.get("stopped") for i in present)
     complete = len(present) == len(items)
     for label in labels:

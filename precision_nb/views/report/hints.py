@@ -76,13 +76,15 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
                 "unresolved": "Run more rounds (--steps) or a larger model or batch.",
                 "too_few": f"Run at least {_MIN_ROUNDS} rounds (more --steps).",
             }.get(kind, "")
+            detail = measured.get("verdict_detail")  # the verdict's own advice names its level
+            advice = getattr(detail, "advice", "") or advice
             out.append(
                 Hint(
                     label,
                     "payoff",
                     str(measured["verdict"]),
-                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (median of per-round "
-                    "paired ratios, bootstrap interval)",
+                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (paired per-round "
+                    "ratios; what the interval covers: the verdict)",
                     "throughput.png",
                     advice,
                 )
@@ -160,22 +162,31 @@ def _tf32_note(row: Mapping[str, Any], source: Any, results: Mapping[str, Any]) 
 def _peak_gain(
     rows: Mapping[str, Mapping[str, Any]], source: Any, results: Mapping[str, Any]
 ) -> list[Hint]:
-    """An estimate of what low precision could gain on matmul-bound work: the peaks' ratio."""
+    """An estimate of what low precision could gain on matmul-bound work: the peaks' ratio, with
+    the range of its calibration repeats where the peaks were measured."""
     ratios = getattr(source, "peak_ratios", None) or {}
     names = {"bf16": "bfloat16", "fp16": "float16"}
     out = []
     for label, row in rows.items():
-        ratio = ratios.get(names.get(str(row.get("mode")), ""))
+        value = ratios.get(names.get(str(row.get("mode")), ""))
+        ratio = getattr(value, "ratio", value)
         if not _is_mixed(row) or not _ok(ratio):
             continue
         kind = _peak_kind(row)
         mode = row["mode"]
+        low, high = getattr(value, "low", ratio), getattr(value, "high", ratio)
+        spread = (
+            ""
+            if low == high
+            else f"; range {low:.2f}-{high:.2f}x over the calibration repeats, on this machine "
+            "as loaded while they ran"
+        )
         out.append(
             Hint(
                 label,
                 "peak",
                 f"Estimate: the {mode} matmul peak is {ratio:.2f}x the fp32 peak on this device "
-                f"({kind} peaks). That is what matmul-bound work would gain if both dtypes "
+                f"({kind} peaks{spread}). That is what matmul-bound work would gain if both dtypes "
                 "reached the same fraction of their peaks; it is no upper bound (fp32 kernels "
                 f"can reach a smaller fraction of their peak than {mode} ones, which makes the "
                 "gain larger), and time outside matmuls makes the gain smaller."

@@ -24,8 +24,11 @@ from precision_nb.views.report.profile_result import Profile, measurement_settin
 from precision_nb.views.report.tables import summary
 
 __all__ = [
+    "DEFAULT_BUDGET_S",
+    "DEFAULT_PROCESSES",
     "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
+    "DEFAULT_TARGET",
     "DEFAULT_WARMUP_MAX",
     "PROFILE_POINTS",
     "Profile",
@@ -45,8 +48,15 @@ log = logging.getLogger(__name__)
 
 #: Measured optimizer steps per plan when ``profile`` is not given ``steps`` ...
 DEFAULT_STEPS = 48
-#: ... split over this many interleaved rounds (``rounds``); warm-up steps come on top.
+#: ... split over this many interleaved rounds (``rounds``) in each process; warm-up on top.
 DEFAULT_ROUNDS = 8
+#: Processes measuring the plans (``processes``): None adds fresh ones until the target or the
+#: budget (see :mod:`precision_nb.engine.measure_processes`); 1 measures in this process only.
+DEFAULT_PROCESSES: int | None = None
+#: The relative half-width every speedup interval should reach (``target``; 0.05 = ±5 %) ...
+DEFAULT_TARGET = 0.05
+#: ... within this many seconds of measurement (``budget_s``: warm-ups, rounds, processes).
+DEFAULT_BUDGET_S = 40.0
 #: Warm-up cap in steps per plan (the warm-up usually ends earlier, when step times settle).
 DEFAULT_WARMUP_MAX = 15
 #: About this many logged points per plan in a profile.
@@ -77,6 +87,12 @@ class ProfileRequest:
     inspect: bool = True
     numerics: bool = True
     distributed: Any = None
+    processes: int | None = DEFAULT_PROCESSES
+    target: float | None = DEFAULT_TARGET
+    budget_s: float | None = DEFAULT_BUDGET_S
+    #: ``("module:factory", "module:batches")`` a model object came from (fresh processes
+    #: rebuild it from them); None for a built-in workload or a model without an import path.
+    rebuild: tuple[str, str] | None = None
 
 
 #: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
@@ -115,12 +131,19 @@ def validate_request(
     inspect: bool = True,
     numerics: bool = True,
     distributed: Any = None,
+    processes: int | None = DEFAULT_PROCESSES,
+    target: float | None = DEFAULT_TARGET,
+    budget_s: float | None = DEFAULT_BUDGET_S,
+    rebuild: tuple[str, str] | None = None,
 ) -> ProfileRequest:
     """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
 
     ``workload``: a built-in workload name (or None for the default) or your own ``nn.Module``,
     which then needs ``batches`` (checked by fetching the first batch).
     """
+    from precision_nb.engine.measure import check_options
+
+    check_options(processes, target, budget_s, rebuild)
     from precision_nb.core.device import resolve_device
     from precision_nb.engine import workloads as wl
     from precision_nb.engine.train_config import MAX_STEPS
@@ -176,6 +199,10 @@ def validate_request(
         inspect=inspect,
         numerics=numerics,
         distributed=distributed,
+        processes=processes,
+        target=target,
+        budget_s=budget_s,
+        rebuild=None if rebuild is None else (str(rebuild[0]), str(rebuild[1])),
     )
 
 
@@ -228,6 +255,9 @@ def profile(
     inspect: bool = True,
     numerics: bool = True,
     distributed: Any = None,
+    processes: int | None = DEFAULT_PROCESSES,
+    target: float | None = DEFAULT_TARGET,
+    budget_s: float | None = DEFAULT_BUDGET_S,
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -241,6 +271,13 @@ def profile(
     steps (``Profile.inspections``, ``Profile.numerics``). ``distributed``: a ``Distributed``
     request; all plans then run in one torchrun launch, measured the same way (warm-up agreed
     over the ranks, the slowest rank per step; see docs/distributed.md).
+
+    ``processes`` / ``target`` / ``budget_s``: how long to measure. By default fresh processes
+    are added (a built-in workload can be rebuilt in one; a model object cannot, and is
+    measured in this process only, which the verdict says) until every speedup's interval over
+    processes is within ``target`` (±5 %) or ``budget_s`` (40 s) is spent; ``processes=N``
+    measures in exactly N processes, ``processes=1`` in this one only. The verdicts say which
+    rule stopped the measurement and what the interval covers.
     """
     request = validate_request(
         workload=workload if model is None else model,
@@ -258,6 +295,9 @@ def profile(
         inspect=inspect,
         numerics=numerics,
         distributed=distributed,
+        processes=processes,
+        target=target,
+        budget_s=budget_s,
     )
     return run_profile(request, progress=progress, settings=settings)
 
@@ -381,8 +421,24 @@ def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
 
 
 def _measure_config(request: ProfileRequest) -> Any:
-    """The measurement of a profile, one process or several: rounds and the warm-up cap."""
+    """The measurement of a profile: rounds, the warm-up cap, processes, target and budget.
+
+    A distributed profile is one torchrun launch: its interval covers the rounds of that launch
+    (the launch is the one process level there), so it gets neither processes nor a budget.
+    """
     from precision_nb.engine.measure import MeasureConfig
 
     rounds = DEFAULT_ROUNDS if request.rounds is None else request.rounds
-    return MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX)
+    if request.distributed is not None:
+        return MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX)
+    return MeasureConfig(
+        rounds=rounds,
+        warmup_max=DEFAULT_WARMUP_MAX,
+        processes=request.processes,
+        target=request.target,
+        budget_s=request.budget_s,
+        rebuild=request.rebuild,
+        # the default budget limits the fresh processes; only a budget asked for is refused
+        # when a single round does not fit in it
+        refuse_small_budget=request.budget_s != DEFAULT_BUDGET_S,
+    )

@@ -68,6 +68,13 @@ class Profile:
     distributed: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def load_note(self) -> str:
+        """On a busy machine, the sentence to show before any figure ("" on a quiet one)."""
+        measurement = getattr(self.comparison, "measurement", None)
+        load = getattr(measurement, "load", None)
+        return load.note() if load is not None else ""
+
+    @property
     def verdicts(self) -> dict[str, str]:
         """Label -> the verdict in words (from the interleaved measurement)."""
         return {a.label: a.verdict.text for a in self.answers() if a.verdict is not None}
@@ -104,6 +111,8 @@ class Profile:
         e = html.escape
         plans = self.answers()
         parts = ["<div class='precision-nb-profile'><h3>precision_nb profile</h3>"]
+        if self.load_note:
+            parts.append(f"<p><b>{e(self.load_note)}</b></p>")
         parts.append(cards_html(plans))
         columns = [c for c in NOTEBOOK_COLUMNS if c in self.summary]
         parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
@@ -139,6 +148,7 @@ class Profile:
 
     def __repr__(self) -> str:
         lines = [f"Profile of {', '.join(self.comparison.results) or 'no run'}"]
+        lines += [f"  {self.load_note}"] if self.load_note else []
         lines += [f"  {v}" for v in self.verdicts.values()]
         if self.out_dir is not None:
             lines.append(f"  saved in {self.out_dir}")
@@ -182,7 +192,8 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
     if comparison.peak_ratios:
         kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
         out[f"{kind} matmul peak vs fp32"] = ", ".join(
-            f"{k} {v:.2f}x" for k, v in comparison.peak_ratios.items()
+            f"{k} {v}" if hasattr(v, "ratio") else f"{k} {v:.2f}x"
+            for k, v in comparison.peak_ratios.items()
         )
     out.update(comparison.method)
     out["what to try next"] = " | ".join(what_to_try_next(hint_list))

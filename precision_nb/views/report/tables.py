@@ -44,14 +44,19 @@ SUMMARY_COLUMNS = (
     "speedup_vs_fp32",
     "speedup_ci_low",
     "speedup_ci_high",
+    "speedup_half_width",
     "rounds",
+    "processes",
     "verdict",
+    "stopped_by",
     "warmup_steps",
     "warmup_s",
     "warmup_rule",
     "peak_memory_mib",
     "memory_kind",
     "mfu",
+    "mfu_low",
+    "mfu_high",
     "mfu_peak_source",
     "flops_per_s",
     "skipped_steps",
@@ -72,11 +77,16 @@ MEASURED_COLUMNS = (
     "tokens_per_s",
     "flops_per_s",
     "mfu",
+    "mfu_low",
+    "mfu_high",
     "speedup_vs_fp32",
     "speedup_ci_low",
     "speedup_ci_high",
+    "speedup_half_width",
     "rounds",
+    "processes",
     "verdict",
+    "stopped_by",
     "warmup_steps",
     "warmup_s",
     "warmup_rule",
@@ -266,6 +276,6 @@ def _drop_impossible_mfu(row: dict[str, Any], *, calibrated: bool) -> None:
     """An MFU above 1 is a calibration error, not a utilisation: empty it and say why."""
     mfu = _num(row.get("mfu"))
     if mfu > 1 or (calibrated and math.isnan(mfu)):
-        row["mfu"] = math.nan
+        row["mfu"] = row["mfu_low"] = row["mfu_high"] = math.nan
         source = row.get("mfu_peak_source")
         row["mfu_peak_source"] = f"{source}; {MFU_NOTE}" if source else MFU_NOTE

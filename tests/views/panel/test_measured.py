@@ -18,7 +18,7 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def compared() -> Panel:
-    panel = Panel(steps=8, log_every=1, compare_plans=("fp32", "bf16"))
+    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"))
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is None, panel.error
@@ -30,7 +30,7 @@ def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared
     figures = compared.result.figures["bf16"]
     assert "speedup vs fp32 (95 % CI)" in table and "benchmark" in table
     low, high = figures["speedup_ci_low"], figures["speedup_ci_high"]
-    assert low is not None and high is not None  # 8 rounds: an interval exists
+    assert low is not None and high is not None  # 6 rounds: an interval exists
     shown = f"{figures['speedup_vs_fp32']:.2f}× ({low:.2f}–{high:.2f})"
     assert shown in table
     assert "1.00× (baseline)" in table

@@ -84,6 +84,21 @@ def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
     assert len(steps) == 2 and steps[0].startswith("Run more rounds") and "(bf16)" in steps[0]
 
 
+def test_the_peak_hint_carries_the_range_of_the_calibration_repeats(make_records):
+    from precision_nb.engine.metrics import PeakRatio
+
+    source = _comparison(
+        fp32=_result(make_records("fp32", "fp32")), bf16=_result(make_records("bf16", "bf16"))
+    )
+    source.peak_ratios = {"bfloat16": PeakRatio(2.33, 1.88, 4.11, "measured")}
+    (peak,) = _by_topic(hints(source))["peak"]
+    assert (
+        "2.33x the fp32 peak on this device (measured peaks; range 1.88-4.11x over the "
+        "calibration repeats" in peak.message
+    )
+    assert "as loaded while they ran" in peak.message  # a reading of this machine, not a fact
+
+
 def test_nothing_to_try_next_is_said_plainly():
     assert what_to_try_next([]) == ["No measurement here points to a change of plan or workload."]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from precision_nb.engine.compare import Comparison
@@ -49,7 +51,18 @@ def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_r
     assert settings["model"] == "MLP (1,234 parameters)"
     assert "AVX512-BF16" in settings["CPU low-precision features"]
     assert "source:" in settings["CPU low-precision features"]
-    assert settings["measured matmul peak vs fp32"] == "bfloat16 3.00x"
+    key = "measured matmul peak vs fp32"
+    assert settings[key] == "bfloat16 3.00x"
+
+
+def test_settings_show_the_peak_ratio_with_its_range(make_result):
+    from precision_nb.engine.metrics import PeakRatio
+
+    comparison = _comparison(make_result)
+    comparison.peak_ratios = {"bfloat16": PeakRatio(2.3, 1.9, 4.1, "measured: 5+ repeats each")}
+    settings = measurement_settings(comparison, ())
+    value = settings["measured matmul peak vs fp32"]
+    assert value == "bfloat16 2.30x, range 1.90-4.10x (measured: 5+ repeats each)"
     assert settings["rounds"] == 8
     assert list(settings)[-1] == "what to try next"
 
@@ -96,3 +109,21 @@ def test_throughput_figure_shows_the_measured_rate_and_interval(make_result):
     flat = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert 12345.0 in flat
     assert "warm-up excluded" in ax.get_title()
+
+
+def test_a_busy_machine_is_said_before_any_figure(make_result):
+    from precision_nb.engine.load import Load, LoadSample
+
+    comparison = _comparison(make_result)
+    start = LoadSample(0.0, (4.5, 4.0, 3.0), 2, 100.0, 0.0, 10.0)
+    end = LoadSample(10.0, (5.1, 4.2, 3.1), 2, 115.0, 0.0, 14.0)  # others: 11 of 20 CPU-s
+    comparison.measurement = SimpleNamespace(load=Load(start, end))
+    result = Profile(comparison, summary(comparison), (), {})
+    assert result.load_note.startswith("The machine was busy") and "55%" in result.load_note
+    page = result._repr_html_()
+    assert page.index("The machine was busy") < page.index("bf16 is 2.00x")
+    assert repr(result).splitlines()[1].strip().startswith("The machine was busy")
+    comparison.measurement = SimpleNamespace(
+        load=Load(start, start.__class__(10.0, None, 2, 101.0, 0.0, 10.5))
+    )
+    assert Profile(comparison, summary(comparison), (), {}).load_note == ""  # quiet: nothing

@@ -1,0 +1,474 @@
+"""Measure the plans in several processes, the way pyperf does: one process is not a sample.
+
+:func:`measure` measures every plan in this process first (:func:`~precision_nb.engine.measure.
+measure_plans`: warm-ups, rotated rounds; these sessions are the runs the report shows), then,
+where the workload can be rebuilt elsewhere (:func:`rebuild_spec`: a built-in workload, or a
+``module:factory`` with its batches), in fresh worker processes started one after the other
+(``python -m precision_nb.engine.measure_worker``). Each worker imports torch, builds the same
+model from the same seed (or this process's initial weights), warms every plan up and measures
+all of them interleaved in rounds, so its process effect is paired like a round's drift; it starts
+its rotation with another plan than the previous one. Only its step times come back.
+
+How many processes (``MeasureConfig``): ``processes=N`` measures N; ``processes=None`` adds
+fresh ones until every plan's speedup interval over processes has a relative half-width within
+``target`` (looks from :data:`~precision_nb.engine.stats.MIN_PROCESSES` on, each at
+:data:`~precision_nb.engine.stats.LOOK_CONFIDENCE`), the ``budget_s`` leaves no room for another
+(estimated from the last one) or :data:`~precision_nb.engine.measure.MAX_PROCESSES` is reached.
+What stopped it is recorded (``Measurement.stopped_by``), as are the machine's load at the start
+and the end (:mod:`precision_nb.engine.load`). A worker that fails is an event; no more workers are
+started after it and the interval covers the processes that finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from precision_nb.core.events import Event
+from precision_nb.engine import load as machine_load
+from precision_nb.engine import stats
+from precision_nb.engine.callbacks import Callbacks
+from precision_nb.engine.measure import (
+    MAX_PROCESSES,
+    MeasureConfig,
+    Measurement,
+    PlanSpec,
+    PlanTiming,
+    ProcessTiming,
+    Session,
+    Warmup,
+    measure_plans,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WorkerSpec", "measure", "rebuild_spec", "trainer_sessions"]
+
+#: Seconds a fresh process is guessed to need before its first step, until one has been timed.
+STARTUP_GUESS_S = 3.0
+#: A worker still running this long after its deadline is ended (terminate, then kill).
+KILL_GRACE_S = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """How a fresh process rebuilds the workload and what it measures (all JSON-able).
+
+    ``model``: ``{"workload": name, "preset": preset}`` or ``{"factory": "module:function",
+    "batches": "module:name", "state_dict": path}`` (the initial weights of this process).
+    """
+
+    model: dict[str, Any]
+    device: str
+    train: dict[str, Any]
+    optimizer: dict[str, Any] | None
+    plans: tuple[PlanSpec, ...]
+    steps: int
+    threads: int
+    #: The initial model of this process (a ``module:factory`` model): its weights are sent.
+    initial: Any = None
+
+    def to_dict(self, index: int, measure: MeasureConfig, deadline: float | None) -> dict:
+        one = dataclasses.replace(measure, processes=1, budget_s=None)
+        return {
+            "index": index,
+            "model": dict(self.model),
+            "device": self.device,
+            "train": self.train,
+            "optimizer": self.optimizer,
+            "plans": [p.to_dict() for p in self.plans],
+            "steps": self.steps,
+            "threads": self.threads,
+            "measure": dataclasses.asdict(one),
+            "deadline": deadline,
+        }
+
+
+def trainer_sessions(
+    initial: Any,
+    batches: Any,
+    *,
+    device: Any,
+    plans: Mapping[str, Any],
+    optimizer: Any,
+    train: Any,
+    loss_fn: Any = None,
+    info: Mapping[str, Any] | None = None,
+    callbacks: Iterable[Any] = (),
+    stop: Any = None,
+    trainers: dict[str, Any] | None = None,
+    compiles: Mapping[str, str] | None = None,
+    warm_trainers: dict[str, Any] | None = None,
+) -> Callable[[str, int, bool], Session]:
+    """``make_session(label, steps, warmup)`` for :func:`measure_plans`: a ``Trainer`` on a copy
+    of ``initial`` with the plan's precision request and compile mode (``compiles``, default
+    "off"); real sessions get the callbacks and the stop flag (and land in ``trainers``), warm-up
+    ones neither (they land in ``warm_trainers``: a compiled plan's compile step runs there)."""
+    from precision_nb.engine.batches import BatchSource
+    from precision_nb.engine.trainer import Trainer
+
+    def make_session(label: str, steps: int, warmup: bool) -> Session:
+        cfg = dataclasses.replace(train, label=label, progress=train.progress and not warmup)
+        trainer = Trainer(
+            copy.deepcopy(initial),
+            BatchSource(batches),
+            device=device,
+            precision=plans[label],
+            optimizer=optimizer,
+            train=cfg,
+            loss_fn=loss_fn,
+            workload_info=dict(info or {}),
+            compile=(compiles or {}).get(label, "off"),
+        )
+        if not warmup and trainers is not None:
+            trainers[label] = trainer
+        if warmup and warm_trainers is not None:
+            warm_trainers[label] = trainer
+        return trainer.start(
+            steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
+        )
+
+    return make_session
+
+
+def rebuild_spec(
+    *,
+    workload: Any,
+    preset: str,
+    user_model: bool,
+    batches: Any,
+    loss_fn: Any,
+    device: Any,
+    train: Any,
+    optimizer: Any,
+    plans: Mapping[str, Any],
+    initial: Any,
+    model_spec: tuple[str, str] | None = None,
+    compiles: Mapping[str, str] | None = None,
+) -> tuple[WorkerSpec | None, str]:
+    """The :class:`WorkerSpec` of a comparison, or (None, why a fresh process cannot rebuild it).
+
+    A built-in workload is rebuilt by name; a model object only with ``model_spec`` (the
+    ``module:factory`` and ``module:batches`` it came from; its initial weights are sent along).
+    A ``loss_fn`` or batches object of this process cannot travel.
+    """
+    import torch
+
+    from precision_nb.engine.workloads import WORKLOADS, Workload
+
+    if loss_fn is not None:
+        return None, "a loss_fn of this process cannot be sent to a fresh process"
+    if user_model and model_spec is None:
+        return None, (
+            "the model is an object of this process and cannot be rebuilt in a fresh one "
+            "(profile a built-in workload, or pass --model MODULE:FACTORY on the command line)"
+        )
+    model: dict[str, Any]
+    if model_spec is not None:
+        model = {"factory": model_spec[0], "batches": model_spec[1]}
+    else:
+        name = workload.name if isinstance(workload, Workload) else str(workload)
+        if name not in WORKLOADS:
+            return None, f"workload {name!r} is not built in, so a fresh process cannot build it"
+        if batches is not None:
+            return None, "batches of this process cannot be sent to a fresh process"
+        preset = workload.preset if isinstance(workload, Workload) else preset
+        model = {"workload": name, "preset": preset}
+    spec = WorkerSpec(
+        model,
+        str(device),
+        _jsonable(dataclasses.asdict(train)),
+        optimizer.to_dict() if optimizer is not None else None,
+        tuple(
+            PlanSpec(label, request, (compiles or {}).get(label, "off"))
+            for label, request in plans.items()
+        ),
+        int(train.steps),
+        torch.get_num_threads(),
+        initial if model_spec is not None else None,
+    )
+    return spec, ""
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+def measure(
+    plans: Sequence[PlanSpec],
+    make_session: Callable[[str, int, bool], Session],
+    steps: int,
+    cfg: MeasureConfig,
+    *,
+    rebuild: WorkerSpec | None = None,
+    single_reason: str = "",
+    baseline: str | None = None,
+    stop: Any = None,
+    on_warmup: Callable[[str, Warmup | None], None] | None = None,
+    callbacks: Iterable[Any] = (),
+    progress: bool = False,
+) -> tuple[Measurement, dict[str, Session], dict[str, BaseException]]:
+    """Measure ``plans`` here, then in fresh processes as the module docstring says; returns
+    the :class:`Measurement` (with ``load``, ``stopped_by``, ``processes``), this process's
+    sessions and failures. ``rebuild``: how a worker rebuilds the workload (None: only this
+    process, ``single_reason`` says why). ``baseline``: the label the target is checked against
+    (default: the first plan). ``callbacks`` with an ``on_phase(text)`` method hear each process
+    start."""
+    start = machine_load.sample()
+    t0 = time.perf_counter()
+    first, sessions, failures = measure_plans(plans, make_session, steps, cfg, stop, on_warmup)
+    labels = tuple(p.label for p in plans)
+    dispatch = callbacks if isinstance(callbacks, Callbacks) else Callbacks(callbacks)
+    phases = (dispatch.phase,) if dispatch.wants("on_phase") else ()
+    ctx = _Context(cfg, labels, baseline or labels[0], t0, stop, phases)
+    measured = _more_processes(first, rebuild, single_reason, ctx, progress)
+    measured.load = machine_load.Load(start, machine_load.sample())
+    measured.seconds = time.perf_counter() - t0
+    kind = "warning" if measured.load.busy else "measurement"
+    text = measured.load.note() or f"machine load: {measured.load.describe()}"
+    measured.events.append(Event(kind, text, {"load": measured.load.to_dict()}))
+    measured.events.append(
+        Event(
+            "measurement",
+            f"measured in {measured.process_count} process(es); stopped by {measured.stopped_by}",
+            {"processes": measured.process_count, "stopped_by": measured.stopped_by},
+        )
+    )
+    return measured, sessions, failures
+
+
+def _estimates(m: Measurement, labels: Sequence[str], baseline: str) -> dict[str, np.ndarray]:
+    """Each plan's per-process estimates against ``baseline`` (the values its interval uses)."""
+    out = {}
+    for label in labels:
+        if label != baseline:
+            pairs = zip(m.blocks_by_process(baseline), m.blocks_by_process(label), strict=False)
+            out[label] = stats.process_estimates(list(pairs))
+    return out
+
+
+def _widest(estimates: Mapping[str, np.ndarray], confidence: float) -> float:
+    """The largest relative half-width over the plans at ``confidence`` (inf: no interval)."""
+    widest = 0.0
+    for values in estimates.values():
+        if values.size < 2:
+            return math.inf
+        _, low, high = stats.process_interval(values, confidence)
+        widest = max(widest, float(stats.relative_half_width(low, high)))
+    return widest
+
+
+def _widest_words(widest: float) -> str:
+    if not math.isfinite(widest):
+        return "no interval yet"
+    if widest >= 10:
+        return "largest half-width over ±1000 %"
+    return f"largest half-width ±{widest:.1%}"
+
+
+def _target_reached(estimates: Mapping[str, np.ndarray], target: float) -> bool:
+    """Whether every plan's interval reached ``target`` at this look (:func:`stats.first_stop`
+    over its process estimates: the rule the calibration simulation checks)."""
+    return all(
+        values.size >= stats.MIN_PROCESSES and stats.first_stop(values, target) == values.size
+        for values in estimates.values()
+    )
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What the process loop needs of the measurement request."""
+
+    cfg: MeasureConfig
+    labels: tuple[str, ...]
+    baseline: str
+    t0: float
+    stop: Any
+    phases: tuple[Callable[[str], None], ...]
+
+
+def _more_processes(
+    m: Measurement, rebuild: WorkerSpec | None, single_reason: str, ctx: _Context, progress: bool
+) -> Measurement:
+    if ctx.cfg.processes == 1:
+        m.stopped_by = "one process, as asked (processes=1)"
+        return m
+    if rebuild is None:
+        m.stopped_by = f"one process: {single_reason}"
+        m.events.append(Event("measurement", f"measured in this process only: {single_reason}"))
+        return m
+    if m.stopped:
+        m.stopped_by = "stopped on request in the first process"
+        return m
+    if len(ctx.labels) < 2:
+        m.stopped_by = "one process: a single plan has no speedup to measure"
+        return m
+    from tqdm.auto import tqdm
+
+    folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
+    bar = tqdm(
+        total=ctx.cfg.processes, desc="fresh processes", unit="process", disable=not progress,
+        leave=False,
+    )  # fmt: skip
+    try:
+        m.stopped_by = _loop(m, rebuild, ctx, folder, bar)
+    finally:
+        bar.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return m
+
+
+def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar: Any) -> str:
+    """Start fresh processes until a rule ends the measurement; returns what ended it."""
+    cfg, stop = ctx.cfg, ctx.stop
+    adaptive = cfg.processes is None
+    wanted = cfg.processes if cfg.processes is not None else MAX_PROCESSES
+    durations: list[float] = []
+    while True:
+        n = m.process_count
+        estimates = _estimates(m, ctx.labels, ctx.baseline)
+        sequential = adaptive and cfg.target is not None and n >= stats.MIN_PROCESSES
+        widest = _widest(estimates, stats.LOOK_CONFIDENCE if sequential else stats.CONFIDENCE)
+        shown = _widest_words(widest)
+        if sequential:
+            m.sequential = True
+            if _target_reached(estimates, cfg.target):
+                return (
+                    f"target: every interval within ±{cfg.target:.0%} after {n} processes ({shown})"
+                )
+        if n >= wanted:
+            if adaptive:
+                return f"the maximum of {MAX_PROCESSES} processes ({shown})"
+            return f"{n} processes, as asked ({shown})"
+        elapsed = time.perf_counter() - ctx.t0
+        guess = float(np.mean(durations)) if durations else m.seconds + STARTUP_GUESS_S
+        if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
+            if n == 1:
+                return (
+                    f"budget: this process's measurement took {elapsed:.0f} s of the "
+                    f"{cfg.budget_s:g} s budget and no fresh process fit (one needs about "
+                    f"{guess:.0f} s): the interval covers this process's rounds only"
+                )
+            target = f", target ±{cfg.target:.0%}" if adaptive and cfg.target is not None else ""
+            return (
+                f"budget: {cfg.budget_s:g} s; another process (about {guess:.0f} s) did not fit "
+                f"after {elapsed:.0f} s, {n} processes measured ({shown}{target})"
+            )
+        if stop is not None and stop.is_set():
+            m.stopped = True
+            return f"stopped on request after {n} processes"
+        for phase in ctx.phases:
+            phase(f"process {n + 1}: measuring every plan in a fresh process")
+        deadline = None if cfg.budget_s is None else time.time() + cfg.budget_s - elapsed
+        began = time.perf_counter()
+        timing, error = _run_worker(rebuild, cfg, n, deadline, folder, stop)
+        durations.append(time.perf_counter() - began)
+        if timing is None:
+            m.events.append(
+                Event("warning", f"process {n + 1} failed: {error}", {"process": n + 1})
+            )
+            if stop is not None and stop.is_set():
+                m.stopped = True
+                return f"stopped on request after {n} processes"
+            only = " (the interval covers this process's rounds only)" if n == 1 else ""
+            return f"a fresh process failed ({error}); {n} process(es) measured{only}"
+        m.processes.append(timing)
+        bar.update(1)
+        bar.set_postfix_str(shown)
+        log.info("process %d measured in %.1f s", n + 1, durations[-1])
+
+
+def _run_worker(
+    rebuild: WorkerSpec,
+    cfg: MeasureConfig,
+    index: int,
+    deadline: float | None,
+    folder: Path,
+    stop: Any,
+) -> tuple[ProcessTiming | None, str]:
+    """Run one worker to its end; (its timing, "") or (None, why it failed)."""
+    spec = rebuild.to_dict(index, cfg, deadline)
+    out = folder / f"process{index + 1}.json"
+    spec["out"] = str(out)
+    if rebuild.initial is not None:
+        import torch
+
+        path = folder / "initial.pt"
+        if not path.exists():
+            torch.save(rebuild.initial.state_dict(), path)
+        spec["model"]["state_dict"] = str(path)
+    spec_path = folder / f"spec{index + 1}.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    errors = folder / f"process{index + 1}.err"
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", "precision_nb.engine.measure_worker", str(spec_path)]
+    began = time.perf_counter()
+    # its own session: a Ctrl-C reaches this process only, which then ends the worker by its id
+    with open(errors, "wb") as err:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
+        )
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if stop is not None and stop.is_set():
+                _end(proc)
+                return None, "stopped on request"
+            if deadline is not None and time.time() > deadline + KILL_GRACE_S:
+                _end(proc)
+                return None, f"still running {KILL_GRACE_S:g} s after the time budget; ended"
+    except BaseException:
+        _end(proc)
+        raise
+    data = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
+    if data.get("error"):
+        return None, str(data["error"])
+    if code != 0 or not data:
+        tail = errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
+        return None, f"exit code {code}: {' | '.join(tail) or 'no message'}"
+    plans = {label: PlanTiming.from_dict(label, d) for label, d in data["plans"].items()}
+    timing = ProcessTiming(
+        index + 1,
+        plans,
+        list(data["sizes"]),
+        [list(o) for o in data["orders"]],
+        time.perf_counter() - began,
+        int(data["pid"]),
+        bool(data.get("stopped")),
+        data.get("startup_s"),
+    )
+    return timing, ""
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Ask a worker to stop, then kill it (by its own id) if it does not."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=5)

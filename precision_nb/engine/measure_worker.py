@@ -1,0 +1,150 @@
+"""A fresh process that measures every plan once, started by the multi-process measurement.
+
+:mod:`precision_nb.engine.measure_processes` runs ``python -m precision_nb.engine.measure_worker
+RUN_FILE``. It reads the run file (JSON: the workload or ``module:factory`` to rebuild, the
+device, the training and optimizer settings, the plans, the measured steps, the rounds and warm-up
+rule, the rotation to start with, a wall-clock deadline), builds the model from the same seed (or
+loads the initial weights it was sent), warms each plan up and measures them interleaved in rounds
+with :func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block
+to the run file's ``out`` path. At the deadline it stops after the current step and sends what it
+has.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import inspect
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build", "main"]
+
+
+def _import(path: str) -> Any:
+    """The object named by ``"package.module:attribute"`` (the current folder importable)."""
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"import path {path!r}: allowed form 'package.module:name'")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """The model, its batches and workload info, as the run file names them."""
+    import torch
+
+    from precision_nb.engine.request import prepare
+    from precision_nb.engine.run_setup import seed_everything
+
+    m, seed = spec["model"], spec["train"].get("seed")
+    if "workload" in m:
+        return prepare(m["workload"], None, m["preset"], spec["device"], seed)
+    seed_everything(seed or 0)
+    model = _import(m["factory"])()
+    if m.get("state_dict"):
+        state = torch.load(m["state_dict"], map_location="cpu", weights_only=True)
+        model.load_state_dict(state)
+    batches = _import(m["batches"])
+    if callable(batches) and not hasattr(batches, "__iter__"):
+        required = [
+            p
+            for p in inspect.signature(batches).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if not required:  # a factory of the batch source, as the command line treats it
+            batches = batches()
+    return model, batches, {}
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure the run file's plans in this process; the JSON-able result."""
+    import torch
+
+    from precision_nb.core.optim import OptimizerConfig
+    from precision_nb.core.plan import PrecisionConfig
+    from precision_nb.engine.measure import MeasureConfig, PlanSpec, measure_plans
+    from precision_nb.engine.measure_processes import trainer_sessions
+    from precision_nb.engine.train_config import TrainConfig
+
+    torch.set_num_threads(int(spec["threads"]))
+    model, batches, info = build(spec)
+    train = dataclasses.replace(
+        TrainConfig(**spec["train"]), progress=False, measure_peak=False, inspect=False
+    )
+    plans = {p["label"]: PrecisionConfig(**p["precision"]) for p in spec["plans"]}
+    compiles = {p["label"]: p.get("compile", "off") for p in spec["plans"]}
+    optimizer = OptimizerConfig(**spec["optimizer"]) if spec.get("optimizer") else None
+    make_session = trainer_sessions(
+        copy.deepcopy(model).cpu(),
+        batches,
+        device=spec["device"],
+        plans=plans,
+        optimizer=optimizer,
+        train=train,
+        info=info,
+        compiles=compiles,
+    )
+    stop = threading.Event()
+    if spec.get("deadline") is not None:
+        timer = threading.Timer(max(0.0, float(spec["deadline"]) - time.time()), stop.set)
+        timer.daemon = True
+        timer.start()
+    started = time.time()
+    measurement, _, _ = measure_plans(
+        [PlanSpec(label, request, compiles[label]) for label, request in plans.items()],
+        make_session,
+        int(spec["steps"]),
+        MeasureConfig(**spec["measure"]),
+        stop,
+        offset=int(spec["index"]),
+    )
+    return {
+        "pid": os.getpid(),
+        "startup_s": started - _create_time(),
+        "sizes": measurement.sizes,
+        "orders": measurement.orders,
+        "stopped": measurement.stopped,
+        "plans": {label: t.to_dict() for label, t in measurement.plans.items()},
+    }
+
+
+def _create_time() -> float:
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    out = Path(spec["out"])
+    try:
+        result = run(spec)
+        code = 0
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, which records it as an event
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        print(result["traceback"], file=sys.stderr)
+        code = 1
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result), encoding="utf-8")
+    tmp.replace(out)
+    return code
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the result is written and closed: skip torch's slow interpreter teardown

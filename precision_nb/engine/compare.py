@@ -375,10 +375,9 @@ def run_comparison(
         train=cfg, optimizer=optimizer, plans=precisions, initial=initial, model_spec=mcfg.rebuild,
         compiles=compiles,
     )  # fmt: skip
-    baseline = next(
-        (k for k, e in planned.items() if e.config.requested == "fp32" and compiles[k] == "off"),
-        None,
-    )
+    # the speed baseline: eager fp32, else a compiled fp32 plan (every plan compiled)
+    fp32 = [k for k, e in planned.items() if e.config.requested == "fp32"]
+    baseline = next((k for k in fp32 if compiles[k] == "off"), next(iter(fp32), None))
     measurement, sessions, failures = measure_in_processes(
         [PlanSpec(label, precisions[label], compiles[label]) for label in planned],
         make_session, cfg.steps, mcfg, rebuild=rebuild, single_reason=single_reason,
@@ -398,8 +397,9 @@ def run_comparison(
         out.results[label] = result
         out.events.extend(e.prefixed(label) for e in result.events)
         params = _param_vector(trainers[label].model)
-        eager = not planned[label].compile.enabled
-        if result.plan.mode == "fp32" and reference is None and failure is None and eager:
+        if result.plan.mode == "fp32" and failure is None and label == baseline:
+            reference, ref_label = params, label
+        elif result.plan.mode == "fp32" and reference is None and failure is None:
             reference, ref_label = params, label
         out.drift[label] = {"params": params}  # type: ignore[dict-item]
         if result.stopped or measurement.stopped:

@@ -92,3 +92,56 @@ def test_the_framework_compile_settings_exist_in_the_installed_frameworks():
         torch_compile_mode="reduce-overhead", use_cpu=True, report_to="none",
     )  # fmt: skip
     assert args.torch_compile and args.torch_compile_mode == "reduce-overhead"
+
+
+# --------------------------------------------------------------------------- profile --compile
+
+
+def test_profile_refuses_a_bad_compile_list_before_torch_loads(capsys, tmp_path):
+    code, out, err = _run(capsys, "profile", "--compile", "off,fast", "--out", str(tmp_path / "o"))
+    assert code == 2 and not out
+    assert "--compile: invalid value 'fast'" in err
+    code, _, err = _run(capsys, "profile", "--compile", "default,default", "--out",
+                        str(tmp_path / "o"))  # fmt: skip
+    assert code == 2 and "default given twice" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_profile_refuses_compile_with_a_distributed_profile(capsys, tmp_path):
+    code, _, err = _run(capsys, "profile", "--compile", "default", "--nproc", "2", "--out",
+                        str(tmp_path / "o"))  # fmt: skip
+    assert code == 2 and "distributed runs train eagerly" in err
+
+
+def test_profile_measures_each_request_eager_and_compiled(capsys, tmp_path):
+    """One small profile of the cross product (mlp/tiny, fp32 x off,default, one process)."""
+    import csv
+
+    out_dir = tmp_path / "out"
+    code, out, err = _run(
+        capsys, "profile", "--workload", "mlp", "--preset", "tiny", "--compare", "fp32",
+        "--compile", "off,default", "--steps", "12", "--rounds", "6", "--processes", "1",
+        "--no-inspect", "--no-numerics", "--no-progress", "--out", str(out_dir),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "fp32+compile" in out
+    rows = list(csv.DictReader((out_dir / "compile.csv").open()))
+    assert [r["plan"] for r in rows] == ["fp32+compile"] and rows[0]["eager_plan"] == "fp32"
+    assert float(rows[0]["compile_s"]) > 0
+    assert rows[0]["compile_cache"] in ("hit", "miss", "partial")
+    html = (out_dir / "report.html").read_text()
+    assert "torch.compile: what compiling cost and changed" in html
+    summary = list(csv.DictReader((out_dir / "summary.csv").open()))
+    assert {r["run"] for r in summary} == {"fp32", "fp32+compile"}
+
+
+def test_profile_compile_argument_spellings():
+    import pytest
+
+    from precision_nb.views.report.profile import parse_compiles
+
+    assert parse_compiles("off, default") == ("off", "default")
+    assert parse_compiles(["OFF", True]) == ("off", "default")
+    assert parse_compiles(None) == ("off",) and parse_compiles("max-autotune") == ("max-autotune",)
+    with pytest.raises(ValueError, match="compile: invalid value 'fast'"):
+        parse_compiles(["off", "fast"])

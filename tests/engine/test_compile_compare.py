@@ -114,3 +114,19 @@ def test_a_compile_that_fails_is_shown_and_the_other_plans_are_measured(monkeypa
     assert "simulated inductor failure" in str(err.value)
     (line,) = out.compiled["fp32+compile"].lines()
     assert line.startswith("fp32+compile: compile failed:") and "simulated inductor" in line
+
+
+def test_a_profiles_inspection_of_the_compiled_plan_is_the_eager_step_said_so(compared):
+    from precision_nb.views.report.profile import validate_request
+    from precision_nb.views.report.profile_compute import inspect_plans
+
+    request = validate_request(
+        workload=make_model(), batches=batches, device="cpu", out=None, modes=("bf16",),
+        compile="off,default",
+    )  # fmt: skip
+    data = inspect_plans(request, compared)
+    first = data["bf16+compile"].flags[0]
+    assert first.kind == "compiled" and "EAGER bf16 step" in first.message
+    assert data["bf16+compile"].label == "bf16+compile"
+    assert all(flag.kind != "compiled" for flag in data["bf16"].flags)
+    assert data["bf16"].ops == data["bf16+compile"].ops  # one eager inspection, shared

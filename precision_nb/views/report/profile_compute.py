@@ -26,7 +26,22 @@ from precision_nb.views.report.numerics import Numerics
 if TYPE_CHECKING:
     from precision_nb.views.report.profile import ProfileRequest
 
-__all__ = ["Analyses", "analyse", "analyze_numerics", "inspect_plans", "scaled_run"]
+__all__ = [
+    "NUMERICS_COMPILED",
+    "Analyses",
+    "analyse",
+    "analyze_numerics",
+    "inspect_plans",
+    "scaled_run",
+]
+
+#: What the numerics analysis says of compiled plans (it runs the eager model).
+NUMERICS_COMPILED = (
+    "numerics: the analysis runs one instrumented eager step of the model (hooks on module "
+    "outputs), for compiled plans too: a compiled graph computes the same tensors up to "
+    "rounding (see the agreement in the torch.compile section), but the intermediates its fused "
+    "kernels keep are not module outputs, so no hook sees them"
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +83,8 @@ def analyse(request: ProfileRequest, comparison: Comparison) -> Analyses:
             events.append(Event("warning", message, {"section": name}))
             continue
         seconds[name] = time.perf_counter() - start
+    if "numerics" in values and getattr(comparison, "compiled", None):
+        events.append(Event("compile", NUMERICS_COMPILED, {"section": "numerics"}))
     return Analyses(values.get("inspection") or {}, values.get("numerics"), seconds, tuple(events))
 
 

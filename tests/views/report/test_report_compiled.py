@@ -59,3 +59,13 @@ def test_a_plan_slower_than_eager_never_pays_back_and_the_cell_says_so():
     section = compiled_section(_reports(0.030))
     assert "<td>never</td>" in section.html
     assert "never pays back at this step time" in section.html
+
+
+def test_a_compiled_plans_card_leads_with_its_verdict_against_eager():
+    from precision_nb.views.report.answer import _compile_lines
+
+    lines = _compile_lines(_reports(0.010)["fp32+compile"])
+    assert lines[0].startswith("fp32+compile is 2.00x the fp32 speed")
+    assert lines[1] == "compile step 2.50 s (cache miss), not timed"
+    assert lines[2].startswith("pays back after 250 steps at this step time")
+    assert _compile_lines(None) == ()

@@ -261,8 +261,9 @@ class FitSession:
 
     def _compile(self, batch: Any) -> None:
         """A compiled plan's compile step, once per trainer: one forward and backward on a
-        throw-away copy of the model with the RNG state forked, so training draws what eager
-        draws and the real first step reuses the compiled code (engine/compile/record.py)."""
+        throw-away copy of the model with the RNG state forked, so it takes nothing from
+        training's RNG stream, and the real first step reuses the compiled code
+        (engine/compile/record.py)."""
         t = self.trainer
         log_ = t.compile_log
         if not t.explanation.compile.enabled or log_.compiled:

@@ -8,7 +8,7 @@ A :class:`CompileLog` follows one trainer's compiled model:
 
 - :meth:`CompileLog.compile_step` runs the **compile step**: one forward and backward on a
   throw-away copy of the model, before the first training step (the trainer does this in
-  ``start()``, with the RNG state forked so training draws the same random numbers as eager).
+  ``start()``, with the RNG state forked so the step takes nothing from training's RNG stream).
   Dynamo keeps the compiled code per code object and guards, so the real model's first step
   reuses it: the compile never lands in a training step's time. The record keeps the step's wall
   time and what torch compiled in it: seconds by its own accounting, forward and backward graphs,

@@ -376,6 +376,9 @@ def _print_outcome(output: Any) -> None:
     plans = output.answers()
     for line in terminal_lines(plans):
         print(cli_text(line))
+    stopped = output.comparison.method.get("measurement stopped by")
+    if stopped:  # what ended the measurement, once (the verdicts say how many processes)
+        print(cli_text(f"measurement stopped by {stopped}"))
     table = output.summary
     columns = [
         c

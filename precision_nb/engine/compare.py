@@ -211,7 +211,7 @@ def plan_figures(
     return out, events
 
 
-def _as_request(mode: Any, lab: bool) -> PrecisionConfig:
+def precision_request(mode: Any, lab: bool) -> PrecisionConfig:
     """A requested mode as a config; ``lab`` turns a plain fp16 request into the lab's."""
     if isinstance(mode, PrecisionConfig):
         return mode
@@ -324,7 +324,7 @@ def compare(
         raise ValueError("batches is None; pass batches together with your own model")
     request = RunRequest.of(
         model if model is not None else workload, batches, preset=preset, device=device,
-        precision=[_as_request(m, loss_scale_lab) for m in modes], optimizer=optimizer,
+        precision=[precision_request(m, loss_scale_lab) for m in modes], optimizer=optimizer,
         train=train, loss_fn=loss_fn, compile=compile, **train_options,
     )  # fmt: skip
     return run_comparison(request, callbacks=callbacks, stop=stop, measure=measure)

@@ -2,7 +2,8 @@
 
 ``fit``, ``compare``, ``fit_distributed`` and ``write_spec`` keep their keyword signatures; each
 turns its arguments into one frozen :class:`RunRequest` (``RunRequest.of``) and passes that on,
-so the arguments are checked in one place and never forwarded one by one. A request holds what
+so the arguments are checked in one place and never forwarded one by one; ``profile()`` and the
+panel build one too and call the same engine functions with it. A request holds what
 to train (a module with its batches, or a built-in workload and its preset), where (``device``),
 under which precision request(s), with which optimizer settings, loop settings (one
 :class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss.

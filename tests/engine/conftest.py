@@ -33,19 +33,3 @@ def batches(linear_data):
         return xs[j : j + 8], ys[j : j + 8]
 
     return batch
-
-
-@pytest.fixture(scope="session")
-def one_node(tmp_path_factory):
-    """2 DDP processes on one node (tests/engine/dist_runs.py), run once per session."""
-    from dist_runs import launch
-
-    return launch(tmp_path_factory.mktemp("one-node"), nproc=2)
-
-
-@pytest.fixture(scope="session")
-def two_nodes(tmp_path_factory):
-    """The same 2 ranks as two nodes of one process each, run once per session."""
-    from dist_runs import launch
-
-    return launch(tmp_path_factory.mktemp("two-nodes"), nproc=1, nnodes=2)

@@ -125,20 +125,14 @@ def check_reachable(user: Any, selection: Any, plan: Any) -> None:
 
 
 def fit_target(session: Any, selection: Any, explanation: Any, plan: Any, live: Any, stop: Any):
-    """The worker thread's run: ``fit_distributed`` with the panel's options and callback."""
-    from precision_nb.engine.distributed.launcher import fit_distributed
+    """The worker thread's run: the panel's run request launched on torchrun's workers (as
+    ``fit_distributed`` does), followed by the panel's callback."""
+    from precision_nb.engine.distributed.launcher import launch
 
-    common = session.run_options(selection, live, stop)
-    common["precision"] = explanation.config
+    request = session.request(selection, [explanation.config], distributed=True)
     user = session.user_model
-    if user is None:
-        return fit_distributed(
-            selection.workload, preset=selection.preset, distributed=plan.request, **common
-        )
-    return fit_distributed(
-        user.model, user.batches_path, factory=user.factory, loss_fn=user.loss_fn_path,
-        distributed=plan.request, **common,
-    )  # fmt: skip
+    factory = user.factory if user is not None else None
+    return launch(request, plan.request, factory=factory, callbacks=[live], stop=stop)
 
 
 def as_run_result(result: Any) -> Any:

@@ -17,7 +17,7 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,43 +201,56 @@ class RunSession:
         if self.job is not None and not self.job.running:
             self.job = None
 
-    def run_options(self, selection: Selection, live: Any, stop: Any) -> dict[str, Any]:
-        """The keyword arguments a panel run and a panel comparison share."""
-        return dict(
+    def request(
+        self,
+        selection: Selection,
+        precisions: Sequence[PrecisionConfig],
+        *,
+        distributed: bool = False,
+        compiles: Sequence[str] = ("off",),
+    ) -> Any:
+        """The engine's :class:`~precision_nb.engine.request.RunRequest` of a panel run or
+        comparison: the panel's model (a copy of the user's, or the selected workload), device,
+        optimizer and loop settings, and ``precisions``. ``distributed``: for torchrun's workers,
+        the user's model as it is (its state dict travels) with its batches and loss by import
+        path. ``compiles``: the compile modes (every precision under each).
+        """
+        from precision_nb.engine.request import RunRequest
+
+        user = self.user_model
+        if user is None:
+            model, batches, loss_fn = selection.workload, None, None
+        elif distributed:
+            model, batches, loss_fn = user.model, user.batches_path, user.loss_fn_path
+        else:
+            model, batches, loss_fn = copy.deepcopy(user.model), user.batches, user.loss_fn
+        return RunRequest(
+            model=model,
+            batches=batches,
+            preset=selection.preset or "tiny",  # a user model has no preset
             device=selection.device,
+            precisions=tuple(precisions),
             optimizer=self._optimizer_for(selection),
             train=self.train_config(selection),
-            callbacks=[live],
-            stop=stop,
+            loss_fn=loss_fn,
+            compiles=tuple(compiles),
         )
 
     def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
-        from precision_nb.engine.entry import fit
+        from precision_nb.engine.entry import run
 
-        common = self.run_options(selection, live, stop)
-        common["precision"] = explanation.config
-        common["compile"] = selection.compile
-        user = self.user_model
-        if user is not None:
-            model = copy.deepcopy(user.model)
-            return fit(model, user.batches, loss_fn=user.loss_fn, **common)
-        return fit(selection.workload, preset=selection.preset, **common)
+        request = self.request(selection, [explanation.config], compiles=(selection.compile,))
+        return run(request, callbacks=[live], stop=stop)
 
     def _compare(self, selection: Selection, live: Any, stop: Any) -> Any:
-        from precision_nb.engine.compare import compare
+        from precision_nb.engine.compare import run_comparison
 
         modes = [
             PrecisionConfig(mode=COMPARE_CHOICES[name][0], loss_scale_lab=COMPARE_CHOICES[name][1])
             for name in selection.compare_plans
         ]
-        common = self.run_options(selection, live, stop)
-        common["compile"] = compare_compiles(selection)
-        user = self.user_model
-        if user is not None:
-            return compare(
-                modes, model=user.model, batches=user.batches, loss_fn=user.loss_fn, **common
-            )
-        return compare(modes, selection.workload, selection.preset, **common)
+        request = self.request(selection, modes, compiles=compare_compiles(selection))
+        return run_comparison(request, callbacks=[live], stop=stop)
 
     # ------------------------------------------------------------------ during the run
 

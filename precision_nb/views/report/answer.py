@@ -58,6 +58,15 @@ KNOWN_FIELDS = frozenset(
         "speedup_ci_high",
         "verdict",
         "verdict_kind",
+        # the verdict's own parts (its text says them) and the summary table's columns
+        "verdict_detail",
+        "speedup_half_width",
+        "speedup_method",
+        "speedup_covers",
+        "stopped_by",
+        "processes",
+        "mfu_low",
+        "mfu_high",
     }
 )
 
@@ -356,9 +365,11 @@ def _css(line: str) -> str:
     return ""
 
 
-def answer_section(plans: Sequence[PlanAnswer]) -> Section:
-    """The report's first section: the cards, then the requests merged into another's run."""
+def answer_section(plans: Sequence[PlanAnswer], load_note: str = "") -> Section:
+    """The report's first section: a busy machine said first (``load_note``), the cards, then
+    the requests merged into another's run."""
     e = html.escape
+    busy = f'<p class="load-note"><b>{e(load_note)}</b></p>' if load_note else ""
     notes = [f"<li>{e(text)}</li>" for a in plans for _, text in a.merged]
     merged = (
         '<div class="merged"><b>Requests merged</b> (same resolved plan, same seed: running them '
@@ -366,7 +377,7 @@ def answer_section(plans: Sequence[PlanAnswer]) -> Section:
         if notes
         else ""
     )
-    return Section("answer", "The answer, plan by plan", cards_html(plans) + merged)
+    return Section("answer", "The answer, plan by plan", busy + cards_html(plans) + merged)
 
 
 def terminal_lines(plans: Sequence[PlanAnswer]) -> list[str]:

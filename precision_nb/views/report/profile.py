@@ -434,28 +434,36 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
         return comparison
 
 
-def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
+def run_request(request: ProfileRequest, *, progress: bool = True) -> Any:
+    """The engine's :class:`~precision_nb.engine.request.RunRequest` of a profile: the model (or
+    workload), its precision requests (fp16 through the loss-scale lab where asked), device,
+    optimizer and the loop settings of the measured steps (about 25 logged points per plan)."""
     from precision_nb.core.optim import OptimizerConfig
-    from precision_nb.engine.compare import compare
+    from precision_nb.engine.compare import precision_request
+    from precision_nb.engine.request import RunRequest
 
     steps = DEFAULT_STEPS if request.steps is None else request.steps
-    return compare(
-        request.modes,
-        request.workload,
-        request.preset,
-        model=request.model,
-        batches=request.batches,
-        loss_fn=request.loss_fn,
+    return RunRequest.of(
+        request.model if request.model is not None else request.workload,
+        request.batches,
+        preset=request.preset,
         device=request.device,
+        precision=[precision_request(m, request.loss_scale_lab) for m in request.modes],
         optimizer=OptimizerConfig(fused=request.fused),
-        loss_scale_lab=request.loss_scale_lab,
-        measure=_measure_config(request),
+        loss_fn=request.loss_fn,
         accumulation=request.accumulation,
         progress=progress,
         steps=steps,
         log_every=max(1, steps // PROFILE_POINTS),
-        stop=stop,
         compile=request.compile,
+    )
+
+
+def _compare(request: ProfileRequest, progress: bool, stop: Any) -> Any:
+    from precision_nb.engine import compare
+
+    return compare.run_comparison(
+        run_request(request, progress=progress), stop=stop, measure=_measure_config(request)
     )
 
 

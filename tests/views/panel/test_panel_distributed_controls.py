@@ -17,7 +17,7 @@ from precision_nb.engine.distributed import launcher
 from precision_nb.views.panel import Panel
 from precision_nb.views.panel.layout import TABS
 
-ENGINE_TESTS = Path(__file__).resolve().parents[2] / "engine"
+ENGINE_TESTS = Path(__file__).resolve().parents[2] / "engine" / "distributed"
 
 
 @pytest.fixture(autouse=True)

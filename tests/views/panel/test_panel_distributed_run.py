@@ -19,7 +19,7 @@ from precision_nb.engine.results import RunResult
 from precision_nb.views.panel import Panel
 from precision_nb.views.panel.run import LiveCallback
 
-ENGINE_TESTS = Path(__file__).resolve().parents[2] / "engine"
+ENGINE_TESTS = Path(__file__).resolve().parents[2] / "engine" / "distributed"
 STEPS = 12
 TIMEOUT = 300
 

@@ -83,10 +83,10 @@ class _Verdict:
 
 
 def test_the_verdict_is_the_engines_text_and_unknown_fields_are_shown():
-    row = {"verdict": VERDICT, "verdict_kind": "faster", "rounds": 8, "processes": 3}
+    row = {"verdict": VERDICT, "verdict_kind": "faster", "rounds": 8, "warmup_cap": 3}
     view = verdict_view(row)
     assert view.text == VERDICT and view.kind == "faster"
-    assert view.extra == (("processes", "3"),)  # rounds is known (summary table); processes not
+    assert view.extra == (("warmup cap", "3"),)  # rounds is known (summary table); this is not
     # A verdict object (the engine's ``Verdict``) is shown by its own ``str``, its kind kept.
     view = verdict_view({"verdict": _Verdict()})
     assert (view.text, view.kind) == ("x is 0.80x: slower.", "slower")

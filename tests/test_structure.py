@@ -1,8 +1,9 @@
-"""No import cycles among the run-time imports of ``precision_nb.core`` and ``precision_nb.engine``.
+"""The package's shape, read from its source with ``ast`` (no import needs to happen):
 
-Every ``import`` counts, at module level and inside functions alike (a function-local import only
-delays a cycle, it does not remove it); imports under ``if TYPE_CHECKING:`` never run and do not
-count. The graph is read from the source with ``ast``, so the test needs no import to happen.
+- no import cycle among the run-time imports of any ``precision_nb`` modules: every ``import``
+  counts, at module level and inside functions alike (a function-local import only delays a
+  cycle, it does not remove it); imports under ``if TYPE_CHECKING:`` never run and do not count;
+- no private name (``_x``) imported or read across modules: what a module shares is public.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "precision_nb"
-SCOPES = ("precision_nb.core", "precision_nb.engine")
+PACKAGE = Path(__file__).resolve().parents[1] / "precision_nb"
+SCOPES = ("precision_nb",)
 
 
 def module_name(path: Path) -> str:
@@ -113,7 +114,7 @@ def cycles(scopes: tuple[str, ...] = SCOPES) -> list[list[str]]:
     return found
 
 
-def test_core_and_engine_have_no_import_cycle():
+def test_the_package_has_no_import_cycle():
     assert cycles() == []
 
 
@@ -131,3 +132,78 @@ def test_the_check_sees_function_local_imports_and_skips_type_checking(tmp_path)
     known = {"precision_nb.engine.session", "precision_nb.engine.trainer", "precision_nb.engine"}
     found = imports_of("precision_nb.engine.mod", path, known)
     assert found == {"precision_nb.engine.session"}  # precision_nb.engine is its own package
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` blocks."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                inside.update(id(n) for n in ast.walk(child))
+    return inside
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every run-time import of ``path`` (names empty for ``import x``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_checking_nodes(tree)
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+    return out
+
+
+def private_uses(path: Path) -> list[str]:
+    """Where ``path`` imports a private name of another precision_nb module, or reads one as an
+    attribute of a module it imported (``from pkg import mod``; ``mod._x``)."""
+    name = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path.name
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[str] = []
+    modules: dict[str, str] = {}
+    for line, module, names in _imports(path):
+        if not module.startswith("precision_nb"):
+            continue
+        found += [f"{name}:{line} imports {module}.{n}" for n in names if _private(n)]
+        for n in names:  # ``from package import module``: its attributes are checked below
+            modules[n] = f"{module}.{n}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.alias) and node.asname and node.name in modules:
+            modules[node.asname] = modules[node.name]
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and _private(node.attr)
+        ):
+            found.append(f"{name}:{node.lineno} reads {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_imported_or_read_across_modules():
+    found = [use for path in sorted(PACKAGE.rglob("*.py")) for use in private_uses(path)]
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_imports_and_module_attributes(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text(
+        "from precision_nb.views.report.markup import _secret, fmt\n"
+        "from precision_nb.engine import stats as st\n"
+        "x = st._helper(fmt)\n",
+        encoding="utf-8",
+    )
+    found = private_uses(path)
+    assert found == [
+        "mod.py:1 imports precision_nb.views.report.markup._secret",
+        "mod.py:3 reads st._helper",
+    ]

@@ -1,7 +1,7 @@
 """Several nodes on this one machine: two torchrun agents of one process each (``--nnodes 2
 --node-rank 0/1``, a c10d rendezvous on loopback, gloo) through the launcher the product uses.
 
-The successful runs are shared (``one_node`` and ``two_nodes`` in tests/engine/conftest.py: the
+The successful runs are shared (``one_node`` and ``two_nodes`` in this folder's conftest.py: the
 same 2 ranks, as one node of two processes and as two nodes); every other test here starts one
 launch of its own (a failure, an interrupt, a rendezvous that never completes, agents started by
 hand with mismatched sizes) and checks that nothing is left running afterwards.
@@ -31,7 +31,7 @@ from precision_nb.engine.distributed.launcher import write_spec
 from precision_nb.engine.distributed.nodes import world_problems
 from precision_nb.engine.distributed.process import _environment, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _losses(records: list[dict]) -> list[float]:

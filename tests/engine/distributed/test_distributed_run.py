@@ -2,7 +2,7 @@
 bytes by dtype, FSDP2's bf16 compute over fp32 shards, the loss-scale lab, failures and cleanup.
 
 Each test starts one torchrun (a few seconds of start-up); the fp32 DDP run is shared with the
-other distributed tests (the ``one_node`` fixture of tests/engine/conftest.py).
+other distributed tests (the ``one_node`` fixture of tests/engine/distributed/conftest.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ def _run(strategy: str = "ddp", model: str = "mlp", **kw):
 
 @pytest.fixture(scope="module")
 def ddp_fp32(one_node):
-    return one_node.result  # tests/engine/dist_runs.py: 2 processes, mlp tiny, STEPS steps
+    return (
+        one_node.result
+    )  # tests/engine/distributed/dist_runs.py: 2 processes, mlp tiny, STEPS steps
 
 
 @pytest.fixture(scope="module")

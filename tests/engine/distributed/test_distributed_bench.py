@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_distributed.py"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_distributed.py"
 
 
 def test_paired_rounds_time_both_groups_and_count_the_all_reduce(tmp_path) -> None:

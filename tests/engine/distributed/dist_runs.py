@@ -34,6 +34,25 @@ def listening(pids: list[int]) -> list[tuple[int, str, str]]:
     return found
 
 
+def launched() -> list[psutil.Process]:
+    """The processes the launcher started: its torchrun agents and everything under them (not
+    other children of the test process, such as a server an earlier test left running)."""
+    agents = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "precision_nb.engine.distributed.torchrun" in " ".join(child.cmdline()):
+                agents.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    found = {p.pid: p for p in agents}
+    for agent in agents:
+        try:
+            found.update((c.pid, c) for c in agent.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return list(found.values())
+
+
 class SocketProbe:
     """On rank 0's first record: the listening sockets of every process the launcher started,
     and the command lines of those processes."""
@@ -44,7 +63,7 @@ class SocketProbe:
 
     def on_log(self, record: dict) -> None:
         if self.sockets is None:
-            children = psutil.Process().children(recursive=True)
+            children = launched()
             self.sockets = listening([c.pid for c in children])
             for c in children:
                 try:

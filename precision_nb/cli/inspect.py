@@ -69,8 +69,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--simulate",
         metavar="PRESET",
-        help="simulated hardware (a `precision-nb plan --simulate` preset): the documented "
-        "autocast policy instead of a trace; default: this machine",
+        help="simulated hardware (a `precision-nb plan --simulate` preset): autocast's policy "
+        "for its device type, read from the installed torch, instead of a trace; default: this "
+        "machine",
     )
     parser.add_argument(
         "--loss-scale-lab", action="store_true", help="fp16 with a CPU GradScaler on a CPU"

@@ -333,7 +333,12 @@ class PanelOutputs:
             figures or {},
             measured=self.measured,
             method=method,
-            charts=live_charts_html(frame.to_dict("records")) if self.measured else "",
+            # the table's memory note covers the chart: one note, not two
+            charts=(
+                live_charts_html(frame.to_dict("records"), memory_note=False)
+                if self.measured
+                else ""
+            ),
         )
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)

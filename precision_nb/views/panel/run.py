@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from precision_nb.views.panel.results import HOST_RSS
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -298,7 +300,9 @@ def metrics_text(record: dict[str, Any], note: str = "") -> str:
             parts.append(f"{value:,.0f} {unit}")
             break
     memory = record.get("memory_bytes")
-    if isinstance(memory, (int, float)):
+    if isinstance(memory, (int, float)) and record.get("memory_kind") == HOST_RSS:
+        parts.append(f"process memory {memory / 2**20:,.0f} MiB (host RSS)")  # not the plan's
+    elif isinstance(memory, (int, float)):
         kind = html.escape(str(record.get("memory_kind") or "memory"))
         parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
     text = " &middot; ".join(parts)

@@ -30,7 +30,8 @@ def test_four_charts_one_line_per_run_in_the_plan_colours():
     html = live_charts_html(_records("fp32", 10) + _records("fp16 <lab>", 10, skip_at=4))
     assert html.count("<svg") == 4
     assert html.count("<polyline") == 8  # 2 runs x 4 charts
-    assert "samples/s" in html and "host_rss" in html and "loss scale (log2" in html
+    assert "samples/s" in html and "process memory MiB (host RSS)" in html
+    assert "loss scale (log2" in html
     assert "fp16 &lt;lab&gt;" in html and "<lab>" not in html  # labels are escaped
     colours = set(re.findall(r"stroke='(#[0-9a-fA-F]{6})'", html))
     assert len(colours) == 2

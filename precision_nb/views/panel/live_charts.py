@@ -94,6 +94,7 @@ def live_charts_html(
                 if process_only
                 else f"peak memory MiB ({', '.join(kinds) or 'n/a'})"
             ),
+            floor=0.0,
         ),
     ]
     legend = " ".join(

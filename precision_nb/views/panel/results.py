@@ -25,6 +25,7 @@ __all__ = [
     "note_html",
     "results_html",
     "speedup_text",
+    "table_html",
     "verdict_lines_html",
     "warmup_note_html",
 ]
@@ -137,10 +138,16 @@ def _ms(value: Any) -> str:
     return "" if number is None else f"{1000 * number:.3g}"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[int] = ()) -> str:
-    """A table sized to its content (numbers on one line, text columns ``wrap`` wrapping),
-    scrolling inside the tab when wider than the output."""
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+def table_html(
+    head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[int] = (), css: str = ""
+) -> str:
+    """A table in the panel's style (``css``: classes added to ``pnb-table``), sized to its
+    content: numbers on one line, the text columns ``wrap`` wrapping and left-aligned; it scrolls
+    inside the tab when wider than the output."""
+    th = "".join(
+        f"<th class='pnb-text'>{html.escape(h)}</th>" if i in wrap else f"<th>{html.escape(h)}</th>"
+        for i, h in enumerate(head)
+    )
     body = "".join(
         "<tr>"
         + "".join(
@@ -152,8 +159,9 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[in
         + "</tr>"
         for row in rows
     )
+    classes = f"pnb-table {css}".strip()
     return (
-        "<div class='pnb-table-wrap'><table class='pnb-table'>"
+        f"<div class='pnb-table-wrap'><table class='{classes}'>"
         f"<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
     )
 
@@ -186,7 +194,7 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
         wrap.append(len(columns))
         columns.append(("also requested as", lambda r: str(r.get("also_requested_as") or "")))
     rows = [[cell(r) for _name, cell in columns] for r in records]
-    return _table([name for name, _cell_of in columns], rows, wrap)
+    return table_html([name for name, _cell_of in columns], rows, wrap)
 
 
 def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -219,9 +227,10 @@ def _process_memory_note(records: Sequence[Mapping[str, Any]], *, charted: bool)
     return note_html(text, "pnb-memory-note")
 
 
-def note_html(text: str, css: str) -> str:
-    """``text`` as a small italic note with the class ``css``."""
-    return f"<div class='{css}' style='font-size:12px'><i>{html.escape(text)}</i></div>"
+def note_html(text: str, css: str = "") -> str:
+    """``text`` as a small italic note (with the class ``css``, if given)."""
+    cls = f" class='{css}'" if css else ""
+    return f"<div{cls} style='font-size:12px'><i>{html.escape(text)}</i></div>"
 
 
 def _step_cell(row: Mapping[str, Any]) -> str:

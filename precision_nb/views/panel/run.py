@@ -163,8 +163,8 @@ class LiveCallback:
         label = getattr(self.results[-1], "label", "") if self.results else ""
         elapsed = now - self._start
         parts = [f"{step}/{self.steps} steps"]
-        if self.runs > 1:
-            parts.insert(0, f"plan {index} of up to {self.runs} ({label})")
+        if self.runs > 1:  # "up to": plans that resolve the same are trained once
+            parts.insert(0, f"plan {index} of up to {self.runs}: {label}")
         parts.append(f"{elapsed:.1f} s elapsed")
         step_time = record.get("step_time_s") if record else None
         if step_time:

@@ -66,6 +66,10 @@ def test_a_cpu_comparison_keeps_process_memory_out_of_its_short_table(compared: 
 
 def test_a_finished_comparison_shows_the_compare_tab(compared: Panel) -> None:
     assert tab_name(compared.widgets.tabs.selected_index) == "Compare"
+    # the header's progress line says the comparison ended, not the last plan's progress
+    label = compared.widgets.progress_label
+    assert label.value.startswith("finished: 2 plan(s) compared") and "plan 2 of" not in label.value
+    assert label.tooltip == label.value
 
 
 def test_compare_charts_note_each_plans_warm_up_from_the_measurement(compared: Panel) -> None:

@@ -34,7 +34,11 @@ def _number(value: float, log2: bool) -> str:
     if log2:
         return f"2^{value:.0f}" if float(value).is_integer() else f"2^{value:.1f}"
     magnitude = abs(value)
-    if magnitude >= 1e4 or (0 < magnitude < 1e-2):
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
+        if magnitude >= size:  # 48.5k, not 4.85e+04
+            scaled = value / (1e3 if suffix == "k" else size)
+            return f"{scaled:.3g}{suffix}" if abs(scaled) < 1e3 else f"{value:.2e}"
+    if 0 < magnitude < 1e-2:
         return f"{value:.2e}"
     return f"{value:.4g}"
 
@@ -49,11 +53,14 @@ def chart_svg(
     empty: str = "no data yet",
     band: tuple[float, float] | None = None,
     band_label: str = "",
+    floor: float | None = None,
 ) -> str:
     """One small chart: a polyline per run, optional red crosses (``marks``), min/max labels.
 
     With ``log2`` the y values are drawn as log2 (non-positive values are left out). ``band``:
-    a shaded y range (in drawn units, log2 for a log2 chart) labelled ``band_label``.
+    a shaded y range (in drawn units, log2 for a log2 chart) labelled ``band_label``. ``floor``:
+    a value the y axis always reaches (0 for a quantity read from zero, such as memory, so that
+    a change of a few bytes is not drawn as a jump).
     """
 
     def ys(points: Sequence[Point]) -> list[Point]:
@@ -80,10 +87,13 @@ def chart_svg(
     y0, y1 = min(p[1] for p in every), max(p[1] for p in every)
     if band is not None:
         y0, y1 = min(y0, band[0]), max(y1, band[1])
+    if floor is not None:
+        y0, y1 = min(y0, floor), max(y1, floor)
     if x1 == x0:
         x1 = x0 + 1
-    if y1 == y0:
-        y0, y1 = y0 - 0.5, y1 + 0.5
+    if y1 == y0:  # a flat line in the middle; a log2 axis keeps whole powers of two at its ends
+        pad = 1.0 if log2 else 0.5
+        y0, y1 = y0 - pad, y1 + pad
     plot_w, plot_h = WIDTH - PAD_LEFT - 8, HEIGHT - PAD_TOP - PAD_BOTTOM
     top, bottom = _number(y1, log2), _number(y0, log2)
     if top == bottom:  # a narrow range: enough digits to tell the ends apart

@@ -5,9 +5,10 @@ and the Plan tab's controls are visible, changing mode and device updates the sh
 the header's one line), Run completes with figures in the Live tab, Compare ends in the Compare
 tab with each plan's verdict first and a table that fits the output, opening the Memory tab
 inspects, Stop ends a long run, and bad input is shown readably in the header with Run disabled.
-Screenshots of the panel land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); the one after the
-comparison carries the panel's source hash and the Compare tab's text (tests/browser/
-readme_image.py), and with ``PRECISION_NB_UPDATE_SCREENSHOT=1`` it replaces the README's image.
+Screenshots of the panel (every tab) land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); the
+one after the comparison carries the panel's source hash and the Compare tab's text
+(tests/browser/readme_image.py), and with ``PRECISION_NB_UPDATE_SCREENSHOT=1`` it replaces the
+README's image.
 """
 
 from __future__ import annotations
@@ -166,6 +167,19 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(panel.locator(".pnb-analysis-note")).to_contain_text("Inspected", timeout=120_000)
     expect(panel.locator(".pnb-memory svg.pnb-memory-chart")).to_be_visible()
     panel.screenshot(path=str(artifacts_dir / "panel-memory.png"))
+    # The other tabs, each pictured for a look at how it reads.
+    for name, shown in (
+        ("Ops", ".pnb-ops table"),
+        ("Numerics", ".pnb-numerics table.pnb-underflow"),
+        ("Distributed", ".pnb-dist-strategy"),
+    ):
+        _open_tab(panel, name)
+        expect(panel.locator(shown)).to_be_visible()
+        panel.screenshot(path=str(artifacts_dir / f"panel-{name.lower()}.png"))
+    _open_tab(panel, "Compare")
+    results.locator("summary").filter(has_text="All columns").click()
+    expect(results.locator("table.pnb-all-columns")).to_be_visible()
+    panel.screenshot(path=str(artifacts_dir / "panel-all-columns.png"))
 
     # Stop: a long run is ended between steps; a second Run is impossible meanwhile.
     _open_tab(panel, "Plan")

@@ -15,6 +15,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from precision_nb.views.panel.results import table_html
+
 __all__ = ["memory_chart_svg", "numerics_html", "ops_html", "stacked_bars_svg"]
 
 KIND_COLORS = {
@@ -68,7 +70,7 @@ def stacked_bars_svg(
         + [p for p in peaks.values() if p]
         + [1]
     )
-    height = BAR_H * len(bars) + 30
+    height = BAR_H * len(bars) + 8  # the bars and a margin; the legend follows below
     parts = [
         f"<svg xmlns='http://www.w3.org/2000/svg' class='{css}' width='"
         f"{LABEL_W + CHART_W + 90}' height='{height}' style='font-family:sans-serif;"
@@ -104,8 +106,9 @@ def stacked_bars_svg(
                 f"y2='{y + BAR_H - 4}' stroke='#000' stroke-width='2'><title>allocator peak "
                 f"(this step): {_mib(peak)}</title></line>"
             )
-    legend = " ".join(
-        f"<span style='color:{KIND_COLORS.get(k, '#7f7f7f')}'>&#9632;</span> {html.escape(k)}"
+    legend = " ".join(  # an item never breaks across lines
+        f"<span style='white-space:nowrap;margin-right:6px'><span style='color:"
+        f"{KIND_COLORS.get(k, '#7f7f7f')}'>&#9632;</span> {html.escape(k)}</span>"
         for k in kinds_seen
     )
     return "".join(parts) + f"</svg><div style='font-size:12px'>{legend}</div>"
@@ -136,11 +139,8 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
 
 
 def _rows_table(css: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows
-    )
-    return f"<table class='{css}'><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    """A table whose last column (a list of ops) wraps."""
+    return table_html(head, rows, wrap=(len(head) - 1,), css=css)
 
 
 def ops_html(label: str, data: Any) -> str:
@@ -205,8 +205,8 @@ def numerics_html(numerics: Any, max_rows: int = 40) -> str:
     parts.append(
         "<div><b>Gradient underflow</b>: of the non-zero fp32 gradient elements, the fraction a "
         "cast turns into 0 (structural zeros not counted)</div>"
-        f"<table class='pnb-underflow'><thead><tr><th>parameter</th>{head}</tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table>"
+        "<div class='pnb-table-wrap'><table class='pnb-table pnb-underflow'><thead><tr>"
+        f"<th>parameter</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
         + (f"<i>{more} more rows: see numerics.gradients</i>" if more > 0 else "")
         + "<div style='font-size:12px'><i>Exact counts for one batch and one step; other "
         "batches give other fractions.</i></div>"

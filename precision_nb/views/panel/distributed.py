@@ -86,7 +86,7 @@ class DistributedControls:
             options=list(STRATEGY_CHOICES),
             value="none",
             description="Strategy",
-            style={**style, "button_width": "56px"},
+            style={**style, "button_width": "64px"},  # "fsdp2" whole
             tooltips=["one process (no torchrun)", "DistributedDataParallel", "fully_shard"],
         )
         self.nproc = widgets.IntText(

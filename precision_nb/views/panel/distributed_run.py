@@ -21,6 +21,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.views.panel.analysis_html import stacked_bars_svg
+from precision_nb.views.panel.results import note_html, table_html
 
 __all__ = ["DistributedView", "as_run_result", "check_reachable", "fit_target", "user_inputs"]
 
@@ -154,18 +155,6 @@ def as_run_result(result: Any) -> Any:
     )
 
 
-def _table(css: str, head: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f"<table class='{css}'><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _note(text: str) -> str:
-    return f"<div style='font-size:12px'><i>{html.escape(text)}</i></div>"
-
-
 def _seconds(value: Any) -> str:
     return "n/a" if value is None or value != value else f"{value:.4g}"
 
@@ -241,8 +230,8 @@ class DistributedView:
             for r in tables["steps"].to_dict("records")
         ]  # fmt: skip
         head = ["rank", "logged intervals timed", "median step time (s)", "IQR (s)", "final loss"]
-        out += ["<b>Step time and final loss</b>", _table("pnb-dist-steps", head, rows)]
-        out.append(_note(_STEP_NOTE))
+        out += ["<b>Step time and final loss</b>", table_html(head, rows, css="pnb-dist-steps")]
+        out.append(note_html(_STEP_NOTE))
         out.append(self._memory_html(result))
         comm = result.comm_table()
         out.append("<b>Communication per optimizer step</b>")
@@ -253,12 +242,12 @@ class DistributedView:
                 for r in comm
             ]  # fmt: skip
             head = ["rank", "op", "dtype", "bytes per step", "in flight per step (ms)", "timed"]
-            out.append(_table("pnb-dist-comm", head, rows))
+            out.append(table_html(head, rows, css="pnb-dist-comm"))
         else:
             counted = getattr(result.plan.request, "count_collectives", True)
             text = "none counted" if counted else "not counted (count_collectives=False)"
             out.append(f"<p>{text}</p>")
-        out.append(_note(_COMM_NOTE))
+        out.append(note_html(_COMM_NOTE))
         return "".join(out)
 
     @staticmethod
@@ -272,14 +261,14 @@ class DistributedView:
             bars.setdefault(f"rank {r['rank']}", []).append(
                 (kind, str(r["dtype"]), int(r["bytes"]))
             )
-        table = _table(
-            "pnb-dist-memory",
+        table = table_html(
             ["rank", "kind", "dtype", "bytes", "MiB"],
             [
                 [str(r["rank"]), str(r["kind"]), str(r["dtype"]), f"{r['bytes']:,}",
                  f"{r['bytes'] / 2**20:.3f}"]
                 for r in rows
             ],
+            css="pnb-dist-memory",
         )  # fmt: skip
         svg = stacked_bars_svg(bars, css="pnb-dist-memory-chart")
-        return f"<b>Memory by rank, kind and dtype</b>{svg}{table}" + _note(_MEMORY_NOTE)
+        return f"<b>Memory by rank, kind and dtype</b>{svg}{table}" + note_html(_MEMORY_NOTE)

@@ -55,6 +55,7 @@ PANEL_STYLE = """<style>
 .pnb-panel table.pnb-table th:first-child,.pnb-panel table.pnb-table td:first-child{
   text-align:left}
 .pnb-panel table.pnb-table td.pnb-text{white-space:normal;text-align:left;min-width:12em}
+.pnb-panel table.pnb-table th.pnb-text{text-align:left}
 .pnb-panel .pnb-charts{display:grid;gap:6px;
   grid-template-columns:repeat(auto-fit,minmax(200px,1fr))}
 .pnb-panel .pnb-charts svg{width:100%;height:auto}

@@ -141,7 +141,10 @@ class PanelOutputs:
             description="Framework",
         )
         self.code_area = widgets.Textarea(
-            layout=widgets.Layout(width="100%", height="320px"), description="", disabled=False
+            layout=widgets.Layout(width="100%", height="320px"),
+            description="",
+            disabled=False,
+            placeholder="No code: this selection cannot be resolved (see the message above).",
         )
         for name, css in _CSS.items():
             getattr(self, name).add_class(css)
@@ -234,7 +237,7 @@ class PanelOutputs:
 
     def clear_plan(self) -> None:
         self.plan_html.value = ""
-        self.code_area.value = ""
+        self.code_area.value = ""  # its placeholder says why it is empty
         self.headline.value = (
             "<span style='color:#721c24'>this selection cannot be resolved (see the message "
             "below)</span>"
@@ -251,7 +254,7 @@ class PanelOutputs:
         self.progress.value = 0
         self.progress.max = max(1, total)
         self.progress.bar_style = ""
-        self.progress_label.value = "starting..."
+        self.progress_label.value = self.progress_label.tooltip = "starting..."
         self.live_metrics.value = ""
         self.live_charts.value = ""
         self._last_charts = -float("inf")
@@ -279,6 +282,7 @@ class PanelOutputs:
         self.progress.max = max(1, total)
         self.progress.value = min(done, self.progress.max)
         self.progress_label.value = text
+        self.progress_label.tooltip = text  # the whole line, where the toolbar cuts it short
         if record is None:
             if self.warmups:  # a comparison's warm-up started or ended
                 self.live_charts.value = self.charts(records())
@@ -330,12 +334,25 @@ class PanelOutputs:
             f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
             f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
         )
+        if self.measured:  # not the last plan's progress, which reads as if it still went on
+            self.progress_label.value = self.progress_label.tooltip = (
+                f"{word.lower()}: {len(runs)} plan(s) compared, {seconds:.1f} s of training"
+            )
+        elif word != "Finished":  # "stopped: 125/20000 steps ...", not a run that seems to go on
+            self.progress_label.value = self.progress_label.tooltip = (
+                f"{word.lower()}: {self.progress_label.value}"
+            )
         self.results_html.value = results_html(
             summary,
             figures or {},
             measured=self.measured,
             method=method,
-            charts=live_charts_html(frame.to_dict("records")) if self.measured else "",
+            # the table's memory note covers the chart: one note, not two
+            charts=(
+                live_charts_html(frame.to_dict("records"), memory_note=False)
+                if self.measured
+                else ""
+            ),
             compiled=compiled,
         )
         if events:

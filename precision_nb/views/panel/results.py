@@ -19,9 +19,13 @@ from typing import Any
 
 __all__ = [
     "COMPARE_LIVE_NOTE",
+    "HOST_RSS",
     "SINGLE_RUN_NOTE",
+    "allocator_kinds",
+    "note_html",
     "results_html",
     "speedup_text",
+    "table_html",
     "verdict_lines_html",
     "warmup_note_html",
 ]
@@ -35,6 +39,10 @@ COMPARE_LIVE_NOTE = (
     "intervals) is in the Compare tab when the comparison ends"
 )
 SPEEDUP_HEADER = "speedup vs fp32 (95 % CI)"
+#: The memory kind that is the whole process's resident memory, not a plan's own.
+HOST_RSS = "host_rss"
+#: The All columns header of a peak that is host RSS only.
+PROCESS_MEMORY_COLUMN = "peak_memory_mib (host RSS: the whole process)"
 
 #: Colours of a verdict's mark, by the engine's ``verdict_kind`` (never by its wording).
 _KIND_STYLE = {
@@ -130,10 +138,16 @@ def _ms(value: Any) -> str:
     return "" if number is None else f"{1000 * number:.3g}"
 
 
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[int] = ()) -> str:
-    """A table sized to its content (numbers on one line, text columns ``wrap`` wrapping),
-    scrolling inside the tab when wider than the output."""
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+def table_html(
+    head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[int] = (), css: str = ""
+) -> str:
+    """A table in the panel's style (``css``: classes added to ``pnb-table``), sized to its
+    content: numbers on one line, the text columns ``wrap`` wrapping and left-aligned; it scrolls
+    inside the tab when wider than the output."""
+    th = "".join(
+        f"<th class='pnb-text'>{html.escape(h)}</th>" if i in wrap else f"<th>{html.escape(h)}</th>"
+        for i, h in enumerate(head)
+    )
     body = "".join(
         "<tr>"
         + "".join(
@@ -145,8 +159,9 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]], wrap: Sequence[in
         + "</tr>"
         for row in rows
     )
+    classes = f"pnb-table {css}".strip()
     return (
-        "<div class='pnb-table-wrap'><table class='pnb-table'>"
+        f"<div class='pnb-table-wrap'><table class='{classes}'>"
         f"<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
     )
 
@@ -155,7 +170,7 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
     """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
     (the rest is under "All columns")."""
     present = {k for r in records for k, v in r.items() if _cell(v)}
-    kinds = sorted({str(r["memory_kind"]) for r in records if r.get("memory_kind")})
+    allocator = allocator_kinds(records)
     rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
     columns: list[tuple[str, Any]] = [("plan", lambda r: str(r.get("run", "")))]
     if measured:
@@ -163,7 +178,10 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
     columns += [
         ("step ms, median (IQR)", _step_cell),
         (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
-        (f"peak MiB ({', '.join(kinds) or 'memory'})", lambda r: _cell(r.get("peak_memory_mib"))),
+    ]
+    if allocator:  # the device's allocator: the plan's own tensors (host RSS is not shown here)
+        columns.append((f"peak MiB ({', '.join(allocator)})", _allocator_cell))
+    columns += [
         ("final loss", lambda r: _cell(r.get("final_loss"))),
         ("Δ loss vs fp32", lambda r: _cell(r.get("final_loss_diff_vs_fp32"))),
         ("weights rel. diff vs fp32", lambda r: _cell(r.get("param_rel_diff_vs_fp32"))),
@@ -176,7 +194,43 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
         wrap.append(len(columns))
         columns.append(("also requested as", lambda r: str(r.get("also_requested_as") or "")))
     rows = [[cell(r) for _name, cell in columns] for r in records]
-    return _table([name for name, _cell_of in columns], rows, wrap)
+    return table_html([name for name, _cell_of in columns], rows, wrap)
+
+
+def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The memory kinds of ``records`` read from a device allocator (``cuda_allocated``,
+    ``mps_allocated``): every kind but host RSS, which is the whole process's memory."""
+    kinds = {str(r.get("memory_kind")) for r in records if r.get("memory_kind")}
+    return sorted(kinds - {HOST_RSS})
+
+
+def _allocator_cell(row: Mapping[str, Any]) -> str:
+    if row.get("memory_kind") == HOST_RSS:
+        return ""
+    return _cell(row.get("peak_memory_mib"))
+
+
+def _process_memory_note(records: Sequence[Mapping[str, Any]], *, charted: bool) -> str:
+    """Where a plan's memory is only host RSS: why the table leaves it out and where the plan's
+    own memory is (``charted``: the memory chart follows the table)."""
+    rss = [str(r.get("run", "")) for r in records if r.get("memory_kind") == HOST_RSS]
+    if not rss:
+        return ""
+    which = "" if len(rss) == len(records) else f" of {', '.join(rss)}"
+    where = "the process memory chart below and All columns" if charted else "All columns"
+    text = (
+        f"Memory: the only memory reading{which} in this run is host RSS, the memory of the whole "
+        "Python process (interpreter, torch, every loaded library), not the plan's own: it is not "
+        f"precision-specific, so this table leaves it out (see {where}). The Memory tab shows "
+        "each plan's memory by kind and dtype, counted in one instrumented training step."
+    )
+    return note_html(text, "pnb-memory-note")
+
+
+def note_html(text: str, css: str = "") -> str:
+    """``text`` as a small italic note (with the class ``css``, if given)."""
+    cls = f" class='{css}'" if css else ""
+    return f"<div{cls} style='font-size:12px'><i>{html.escape(text)}</i></div>"
 
 
 def _step_cell(row: Mapping[str, Any]) -> str:
@@ -221,7 +275,7 @@ def results_html(
         head = verdict_lines_html(labels, figures) + compiled_html(compiled) + _method_html(method)
     else:
         head = f"<div class='pnb-method'><i>{html.escape(SINGLE_RUN_NOTE)}.</i></div>"
-    full = summary.to_html(
+    full = _all_columns(summary, records).to_html(
         index=False,
         na_rep="",
         float_format=lambda v: f"{v:.4g}",
@@ -232,7 +286,18 @@ def results_html(
     rest = (
         f"<details><summary>All columns</summary><div class='pnb-table-wrap'>{full}</div></details>"
     )
-    return head + _compact(records, measured=measured) + charts + rest
+    compact = _compact(records, measured=measured)
+    compact += _process_memory_note(records, charted=bool(charts))
+    return head + compact + charts + rest
+
+
+def _all_columns(summary: Any, records: Sequence[Mapping[str, Any]]) -> Any:
+    """``summary`` as All columns shows it: a peak that is host RSS for every plan is headed as
+    the whole process's memory."""
+    kinds = {r.get("memory_kind") for r in records}
+    if kinds != {HOST_RSS} or "peak_memory_mib" not in summary:
+        return summary
+    return summary.rename(columns={"peak_memory_mib": PROCESS_MEMORY_COLUMN})
 
 
 def compiled_html(compiled: Mapping[str, Any] | None) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from precision_nb.views.panel.results import HOST_RSS
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -161,8 +163,8 @@ class LiveCallback:
         label = getattr(self.results[-1], "label", "") if self.results else ""
         elapsed = now - self._start
         parts = [f"{step}/{self.steps} steps"]
-        if self.runs > 1:
-            parts.insert(0, f"plan {index} of up to {self.runs} ({label})")
+        if self.runs > 1:  # "up to": plans that resolve the same are trained once
+            parts.insert(0, f"plan {index} of up to {self.runs}: {label}")
         parts.append(f"{elapsed:.1f} s elapsed")
         step_time = record.get("step_time_s") if record else None
         if step_time:
@@ -298,7 +300,9 @@ def metrics_text(record: dict[str, Any], note: str = "") -> str:
             parts.append(f"{value:,.0f} {unit}")
             break
     memory = record.get("memory_bytes")
-    if isinstance(memory, (int, float)):
+    if isinstance(memory, (int, float)) and record.get("memory_kind") == HOST_RSS:
+        parts.append(f"process memory {memory / 2**20:,.0f} MiB (host RSS)")  # not the plan's
+    elif isinstance(memory, (int, float)):
         kind = html.escape(str(record.get("memory_kind") or "memory"))
         parts.append(f"{memory / 2**20:,.0f} MiB {kind}")
     text = " &middot; ".join(parts)

@@ -86,6 +86,9 @@ def test_an_unresolvable_selection_says_so_in_the_header(panel: Panel) -> None:
         header = panel.widget.children[0].children
         assert header.index(panel.widgets.error_box) < header.index(panel.widgets.run_reason)
         assert "message above" in panel.widgets.run_reason.value
+        # the empty code area says why it is empty
+        assert panel.widgets.code_area.value == ""
+        assert "cannot be resolved" in panel.widgets.code_area.placeholder
     finally:
         panel.widgets.device_text.value = ""
     assert panel.error is None and "plan <b>" in panel.widgets.headline.value

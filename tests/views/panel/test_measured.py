@@ -54,8 +54,22 @@ def test_compare_tab_opens_with_the_engines_verdict_of_each_plan(compared: Panel
     assert "<th>verdict</th>" not in compact
 
 
+def test_a_cpu_comparison_keeps_process_memory_out_of_its_short_table(compared: Panel) -> None:
+    table = compared.widgets.results_html.value
+    assert set(compared.summary["memory_kind"]) == {"host_rss"}  # a CPU: RSS is the only reading
+    short = table[table.index("<table") : table.index("<summary>All columns")]
+    assert "peak MiB" not in short and "pnb-memory-note" in short and "Memory tab" in short
+    assert "process memory MiB (host RSS)" in short  # the comparison's memory chart
+    assert "(host RSS: the whole process)" in table[table.index("<summary>All columns") :]
+    assert "process memory" in compared.widgets.live_charts.value
+
+
 def test_a_finished_comparison_shows_the_compare_tab(compared: Panel) -> None:
     assert tab_name(compared.widgets.tabs.selected_index) == "Compare"
+    # the header's progress line says the comparison ended, not the last plan's progress
+    label = compared.widgets.progress_label
+    assert label.value.startswith("finished: 2 plan(s) compared") and "plan 2 of" not in label.value
+    assert label.tooltip == label.value
 
 
 def test_compare_charts_note_each_plans_warm_up_from_the_measurement(compared: Panel) -> None:

@@ -157,6 +157,8 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
         "Stopped" in panel.widgets.status.value
         and "stopped by request" in panel.widgets.events_html.value
     )
+    # the header's progress line says the run stopped (it would read as a run still going)
+    assert panel.widgets.progress_label.value.startswith(f"stopped: {result.steps}/100000 steps")
     assert panel.draw_figure().startswith(PNG)  # a stopped run's records draw too
     assert not panel.widgets.run_button.disabled and panel.widgets.stop_button.disabled
     assert panel.error is None

@@ -67,6 +67,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "value, else auto)",
     )
     parser.add_argument(
+        "--compile",
+        metavar="MODE",
+        default="off",
+        help="torch.compile as part of the plan: off, default, reduce-overhead, max-autotune; "
+        "resolved with what this torch supports on the device (default: %(default)s)",
+    )
+    parser.add_argument(
         "--simulate",
         metavar="PRESET",
         help=f"explain for simulated hardware: {', '.join(SIMULATE_PRESETS)} "
@@ -116,7 +123,7 @@ def check_flags(args: argparse.Namespace) -> Any:
 
     Returns the config file's plain data (or None); ``ValueError``/``OSError`` otherwise.
     """
-    from precision_nb.core.names import device_string, precision_name
+    from precision_nb.core.names import compile_name, device_string, precision_name
     from precision_nb.core.validate import choice
     from precision_nb.core.yaml_source import read_source
 
@@ -128,6 +135,7 @@ def check_flags(args: argparse.Namespace) -> Any:
         precision_name(args.dtype, "--dtype", allow_auto=False)
     if args.simulate is not None:
         choice("--simulate", args.simulate, SIMULATE_PRESETS)
+    args.compile = compile_name(args.compile, "--compile")
     return read_source(args.config) if args.config else None
 
 
@@ -155,7 +163,9 @@ def _explain(args: argparse.Namespace, config_data: Any) -> Any:
         optimizer = replace(optimizer, fused=FUSED[args.fused])
     device = args.device if args.device is not None else cfg.device
     caps = get_capabilities(args.simulate)
-    return explain_precision(precision, device, capabilities=caps, optimizer=optimizer)
+    return explain_precision(
+        precision, device, capabilities=caps, optimizer=optimizer, compile=args.compile
+    )
 
 
 def _verify(explanation: Any) -> Any:

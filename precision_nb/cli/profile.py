@@ -119,6 +119,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
     )
     parser.add_argument(
+        "--compile",
+        default="off",
+        metavar="MODES",
+        help="torch.compile modes, comma-separated: off, default, reduce-overhead, max-autotune; "
+        "every --compare request is measured under each (off,default: eager and compiled, "
+        "plans labelled bf16 and bf16+compile); the compile step is reported apart",
+    )
+    parser.add_argument(
         "--steps",
         type=int,
         default=DEFAULT_STEPS,
@@ -180,13 +188,14 @@ def check_flags(args: argparse.Namespace) -> None:
     """Check every flag value and ``--out`` without importing torch (``ValueError``)."""
     from pathlib import Path
 
-    from precision_nb.core.names import device_string, precision_list
+    from precision_nb.core.names import compile_list, device_string, precision_list
     from precision_nb.core.validate import MAX_STEPS, choice, positive_int
     from precision_nb.views.report.folder import check_output_folder
 
     choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
     precision_list(args.compare, "--compare")
+    compile_list(args.compile, "--compile")
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
@@ -273,6 +282,7 @@ def _run(args: argparse.Namespace) -> int:
             target=args.target,
             budget_s=args.budget,
             rebuild=_rebuild(args),
+            compile=args.compile,
         )
     except (ValueError, RuntimeError) as err:
         return error("profile", err)

@@ -77,6 +77,13 @@ class CodeSpec:
     seed: int = 0
     note: str = ""
     simulated: str = ""
+    #: "off" or the ``torch.compile`` mode of the plan.
+    compile_mode: str = "off"
+
+    @property
+    def compile_call(self) -> str:
+        """``torch.compile(model)`` arguments after the model: "" (default mode) or ``, mode=``."""
+        return "" if self.compile_mode == "default" else f', mode="{self.compile_mode}"'
 
     @property
     def device_type(self) -> str:
@@ -153,6 +160,7 @@ def code_spec(
         accumulation=accumulation,
         seed=seed,
         simulated=simulated,
+        compile_mode=explanation.compile.mode,
     )
 
 
@@ -164,6 +172,11 @@ def header(spec: CodeSpec, framework: str) -> list[str]:
             f"# Resolved for simulated hardware ({spec.simulated}); run it on such a machine."
         )
     lines += [f"# {part}" for part in spec.note.splitlines() if part]
+    if spec.compile_mode != "off":
+        lines.append(
+            f"# torch.compile mode {spec.compile_mode}: the first step compiles, so it takes "
+            "longer; later steps run the compiled code."
+        )
     return lines
 
 

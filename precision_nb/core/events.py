@@ -22,6 +22,8 @@ KINDS: Mapping[str, str] = {
     "verify": "the autocast probe: the dtype really computed (data: requested, computed, ok)",
     "checkpoint": "checkpoint state restored or not used",
     "measurement": "how a speed figure was measured or why it could not be",
+    "compile": "torch.compile: the compile step, recompilations, graph breaks, pay-back (data: "
+    "the compile record)",
     "warning": "anything else a user should know",
 }
 

@@ -64,6 +64,11 @@ def _fused_comment(spec: CodeSpec) -> str:
     return f"# fused={spec.fused}: the plan's fused AdamW decision."
 
 
+def _compiled(spec: CodeSpec, model: str) -> str:
+    """``model`` as the plan trains it: wrapped in ``torch.compile`` when the plan compiles."""
+    return model if spec.compile_mode == "off" else f"torch.compile({model}{spec.compile_call})"
+
+
 def lightning_precision(spec: CodeSpec) -> str:
     """``Trainer(precision=...)`` of the plan: ``32-true``, ``bf16-mixed`` or ``16-mixed``."""
     if not spec.autocast_enabled:
@@ -134,7 +139,8 @@ def lightning_code(spec: CodeSpec) -> str:
         "    logger=False,",
         "    enable_checkpointing=False,",
         ")",
-        "trainer.fit(LitModel(), DataLoader(data, batch_size=32, shuffle=True))",
+        f"trainer.fit({_compiled(spec, 'LitModel()')}, DataLoader(data, batch_size=32, "
+        "shuffle=True))",
     ]
     return "\n".join(lines) + "\n"
 
@@ -151,9 +157,10 @@ def accelerate_code(spec: CodeSpec) -> str:
     lines = header(spec, "accelerate") + tf32_note(spec) + _visible_devices_note(spec, "Accelerate")
     if spec.loss_scale_lab:
         lines += _lab_not_carried('mixed_precision="fp16"', "Accelerate")
+    lines += ["import torch", "from accelerate import Accelerator"]
+    if spec.compile_mode != "off":
+        lines.append("from accelerate.utils import TorchDynamoPlugin")
     lines += [
-        "import torch",
-        "from accelerate import Accelerator",
         "from torch import nn",
         "from torch.utils.data import DataLoader, TensorDataset",
         "",
@@ -163,6 +170,9 @@ def accelerate_code(spec: CodeSpec) -> str:
     ]
     if spec.device_type == "cpu":
         lines.append("    cpu=True,")
+    if spec.compile_mode != "off":
+        mode = "" if spec.compile_mode == "default" else f', mode="{spec.compile_mode}"'
+        lines.append(f'    dynamo_plugin=TorchDynamoPlugin(backend="inductor"{mode}),')
     lines += [
         f"    gradient_accumulation_steps={spec.accumulation},",
         ")",
@@ -235,6 +245,10 @@ def transformers_code(spec: CodeSpec) -> str:
         lines.append("    # tf32 unset: TrainingArguments(tf32=True) needs an Ampere or newer GPU")
     if spec.device_type == "cpu":
         lines.append("    use_cpu=True,")
+    if spec.compile_mode != "off":
+        lines += ["    torch_compile=True,", '    torch_compile_backend="inductor",']
+        if spec.compile_mode != "default":
+            lines.append(f'    torch_compile_mode="{spec.compile_mode}",')
     lines += [
         f'    optim="{optim}",  # the plan\'s fused AdamW decision (the default varies with torch)',
         f"    learning_rate={spec.lr!r},",

@@ -34,6 +34,8 @@ TORCH_DEVICE_TYPES: tuple[str, ...] = (
     "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga",
     "maia", "xla", "lazy", "vulkan", "mps", "meta", "hpu", "mtia", "privateuseone",
 )  # fmt: skip
+#: torch.compile as a plan dimension: "off" (eager, the default) or a ``torch.compile`` mode.
+COMPILE_MODES: tuple[str, ...] = ("off", "default", "reduce-overhead", "max-autotune")
 DEVICE_FORMS = "'auto', 'cpu', 'cuda', 'cuda:N', 'mps', or another torch device string"
 _DEVICE = re.compile(r"(?P<type>[a-z_]+)(?::(?P<index>0|[1-9][0-9]{0,5}))?")
 
@@ -87,3 +89,41 @@ def device_string(value: str, field: str = "device") -> str:
             f"{field}: invalid value {short_repr(value)}; allowed: {DEVICE_FORMS}{hint}"
         )
     return text
+
+
+def compile_name(value: Any, field: str = "compile") -> str:
+    """The canonical compile mode ("off", "default", "reduce-overhead", "max-autotune").
+
+    Case and surrounding space are ignored; ``None`` and ``False`` mean "off", ``True`` means
+    "default". ``ValueError`` names ``field``, the value and what is allowed.
+    """
+    if value is None or value is False:
+        return "off"
+    if value is True:
+        return "default"
+    if isinstance(value, str) and value.strip().lower() in COMPILE_MODES:
+        return value.strip().lower()
+    python = "" if field.startswith("--") else " (True means 'default', False or None 'off')"
+    raise ValueError(
+        f"{field}: invalid value {short_repr(value)} ({type(value).__name__}); allowed: "
+        + ", ".join(repr(m) for m in COMPILE_MODES)
+        + python
+    )
+
+
+def compile_list(value: str, field: str = "--compile") -> list[str]:
+    """Comma-separated compile modes (``"off,default"``) -> canonical names, at least one, no
+    repeats."""
+    names = [compile_name(part, field) for part in str(value).split(",") if part.strip()]
+    if not names:
+        raise ValueError(
+            f"{field}: invalid value {short_repr(value)}: give at least one compile mode, "
+            "comma-separated; allowed: " + ", ".join(COMPILE_MODES)
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(
+            f"{field}: invalid value {short_repr(value)}: {', '.join(repeated)} given twice; "
+            "allowed: each mode once"
+        )
+    return names

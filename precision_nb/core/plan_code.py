@@ -67,6 +67,11 @@ def _pytorch(spec: CodeSpec) -> str:
         "loss_fn = nn.CrossEntropyLoss()",
         "",
     ]
+    if spec.compile_mode != "off":
+        lines += [
+            "# The model is compiled; autocast and the scaler stay outside it, in the loop.",
+            f"model = torch.compile(model{spec.compile_call})",
+        ]
     lines += adamw_call(spec, "model.parameters()", "optimizer = ")
     if spec.use_scaler:
         scaler_note = "" if device_type == "cuda" else "  # loss-scale lab: fp16 on CPU"

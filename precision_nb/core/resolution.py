@@ -3,9 +3,9 @@
 ``resolve_precision(config, device)`` returns the :class:`PrecisionPlan` of the resolution rules
 (the keyed table in :mod:`precision_nb.core.matrix`, listed in ``docs/plans.md#resolution-rules``).
 ``explain_precision(...)`` returns the same plan with the ordered decisions that produced it
-(device, mode, dtype, scaler, autocast, fused AdamW), the rule that applied and warnings. Every
-fallback appears as a decision; nothing falls back silently. Text and HTML of an
-:class:`Explanation` come from :mod:`precision_nb.core.render`.
+(device, mode, dtype, scaler, autocast, fused AdamW, and compile when one is asked for), the rule
+that applied and warnings. Every fallback appears as a decision; nothing falls back silently.
+Text and HTML of an :class:`Explanation` come from :mod:`precision_nb.core.render`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 
 from precision_nb.core import render
 from precision_nb.core.capabilities import Capabilities, get_capabilities
+from precision_nb.core.compile_mode import CompilePlan, resolve_compile
 from precision_nb.core.device import normalize_device_request, resolve_device_traced
 from precision_nb.core.matrix import MATRIX, ROWS, RULES_DOC, MatrixRow, lookup
 from precision_nb.core.optim import OptimizerConfig, describe_fused
@@ -211,6 +212,7 @@ class Explanation:
     config: PrecisionConfig = field(default_factory=PrecisionConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     requested_device: str = "auto"
+    compile: CompilePlan = field(default_factory=CompilePlan)
 
     @property
     def simulated(self) -> bool:
@@ -222,10 +224,18 @@ class Explanation:
 
     def summary(self) -> str:
         p = self.plan
-        return (
+        text = (
             f"{p.mode} on {self.device} ({p.dtype}); scaler: {'yes' if p.use_scaler else 'no'}; "
             f"autocast: {'yes' if p.autocast_enabled else 'no'}"
         )
+        if self.compile.enabled:
+            text += f"; compile: {self.compile.mode}"
+        return text
+
+    @property
+    def label(self) -> str:
+        """The plan's short label: its mode, with ``+compile`` when compiled (``bf16+compile``)."""
+        return self.compile.label(self.plan.mode)
 
     def __str__(self) -> str:
         return render.explanation_text(self)
@@ -261,7 +271,25 @@ class Explanation:
             "row": asdict(self.row) if self.row is not None else None,
             "decisions": [asdict(d) for d in self.decisions],
             "warnings": list(self.warnings),
+            "compile": self.compile.to_dict(),
         }
+
+
+def _compile_precision_note(plan: PrecisionPlan) -> str:
+    """What a compiled plan does with the precision's own pieces (they stay where they are)."""
+    note = ""
+    if plan.autocast_enabled:
+        note += (
+            f"; torch.compile wraps the model only: autocast ({plan.mode}) is entered outside it, "
+            "dynamo traces the casts autocast makes into the graph and guards on the autocast "
+            "state"
+        )
+    if plan.use_scaler:
+        note += (
+            "; the GradScaler (scale, unscale, step, update) runs eagerly outside the compiled "
+            "model"
+        )
+    return note
 
 
 def explain_precision(
@@ -269,11 +297,16 @@ def explain_precision(
     device: Any = "auto",
     capabilities: Capabilities | str | None = None,
     optimizer: OptimizerConfig | None = None,
+    compile: Any = "off",
 ) -> Explanation:
     """Resolve device and precision and return the plan with every decision that produced it.
 
     Raises like :func:`resolve_device` (``RuntimeError`` for absent CUDA/MPS, ``ValueError`` for
     bad input). ``optimizer`` adds the fused-AdamW decision for that optimizer config.
+    ``compile`` ("off", "default", "reduce-overhead", "max-autotune", or a resolved
+    :class:`CompilePlan`) adds the compile decision when it is not "off"; a mode this machine
+    cannot compile raises ``RuntimeError`` (see
+    :func:`~precision_nb.core.compile_mode.resolve_compile`).
     """
     caps = get_capabilities(capabilities)
     cfg = _as_config(config)
@@ -287,11 +320,18 @@ def explain_precision(
     dev, device_reason = resolve_device_traced(requested, caps)
     resolved = _resolve(cfg, dev, caps)
     outcome, reason, fallback = describe_fused(opt, dev, caps)
+    if isinstance(compile, CompilePlan):
+        compiled = compile
+    else:
+        compiled = resolve_compile(compile, dev.type, caps)
     decisions = (
         Decision("device", str(dev), device_reason),
         *resolved.decisions,
         Decision("fused AdamW", outcome, reason, fallback),
     )
+    if compiled.enabled:
+        reason = compiled.reason + _compile_precision_note(resolved.plan)
+        decisions += (Decision("compile", compiled.outcome, reason, compiled.fallback),)
     return Explanation(
         plan=resolved.plan,
         device=str(dev),
@@ -302,6 +342,7 @@ def explain_precision(
         config=cfg,
         optimizer=opt,
         requested_device=requested,
+        compile=compiled,
     )
 
 
@@ -313,13 +354,16 @@ def plan(
     fused: bool | None = None,
     loss_scale_lab: bool = False,
     optimizer: OptimizerConfig | None = None,
+    compile: Any = "off",
 ) -> Explanation:
     """The plan a request resolves to, with every decision behind it (``pnb.plan("bf16")``).
 
     ``precision``: a mode (``auto``, ``fp32``, ``bf16``, ``fp16``) or a :class:`PrecisionConfig`;
     ``simulate``: a hardware preset name (``"cuda-bf16"``...) to resolve for a machine you do not
     have; ``fused``: the AdamW ``fused`` request (None probes); ``loss_scale_lab``: CPU fp16 with a
-    CPU GradScaler. Returns the :class:`Explanation`: ``.plan``, ``.decisions``, ``str()``, and
+    CPU GradScaler; ``compile``: "off" (eager), "default", "reduce-overhead" or "max-autotune"
+    (``torch.compile`` modes, resolved with what this torch supports on the device). Returns the
+    :class:`Explanation`: ``.plan``, ``.decisions``, ``str()``, and
     ``.code(framework)`` for the same plan in plain PyTorch, Lightning, Accelerate or
     Transformers. ``ValueError`` for bad input, ``RuntimeError`` for absent hardware.
     """
@@ -335,4 +379,6 @@ def plan(
         optimizer = OptimizerConfig(fused=fused)
     elif fused is not None:
         raise ValueError("fused: give it inside optimizer=OptimizerConfig(fused=...), not both")
-    return explain_precision(config, device, capabilities=simulate, optimizer=optimizer)
+    return explain_precision(
+        config, device, capabilities=simulate, optimizer=optimizer, compile=compile
+    )

@@ -1,10 +1,13 @@
 """compare(): several precision plans on one workload, same initial weights and data order.
 
 Each request is resolved first; requests that resolve to the same plan (fp16 on CPU -> fp32) are
-run once, and ``.merged`` / ``.events`` say why. The plans are measured as
-:mod:`precision_nb.engine.measure` describes (warm-up apart, interleaved rounds); each plan trains
-exactly as a single ``fit`` of ``steps`` steps would. Drift is measured against the fp32 run: the
-final-loss difference and the relative L2 difference of all trainable parameters.
+run once, and ``.merged`` / ``.events`` say why. With ``compile=("off", "default")`` every
+precision is measured eager and compiled (``bf16``, ``bf16+compile``); what compiling cost and
+changed is in ``.compiled`` (:mod:`precision_nb.engine.compile.comparing`). The plans are
+measured as :mod:`precision_nb.engine.measure` describes (warm-up apart, interleaved rounds);
+each plan trains exactly as a single ``fit`` of ``steps`` steps would. Drift is measured against
+the (eager) fp32 run: the final-loss difference and the relative L2 difference of all trainable
+parameters.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.core.resolution import explain_precision
+from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.engine import stats
 from precision_nb.engine.callbacks import Callbacks
+from precision_nb.engine.compile import comparing
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanSpec
 from precision_nb.engine.measure_processes import measure as measure_in_processes
 from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
@@ -61,6 +65,9 @@ class Comparison:
     model_info: dict[str, Any] = field(default_factory=dict)
     #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
     peak_ratios: dict[str, float] = field(default_factory=dict)
+    #: Compiled label -> its :class:`~precision_nb.engine.compile.report.CompiledPlanReport`
+    #: (compile step, recompilations, speed against eager, pay-back, agreement, graph breaks).
+    compiled: dict[str, Any] = field(default_factory=dict)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -223,17 +230,20 @@ def _plan_requests(
     device: Any,
     optimizer: OptimizerConfig,
     out: Comparison,
-) -> dict[str, PrecisionConfig]:
-    """Label -> request for every distinct plan; merged and relabelled requests become events.
+    compiles: Sequence[str] = ("off",),
+) -> dict[str, Explanation]:
+    """Label -> explanation for every distinct plan (every request under every compile mode);
+    merged and relabelled requests become events.
 
-    A label is the requested mode, with " (loss-scale lab)" where the lab applies.
+    A label is the requested mode, with " (loss-scale lab)" where the lab applies, then
+    ``+compile`` (``+compile:<mode>``) for a compiled plan.
     """
-    planned: dict[str, PrecisionConfig] = {}
+    planned: dict[str, Explanation] = {}
     seen: dict[Any, str] = {}
-    for request in requests:
-        explanation = explain_precision(request, device, optimizer=optimizer)
+    for request, mode in [(r, c) for r in requests for c in compiles]:
+        explanation = explain_precision(request, device, optimizer=optimizer, compile=mode)
         plan = explanation.plan
-        label = run_label(request.requested, lab_applies(explanation))
+        label = run_label(request.requested, lab_applies(explanation)) + explanation.compile.suffix
         if request.loss_scale_lab and not lab_applies(explanation):
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
             # not claim it.
@@ -252,8 +262,9 @@ def _plan_requests(
                 )
             )
             continue
-        if plan in seen:
-            first = seen[plan]
+        key = (plan, explanation.compile.requested)
+        if key in seen:
+            first = seen[key]
             out.merged[label] = first
             reasons = explanation.fallbacks or explanation.decisions
             why = "; ".join(d.reason for d in reasons if d.field != "device")
@@ -266,8 +277,8 @@ def _plan_requests(
                 )
             )
             continue
-        seen[plan] = label
-        planned[label] = request
+        seen[key] = label
+        planned[label] = explanation
     return planned
 
 
@@ -286,6 +297,7 @@ def compare(
     stop: Any = None,
     loss_fn: Callable[..., torch.Tensor] | None = None,
     measure: MeasureConfig | None = None,
+    compile: Any = "off",
     **train_options: Any,
 ) -> Comparison:
     """Train each requested precision on identical weights and data; see module docstring.
@@ -299,7 +311,8 @@ def compare(
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
     still finish; then a :class:`ComparisonError` is raised with the whole comparison as
     ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
-    ``__cause__``.
+    ``__cause__``. ``compile``: one mode or several ("off", "default", "reduce-overhead",
+    "max-autotune"); every precision is measured under every mode.
     """
     if isinstance(modes, (str, PrecisionConfig)):
         modes = [modes]
@@ -312,7 +325,7 @@ def compare(
     request = RunRequest.of(
         model if model is not None else workload, batches, preset=preset, device=device,
         precision=[precision_request(m, loss_scale_lab) for m in modes], optimizer=optimizer,
-        train=train, loss_fn=loss_fn, **train_options,
+        train=train, loss_fn=loss_fn, compile=compile, **train_options,
     )  # fmt: skip
     return run_comparison(request, callbacks=callbacks, stop=stop, measure=measure)
 
@@ -341,22 +354,32 @@ def run_comparison(
         "class": type(model).__qualname__,
         "params": sum(p.numel() for p in model.parameters()),
     }
-    planned = _plan_requests(request.precisions, device, optimizer, out)
+    planned = _plan_requests(request.precisions, device, optimizer, out, request.compiles)
+    breaks, untraceable = comparing.check_breaks(planned, initial, batches, loss_fn, out.events)
+    for label in untraceable:
+        del planned[label]
     mcfg = measure if measure is not None else MeasureConfig()
     trainers: dict[str, Trainer] = {}
+    warm_trainers: dict[str, Trainer] = {}
+    precisions = {label: e.config for label, e in planned.items()}
+    compiles = {label: e.compile.requested for label, e in planned.items()}
     make_session = trainer_sessions(
-        initial, batches, device=device, plans=planned, optimizer=optimizer, train=cfg,
+        initial, batches, device=device, plans=precisions, optimizer=optimizer, train=cfg,
         loss_fn=loss_fn, info=info, callbacks=dispatch, stop=stop, trainers=trainers,
+        compiles=compiles, warm_trainers=warm_trainers,
     )  # fmt: skip
     user_model = isinstance(request.model, nn.Module)
     rebuild, single_reason = rebuild_spec(
         workload=None if user_model else request.model, preset=request.preset,
         user_model=user_model, batches=request.batches, loss_fn=loss_fn, device=device,
-        train=cfg, optimizer=optimizer, plans=planned, initial=initial, model_spec=mcfg.rebuild,
+        train=cfg, optimizer=optimizer, plans=precisions, initial=initial, model_spec=mcfg.rebuild,
+        compiles=compiles,
     )  # fmt: skip
-    baseline = next((k for k, r in planned.items() if r.requested == "fp32"), None)
+    # the speed baseline: eager fp32, else a compiled fp32 plan (every plan compiled)
+    fp32 = [k for k, e in planned.items() if e.config.requested == "fp32"]
+    baseline = next((k for k in fp32 if compiles[k] == "off"), next(iter(fp32), None))
     measurement, sessions, failures = measure_in_processes(
-        [PlanSpec(label, precision) for label, precision in planned.items()],
+        [PlanSpec(label, precisions[label], compiles[label]) for label in planned],
         make_session, cfg.steps, mcfg, rebuild=rebuild, single_reason=single_reason,
         baseline=baseline, stop=stop, on_warmup=dispatch.warmup, callbacks=dispatch,
         progress=cfg.progress,
@@ -374,12 +397,18 @@ def run_comparison(
         out.results[label] = result
         out.events.extend(e.prefixed(label) for e in result.events)
         params = _param_vector(trainers[label].model)
-        if result.plan.mode == "fp32" and reference is None and failure is None:
+        if result.plan.mode == "fp32" and failure is None and label == baseline:
+            reference, ref_label = params, label
+        elif result.plan.mode == "fp32" and reference is None and failure is None:
             reference, ref_label = params, label
         out.drift[label] = {"params": params}  # type: ignore[dict-item]
         if result.stopped or measurement.stopped:
             out.stopped = True
     out.failures = {label: str(measurement.plans[label].failed) for label in failures}
+    out.compiled, more = comparing.collect(
+        planned, measurement, out.results, trainers, warm_trainers, breaks
+    )
+    out.events.extend(more)
     out.figures, more = plan_figures(measurement, out.results, ref_label)
     out.events.extend(more)
     out.method = measurement.method()

@@ -44,6 +44,7 @@ def fit(
     callbacks: Iterable[Any] = (),
     stop: Any = None,
     distributed: Distributed | None = None,
+    compile: Any = "off",
     **train_options: Any,
 ) -> RunResult | DistributedResult:
     """Train once and return the :class:`RunResult`.
@@ -56,12 +57,21 @@ def fit(
     several processes started by torchrun and returns a ``DistributedResult``, as
     :func:`~precision_nb.engine.distributed.launcher.fit_distributed` does with the same
     arguments (``factory=`` too; the model and ``loss_fn`` then reach the workers by import path).
+
+    ``compile``: "off" (eager), "default", "reduce-overhead" or "max-autotune": the model is
+    trained through ``torch.compile``; the compile step runs before the first training step and
+    is recorded apart (``result.compile``). Distributed runs train eagerly (``compile="off"``).
     """
     factory = train_options.pop("factory", None) if distributed is not None else None
     request = RunRequest.of(
         model, batches, preset=preset, device=device, precision=precision,
-        optimizer=optimizer, train=train, loss_fn=loss_fn, **train_options,
+        optimizer=optimizer, train=train, loss_fn=loss_fn, compile=compile, **train_options,
     )  # fmt: skip
+    if distributed is not None and request.compile != "off":
+        raise ValueError(
+            f"compile: invalid value {request.compile!r} with distributed=...; allowed: 'off' "
+            "(distributed runs train eagerly: their ranks do not compile the model)"
+        )
     if distributed is not None:
         from precision_nb.engine.distributed.launcher import launch
 
@@ -82,5 +92,6 @@ def run(request: RunRequest, *, callbacks: Iterable[Any] = (), stop: Any = None)
         train=request.train,
         loss_fn=request.loss_fn,  # type: ignore[arg-type]
         workload_info=info,
+        compile=request.compile,
     )
     return trainer.fit(callbacks=dispatch, stop=stop)

@@ -83,17 +83,18 @@ class Session(Protocol):
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """One plan to measure: its label and the precision request it is built from (a
-    ``PrecisionConfig``; None where the caller builds sessions itself)."""
+    """One plan to measure: its label, the precision request it is built from (a
+    ``PrecisionConfig``; None where the caller builds sessions itself) and its compile mode."""
 
     label: str
     precision: Any = None
+    compile: str = "off"
 
     def to_dict(self) -> dict[str, Any]:
         precision = self.precision
         if hasattr(precision, "to_dict"):
             precision = precision.to_dict()
-        return {"label": self.label, "precision": precision}
+        return {"label": self.label, "precision": precision, "compile": self.compile}
 
 
 @dataclass(frozen=True)

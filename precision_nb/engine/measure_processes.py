@@ -113,10 +113,13 @@ def trainer_sessions(
     callbacks: Iterable[Any] = (),
     stop: Any = None,
     trainers: dict[str, Any] | None = None,
+    compiles: Mapping[str, str] | None = None,
+    warm_trainers: dict[str, Any] | None = None,
 ) -> Callable[[str, int, bool], Session]:
     """``make_session(label, steps, warmup)`` for :func:`measure_plans`: a ``Trainer`` on a copy
-    of ``initial`` with the plan's precision request; real sessions get the callbacks and the
-    stop flag (and land in ``trainers``), warm-up ones neither."""
+    of ``initial`` with the plan's precision request and compile mode (``compiles``, default
+    "off"); real sessions get the callbacks and the stop flag (and land in ``trainers``), warm-up
+    ones neither (they land in ``warm_trainers``: a compiled plan's compile step runs there)."""
     from precision_nb.engine.batches import BatchSource
     from precision_nb.engine.trainer import Trainer
 
@@ -131,9 +134,12 @@ def trainer_sessions(
             train=cfg,
             loss_fn=loss_fn,
             workload_info=dict(info or {}),
+            compile=(compiles or {}).get(label, "off"),
         )
         if not warmup and trainers is not None:
             trainers[label] = trainer
+        if warmup and warm_trainers is not None:
+            warm_trainers[label] = trainer
         return trainer.start(
             steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
         )
@@ -154,6 +160,7 @@ def rebuild_spec(
     plans: Mapping[str, Any],
     initial: Any,
     model_spec: tuple[str, str] | None = None,
+    compiles: Mapping[str, str] | None = None,
 ) -> tuple[WorkerSpec | None, str]:
     """The :class:`WorkerSpec` of a comparison, or (None, why a fresh process cannot rebuild it).
 
@@ -188,7 +195,10 @@ def rebuild_spec(
         str(device),
         _jsonable(dataclasses.asdict(train)),
         optimizer.to_dict() if optimizer is not None else None,
-        tuple(PlanSpec(label, request) for label, request in plans.items()),
+        tuple(
+            PlanSpec(label, request, (compiles or {}).get(label, "off"))
+            for label, request in plans.items()
+        ),
         int(train.steps),
         torch.get_num_threads(),
         initial if model_spec is not None else None,

@@ -84,6 +84,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         TrainConfig(**spec["train"]), progress=False, measure_peak=False, inspect=False
     )
     plans = {p["label"]: PrecisionConfig(**p["precision"]) for p in spec["plans"]}
+    compiles = {p["label"]: p.get("compile", "off") for p in spec["plans"]}
     optimizer = OptimizerConfig(**spec["optimizer"]) if spec.get("optimizer") else None
     make_session = trainer_sessions(
         copy.deepcopy(model).cpu(),
@@ -93,6 +94,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         optimizer=optimizer,
         train=train,
         info=info,
+        compiles=compiles,
     )
     stop = threading.Event()
     if spec.get("deadline") is not None:
@@ -101,7 +103,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         timer.start()
     started = time.time()
     measurement, _, _ = measure_plans(
-        [PlanSpec(label, request) for label, request in plans.items()],
+        [PlanSpec(label, request, compiles[label]) for label, request in plans.items()],
         make_session,
         int(spec["steps"]),
         MeasureConfig(**spec["measure"]),

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from precision_nb.core.device import resolve_device
+from precision_nb.core.names import COMPILE_MODES, compile_name
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.validate import short_repr
@@ -65,6 +66,8 @@ class RunRequest:
 
     ``precisions``: one request per plan (``fit`` takes exactly one: :attr:`precision`).
     ``loss_fn``: a callable, or ``"package.module:function"`` for a distributed run.
+    ``compiles``: the compile modes ("off", "default", "reduce-overhead", "max-autotune"); a
+    comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
     """
 
     model: ModelArg
@@ -75,8 +78,23 @@ class RunRequest:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss_fn: LossArg = None
+    compiles: tuple[str, ...] = ("off",)
 
     def __post_init__(self) -> None:
+        compiles = self.compiles
+        if isinstance(compiles, (str, bool)) or compiles is None:
+            compiles = (compiles,)  # type: ignore[assignment]
+        names = tuple(compile_name(c) for c in compiles)
+        if not names:
+            raise ValueError("compile: no mode requested; allowed: one or more of " + ", ".join(
+                COMPILE_MODES))  # fmt: skip
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"compile: invalid value {short_repr(compiles)}: {', '.join(repeated)} given "
+                "twice; allowed: each mode once"
+            )
+        object.__setattr__(self, "compiles", names)
         precisions = self.precisions
         if isinstance(precisions, (PrecisionConfig, str)) or not isinstance(precisions, Sequence):
             precisions = (precisions,)  # type: ignore[assignment]
@@ -114,12 +132,14 @@ class RunRequest:
         optimizer: OptimizerConfig | None = None,
         train: TrainConfig | None = None,
         loss_fn: LossArg = None,
+        compile: Any = "off",
         **train_options: Any,
     ) -> RunRequest:
         """The request of a public call: ``precision`` is one request (a ``PrecisionConfig``, a
-        mode name or None) or a sequence of them; ``train_options`` are ``TrainConfig`` fields
-        applied over ``train``."""
+        mode name or None) or a sequence of them; ``compile`` one mode or a sequence of them;
+        ``train_options`` are ``TrainConfig`` fields applied over ``train``."""
         many = isinstance(precision, Sequence) and not isinstance(precision, str)
+        modes = isinstance(compile, Sequence) and not isinstance(compile, str)
         return cls(
             model=model,
             batches=batches,
@@ -129,7 +149,18 @@ class RunRequest:
             optimizer=optimizer_config(optimizer),
             train=make_train_config(train, train_options),
             loss_fn=loss_fn,
+            compiles=tuple(compile) if modes else (compile,),
         )
+
+    @property
+    def compile(self) -> str:
+        """The one compile mode of a single run."""
+        if len(self.compiles) != 1:
+            raise ValueError(
+                f"compile: {len(self.compiles)} modes given ({', '.join(self.compiles)}); a "
+                "single run takes one"
+            )
+        return self.compiles[0]
 
     @property
     def precision(self) -> PrecisionConfig:

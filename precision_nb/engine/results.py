@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from precision_nb.core.optim import FusedOutcome
     from precision_nb.core.plan import PrecisionPlan
     from precision_nb.core.resolution import Explanation
+    from precision_nb.engine.compile.record import CompileRecord
     from precision_nb.engine.inspect.step import InspectionData
 
 RECORD_KEYS: tuple[str, ...] = (
@@ -86,6 +87,8 @@ class RunResult:
     step_times_s: list[float] = field(default_factory=list)
     grad_stats: list[dict[str, Any]] = field(default_factory=list)
     inspection: InspectionData | None = None
+    #: A compiled plan's :class:`~precision_nb.engine.compile.record.CompileRecord` (None: eager).
+    compile: CompileRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary (records and history included; plan as plain values)."""
@@ -109,6 +112,7 @@ class RunResult:
             "step_times_s": list(self.step_times_s),
             "grad_stats": [dict(g) for g in self.grad_stats],
             "inspection": self.inspection.to_dict() if self.inspection is not None else None,
+            "compile": self.compile.to_dict() if self.compile is not None else None,
         }
 
     def summary(self) -> str:

@@ -16,6 +16,7 @@ optimizer, precision); the only trainer state it changes is the :class:`Counters
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import logging
 import math
@@ -36,6 +37,9 @@ from precision_nb.engine.batches import (
     to_device,
 )
 from precision_nb.engine.callbacks import Callbacks, ProgressBar
+from precision_nb.engine.compile.record import compile_model
+from precision_nb.engine.compile.torch_state import TorchWatch
+from precision_nb.engine.compile.visibility import mark_compiled
 from precision_nb.engine.inspect.step import run_inspection
 from precision_nb.engine.metrics import MemoryProbe
 from precision_nb.engine.numerics.scale_window import cast_limits
@@ -88,7 +92,7 @@ class FitSession:
         self.trainer, self.cfg, self.stop = trainer, cfg, stop
         self.precision = trainer.precision
         self.counters = trainer.counters
-        label = cfg.label or self.precision.label
+        label = cfg.label or trainer.label
         self.result = RunResult(
             label=label,
             plan=trainer.plan,
@@ -120,7 +124,7 @@ class FitSession:
         """Run up to ``n`` more counted steps; returns how many were counted in this call."""
         n = validate.integer("advance.n", n, 0)
         target, before = min(self.cfg.steps, self.counted + n), self.counted
-        with self._guard():
+        with self._guard(), self._watch_compiles(before):
             while not self.done and self.counted < target:
                 self._chunk(min(target - self.counted, self._to_next_log()))
         return self.counted - before
@@ -143,6 +147,10 @@ class FitSession:
                 )
             )
         result.seconds = time.perf_counter() - self.rec.t_start
+        if self.trainer.explanation.compile.enabled:
+            result.compile = record = self.trainer.compile_log.record()
+            data = {"run": result.label, **record.to_dict()}
+            result.events += [Event("compile", line, data) for line in record.lines()[1:]]
         finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
         result.final_loss = finite[-1] if finite else None
         self.callbacks.fit_end(result)
@@ -160,6 +168,7 @@ class FitSession:
         first = self._first_batch()
         if cfg.inspect:  # before the peak window opens: its memory is not the run's
             result.inspection = self._inspect(first)
+        self._compile(first)  # before the peak window and the first step: no step pays it
         self.probe = MemoryProbe(t.device)
         self.probe.reset()
         run = describe_run(
@@ -222,31 +231,70 @@ class FitSession:
         (the model, optimizer and RNG stream are untouched, so training is the same)."""
         t = self.trainer
         try:
-            return run_inspection(
+            data = run_inspection(
                 t.model, [first], t.plan, loss_fn=t.loss_fn, device=t.device,
                 optimizer=t.optimizer_config,
             )  # fmt: skip
+            if t.explanation.compile.enabled:  # the eager step, said so first
+                mark_compiled(data, t.explanation.compile, t.label)
+            return data
         except DeviceOutOfMemoryError as exc:
             probe = MemoryProbe(t.device)
             data = {"peak_bytes": probe.read().peak, "memory_kind": probe.kind}
             self.result.events.append(Event("oom", str(exc), dict(data, phase="inspection")))
             raise DeviceOutOfMemoryError(str(exc), self.result) from exc
 
-    def loss(self, batch: Any) -> torch.Tensor:
+    def loss(self, batch: Any, forward: Any = None) -> torch.Tensor:
         """The model's loss on one microbatch under the plan's forward context (the task the
-        output showed is kept in ``task``)."""
-        args, kwargs, labels = split_batch(batch, self.trainer.model, self.trainer.loss_fn)
+        output showed is kept in ``task``). ``forward``: what to call instead of the trainer's
+        forward (the compile step's copy)."""
+        t = self.trainer
+        args, kwargs, labels = split_batch(batch, t.model, t.loss_fn)
         with self.precision.forward_context():
-            out = self.trainer.model(*args, **kwargs)
-            loss, task = output_to_loss(out, labels, self.trainer.loss_fn)
+            out = (t.forward if forward is None else forward)(*args, **kwargs)
+            loss, task = output_to_loss(out, labels, t.loss_fn)
         self._last_task = task
         if not self._loss_checked:
             check_loss(loss, self.trainer.loss_fn)
             self._loss_checked = True
         return loss
 
+    def _compile(self, batch: Any) -> None:
+        """A compiled plan's compile step, once per trainer: one forward and backward on a
+        throw-away copy of the model with the RNG state forked, so it takes nothing from
+        training's RNG stream, and the real first step reuses the compiled code
+        (engine/compile/record.py)."""
+        t = self.trainer
+        log_ = t.compile_log
+        if not t.explanation.compile.enabled or log_.compiled:
+            return
+
+        def step() -> None:
+            work = copy.deepcopy(t.model)
+            self.loss(batch, compile_model(work, t.explanation.compile)).backward()
+
+        try:
+            with torch.random.fork_rng(devices=[t.device] if t.device.type == "cuda" else []):
+                log_.compile_step(step)
+        finally:
+            record = log_.record()
+            data = {"run": self.result.label, **record.to_dict()}
+            self.result.events.append(Event("compile", record.lines()[0], data))
+
+    @contextlib.contextmanager
+    def _watch_compiles(self, before: int) -> Iterator[None]:
+        """What torch compiles during these steps of a compiled plan: recompilations."""
+        if not self.trainer.explanation.compile.enabled:
+            yield
+            return
+        with TorchWatch() as watch:
+            yield
+        self.trainer.compile_log.add(f"steps {before + 1}-{self.counted}", watch.result)
+
     def _loss_and_task(self, batch: Any) -> tuple[torch.Tensor, str | None]:
-        loss = self.loss(batch)
+        """The loss the FLOP count traces: the eager model's (a compiled model does not run
+        under the counter's dispatch mode anyway, see engine/compile/visibility.py)."""
+        loss = self.loss(batch, self.trainer.model)
         return loss, self._last_task
 
     # ------------------------------------------------------------------------ the loop

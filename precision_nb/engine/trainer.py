@@ -27,6 +27,7 @@ from precision_nb.core.validate import short_repr
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.batches import BatchSource
 from precision_nb.engine.callbacks import Callbacks
+from precision_nb.engine.compile.record import CompileLog, compile_model
 from precision_nb.engine.precision import Precision, lab_applies
 from precision_nb.engine.request import optimizer_config, precision_config
 from precision_nb.engine.results import RunResult
@@ -65,6 +66,7 @@ class Trainer:
         train: TrainConfig | None = None,
         loss_fn: Callable[..., torch.Tensor] | None = None,
         workload_info: dict[str, Any] | None = None,
+        compile: Any = "off",
     ) -> None:
         if not isinstance(model, nn.Module):
             raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
@@ -79,7 +81,7 @@ class Trainer:
         self.precision_config = precision_config(precision)
         self.optimizer_config = optimizer_config(optimizer)
         self.explanation = explain_precision(
-            self.precision_config, device, optimizer=self.optimizer_config
+            self.precision_config, device, optimizer=self.optimizer_config, compile=compile
         )
         self.plan = self.explanation.plan
         self.device = torch.device(self.explanation.device)
@@ -97,6 +99,11 @@ class Trainer:
         self.loss_fn = loss_fn
         self.workload_info = dict(workload_info or {})
         _move_model(model, self.device)
+        #: What the loop calls: the model, or ``torch.compile(model)`` for a compiled plan (the
+        #: same parameters; checkpoints save ``model``). Its compile log: the compile step that
+        #: ``start()`` runs once on a copy, and recompilations during training.
+        self.forward = compile_model(model, self.explanation.compile)
+        self.compile_log = CompileLog(self.label, self.explanation.compile)
         self.optimizer = build_optimizer(model, self.optimizer_config, self.device)
         self.optimizer_outcome = getattr(self.optimizer, "precision_nb_fused", None)
         self.counters = Counters()
@@ -118,6 +125,11 @@ class Trainer:
     @property
     def microbatches_done(self) -> int:
         return self.counters.microbatches
+
+    @property
+    def label(self) -> str:
+        """The run label: the precision's, with ``+compile`` for a compiled plan."""
+        return self.precision.label + self.explanation.compile.suffix
 
     @property
     def lab(self) -> bool:

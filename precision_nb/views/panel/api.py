@@ -64,6 +64,7 @@ class Panel:
         mode: str = "auto",
         dtype: Any = None,
         fused: bool | str | None = None,
+        compile: str | bool | None = "off",
         workload: str | None = None,
         preset: str | None = None,
         steps: int = 30,
@@ -85,7 +86,8 @@ class Panel:
             plot_budget=plot_budget, refresh_interval_s=refresh_interval_s,
         )  # fmt: skip
         initial: dict[str, Any] = dict(
-            device=device, mode=mode, dtype=dtype, fused=fused, steps=steps, seed=seed,
+            device=device, mode=mode, dtype=dtype, fused=fused, compile=compile, steps=steps,
+            seed=seed,
             accumulation=accumulation, loss_scale_lab=loss_scale_lab, compare_plans=compare_plans,
         )  # fmt: skip
         if model is None:
@@ -115,7 +117,7 @@ class Panel:
     # ================================================================== verbs
 
     def set(self, **controls: Any) -> Panel:
-        """Set controls by name (device, mode, dtype, fused, workload, preset, steps,
+        """Set controls by name (device, mode, dtype, fused, compile, workload, preset, steps,
         accumulation, seed, loss_scale_lab, compare_plans; distributed, strategy, nproc,
         comm_hook, backend, param_dtype, reduce_dtype, output_dtype; code_framework, the
         framework of "copy as code"); the plan refreshes once.

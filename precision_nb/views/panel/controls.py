@@ -15,6 +15,7 @@ import ipywidgets as widgets
 
 from precision_nb.views.panel.selection import (
     COMPARE_CHOICES,
+    COMPILE_MODES,
     DEFAULT_COMPARE,
     DTYPES,
     FUSED_CHOICES,
@@ -89,6 +90,14 @@ class Controls:
             style={**style, "button_width": "64px"},
             tooltips=["probe on the training device", "ask for fused", "plain AdamW"],
         )
+        self.compile = widgets.Dropdown(
+            options=list(COMPILE_MODES),
+            value="off",
+            description="Compile",
+            style=style,
+            layout=widgets.Layout(width="260px"),
+            tooltip="torch.compile mode: off trains eagerly; the others compile the model",
+        )
         if user_model:
             names: list[str] = [USER_MODEL]
         else:
@@ -149,6 +158,7 @@ class Controls:
             (self.mode, "pnb-mode"),
             (self.dtype, "pnb-dtype"),
             (self.fused, "pnb-fused"),
+            (self.compile, "pnb-compile"),
             (self.workload, "pnb-workload"),
             (self.preset, "pnb-preset"),
             (self.steps, "pnb-steps"),
@@ -176,6 +186,7 @@ class Controls:
             self.mode,
             self.dtype,
             self.fused,
+            self.compile,
             self.workload,
             self.preset,
             self.steps,
@@ -192,6 +203,7 @@ class Controls:
                 self.mode,
                 self.dtype,
                 self.fused,
+                self.compile,
                 widgets.VBox([self.loss_scale_lab, self.lab_note]),
             ]
         )
@@ -231,6 +243,7 @@ class Controls:
             loss_scale_lab=bool(self.loss_scale_lab.value),
             seed=int(self.seed.value),
             compare_plans=tuple(self.compare_plans.value),
+            compile=str(self.compile.value),
         )
 
     # ------------------------------------------------------------------ writing

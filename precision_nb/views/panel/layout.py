@@ -102,6 +102,7 @@ class PanelWidgets:
     mode: widgets.ToggleButtons
     dtype: widgets.Dropdown
     fused: widgets.ToggleButtons
+    compile: widgets.Dropdown
     loss_scale_lab: widgets.Checkbox
     lab_note: widgets.HTML
     workload: widgets.Dropdown
@@ -199,8 +200,9 @@ def build_layout(
         compare_button=o.compare_button, stop_button=o.stop_button, progress=o.progress,
         progress_label=o.progress_label, run_reason=o.run_reason, error_box=o.error_box,
         device=c.device, device_text=c.device_text, mode=c.mode, dtype=c.dtype, fused=c.fused,
-        loss_scale_lab=c.loss_scale_lab, lab_note=c.lab_note, workload=c.workload,
-        preset=c.preset, steps=c.steps, accumulation=c.accumulation, seed=c.seed,
+        compile=c.compile, loss_scale_lab=c.loss_scale_lab, lab_note=c.lab_note,
+        workload=c.workload, preset=c.preset, steps=c.steps, accumulation=c.accumulation,
+        seed=c.seed,
         compare_plans=c.compare_plans, plan_html=o.plan_html, code_title=o.code_title,
         code_framework=o.code_framework, code_area=o.code_area,
         live_metrics=o.live_metrics, live_charts=o.live_charts, status=o.status,

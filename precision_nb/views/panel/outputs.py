@@ -311,9 +311,11 @@ class PanelOutputs:
         seconds: float,
         figures: Mapping[str, Mapping[str, Any]] | None = None,
         method: Mapping[str, Any] | None = None,
+        compiled: Mapping[str, Any] | None = None,
     ) -> None:
         """The finished run's charts, status line, results and events; ``figures`` and
-        ``method``: a comparison's measured figures per plan and how they were measured."""
+        ``method``: a comparison's measured figures per plan and how they were measured;
+        ``compiled``: its compiled plans' reports."""
         self.live_charts.value = self.charts(frame.to_dict("records"))
         if frame.empty:
             self.progress_label.value = f"{word.lower()} before the first logged step"
@@ -334,6 +336,7 @@ class PanelOutputs:
             measured=self.measured,
             method=method,
             charts=live_charts_html(frame.to_dict("records")) if self.measured else "",
+            compiled=compiled,
         )
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)

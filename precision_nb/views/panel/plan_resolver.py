@@ -99,12 +99,15 @@ class PlanResolver:
             lab_applies = False
             why = f"the loss-scale lab applies on CPU ({device_type} fp16 already has its scaler)"
         lab = selection.loss_scale_lab and lab_applies
-        key = (selection.device, selection.mode, selection.dtype, selection.fused, lab)
+        key = (selection.device, selection.mode, selection.dtype, selection.fused, lab,
+               selection.compile)  # fmt: skip
         explanation = self.cache.get(key)
         if explanation is None:
             config = PrecisionConfig(mode=selection.mode, dtype=selection.dtype, loss_scale_lab=lab)
             optimizer = self.optimizer_for(selection)
-            explanation = explain_precision(config, request, caps, optimizer=optimizer)
+            explanation = explain_precision(
+                config, request, caps, optimizer=optimizer, compile=selection.compile
+            )
             self.cache[key] = explanation
         return Resolved(explanation, lab_applies, why)
 
@@ -125,8 +128,9 @@ def badge_html(explanation: Explanation) -> str:
 
 def headline_html(explanation: Explanation, distributed: DistributedPlan | None = None) -> str:
     """The request and the plan it resolves to, on one line: "request bf16 → bf16: autocast
-    torch.bfloat16 · no loss scaler · plain AdamW" (the fused decision's outcome in the core's
-    words; a fallback marked as one, with the reasons on hover)."""
+    torch.bfloat16 · no loss scaler · plain AdamW · eager" (the fused decision's outcome in the
+    core's words, then the compile mode or "eager"; a fallback marked as one, with the reasons on
+    hover)."""
     esc = html.escape
     plan, config = explanation.plan, explanation.config
     request = config.requested + (" + loss-scale lab" if config.loss_scale_lab else "")
@@ -137,6 +141,8 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
     fused = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
     if fused is not None:
         parts.append(fused.outcome)
+    compiled = explanation.compile
+    parts.append(f"compile {compiled.outcome}" if compiled.enabled else "eager")
     if distributed is not None:
         request_ = distributed.request
         parts.append(f"{request_.strategy} x{request_.nproc} (torchrun)")
@@ -241,6 +247,12 @@ class LivePlan:
             return f"Run is disabled: the distributed request cannot run here: {self.error}"
         if self.error is not None:
             return "Run is disabled: the selection cannot be resolved (see the message above)."
+        if self.distributed is not None and self.explanation is not None:
+            if self.explanation.compile.enabled:
+                return (
+                    "Run is disabled: distributed runs train eagerly (their ranks do not compile "
+                    "the model); set Compile to off, or the strategy to none"
+                )
         if self.explanation is not None and self.explanation.simulated:
             name = self.explanation.capabilities.name
             return (

@@ -203,11 +203,14 @@ def results_html(
     measured: bool,
     method: Mapping[str, Any] | None = None,
     charts: str = "",
+    compiled: Mapping[str, Any] | None = None,
 ) -> str:
     """The Compare tab: with ``measured`` (a comparison) the verdict lines first, how the speed
     was measured, then the table; otherwise the table marked as single-run figures. ``figures``:
     label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval);
-    ``charts``: HTML shown after the table (the comparison's overlaid charts)."""
+    ``charts``: HTML shown after the table (the comparison's overlaid charts); ``compiled``: the
+    compiled plans' reports, shown after the verdicts (compile step, speed against eager,
+    pay-back, agreement, graph breaks, in the engine's words)."""
     records = summary.to_dict("records")
     for row in records:  # the verdict's kind says which speedup is the baseline's
         row.update(
@@ -215,7 +218,7 @@ def results_html(
         )
     labels = [str(r.get("run")) for r in records]
     if measured:
-        head = verdict_lines_html(labels, figures) + _method_html(method)
+        head = verdict_lines_html(labels, figures) + compiled_html(compiled) + _method_html(method)
     else:
         head = f"<div class='pnb-method'><i>{html.escape(SINGLE_RUN_NOTE)}.</i></div>"
     full = summary.to_html(
@@ -230,6 +233,21 @@ def results_html(
         f"<details><summary>All columns</summary><div class='pnb-table-wrap'>{full}</div></details>"
     )
     return head + _compact(records, measured=measured) + charts + rest
+
+
+def compiled_html(compiled: Mapping[str, Any] | None) -> str:
+    """The compiled plans' sentences (the engine's), one block per plan; "" without any."""
+    if not compiled:
+        return ""
+    blocks = []
+    for label, report in compiled.items():
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in report.lines())
+        blocks.append(f"<b>{html.escape(label)}</b><ul style='margin:0'>{items}</ul>")
+    return (
+        "<div class='pnb-compiled' style='font-size:12px;margin:4px 0'><b>torch.compile</b> "
+        "(the compile step runs before training, so no step time holds it):"
+        f"{''.join(blocks)}</div>"
+    )
 
 
 def warmup_note_html(warmups: Mapping[str, Any]) -> str:

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.device import normalize_device_request
+from precision_nb.core.names import COMPILE_MODES, compile_name
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.validate import integer, positive_int, short_repr
 
 __all__ = [
     "COMPARE_CHOICES",
+    "COMPILE_MODES",
     "DEFAULT_COMPARE",
     "DeviceOption",
     "FUSED_CHOICES",
@@ -84,6 +86,8 @@ class Selection:
     loss_scale_lab: bool
     seed: int
     compare_plans: tuple[str, ...] = field(default=DEFAULT_COMPARE)
+    #: "off" (eager) or a torch.compile mode (see ``core/compile_mode.py``).
+    compile: str = "off"
 
     @property
     def simulated_preset(self) -> str | None:
@@ -144,6 +148,8 @@ def normalise(
             out[name] = _normalise_dtype(value)
         elif name == "fused":
             out[name] = _normalise_fused(value)
+        elif name == "compile":
+            out[name] = compile_name(value, "compile")
         elif name == "workload":
             if user_model:
                 raise ValueError(
@@ -180,7 +186,8 @@ def normalise(
         else:
             raise ValueError(
                 f"{short_repr(name)} is not a panel control; allowed: device, mode, dtype, fused, "
-                "workload, preset, steps, accumulation, seed, loss_scale_lab, compare_plans; "
+                "compile, workload, preset, steps, accumulation, seed, loss_scale_lab, "
+                "compare_plans; "
                 "distributed, strategy, nproc, comm_hook, backend, param_dtype, reduce_dtype, "
                 "output_dtype"
             )

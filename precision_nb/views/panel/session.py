@@ -115,7 +115,9 @@ class RunSession:
         self.per_rank.clear()
         live = LiveCallback(
             steps=selection.steps,
-            runs=1 if kind == "run" else max(1, len(selection.compare_plans)),
+            runs=1
+            if kind == "run"
+            else max(1, len(selection.compare_plans)) * len(compare_compiles(selection)),
             progress=self._progress,
             draw=self._draw_live,
             budget=self.plot_budget,
@@ -205,12 +207,14 @@ class RunSession:
         precisions: Sequence[PrecisionConfig],
         *,
         distributed: bool = False,
+        compiles: Sequence[str] = ("off",),
     ) -> Any:
         """The engine's :class:`~precision_nb.engine.request.RunRequest` of a panel run or
         comparison: the panel's model (a copy of the user's, or the selected workload), device,
         optimizer and loop settings, and ``precisions``. ``distributed``: for torchrun's workers,
         the user's model as it is (its state dict travels) with its batches and loss by import
-        path."""
+        path. ``compiles``: the compile modes (every precision under each).
+        """
         from precision_nb.engine.request import RunRequest
 
         user = self.user_model
@@ -229,12 +233,13 @@ class RunSession:
             optimizer=self._optimizer_for(selection),
             train=self.train_config(selection),
             loss_fn=loss_fn,
+            compiles=tuple(compiles),
         )
 
     def _fit(self, selection: Selection, explanation: Explanation, live: Any, stop: Any) -> Any:
         from precision_nb.engine.entry import run
 
-        request = self.request(selection, [explanation.config])
+        request = self.request(selection, [explanation.config], compiles=(selection.compile,))
         return run(request, callbacks=[live], stop=stop)
 
     def _compare(self, selection: Selection, live: Any, stop: Any) -> Any:
@@ -244,7 +249,8 @@ class RunSession:
             PrecisionConfig(mode=COMPARE_CHOICES[name][0], loss_scale_lab=COMPARE_CHOICES[name][1])
             for name in selection.compare_plans
         ]
-        return run_comparison(self.request(selection, modes), callbacks=[live], stop=stop)
+        request = self.request(selection, modes, compiles=compare_compiles(selection))
+        return run_comparison(request, callbacks=[live], stop=stop)
 
     # ------------------------------------------------------------------ during the run
 
@@ -350,6 +356,7 @@ class RunSession:
             seconds=seconds,
             figures=getattr(source, "figures", None) or {},
             method=None if measurement is None else measurement.method(),
+            compiled=getattr(source, "compiled", None) or {},
         )
         return None if frame.empty else frame
 
@@ -414,3 +421,9 @@ class RunSession:
         self.frame_cost_s = time.perf_counter() - start
         self.outputs.show_figure(png, "")
         return png
+
+
+def compare_compiles(selection: Selection) -> tuple[str, ...]:
+    """The compile modes a panel comparison measures: eager only, or eager and the selected
+    mode (so every plan is compared with its own eager twin)."""
+    return ("off",) if selection.compile == "off" else ("off", selection.compile)

@@ -119,6 +119,8 @@ class PlanAnswer:
     #: (request, sentence) for each request merged into this plan's run.
     merged: tuple[tuple[str, str], ...] = ()
     failed: str = ""
+    #: A compiled plan's compile lines: against its eager twin, the compile step, pay-back.
+    compile: tuple[str, ...] = ()
 
 
 def answers(
@@ -148,9 +150,28 @@ def answers(
                 drift=_drift_line(label, base, row),
                 merged=tuple((req, text) for req, run, text in merged if run == label),
                 failed=str(comparison.failures.get(label) or ""),
+                compile=_compile_lines(getattr(comparison, "compiled", {}).get(label)),
             )
         )
     return out
+
+
+def _compile_lines(report: Any) -> tuple[str, ...]:
+    """A compiled plan's card lines, in the engine's words: its verdict against the eager twin,
+    the compile step and its cache outcome, the pay-back (details in the compile section)."""
+    if report is None:
+        return ()
+    record = report.record
+    if record.failure is not None:
+        return (f"compile failed: {record.failure}",)
+    lines = []
+    if report.verdict:
+        lines.append(report.verdict)
+    if record.compile_s is not None:
+        lines.append(f"compile step {record.compile_s:.2f} s (cache {record.cache}), not timed")
+    if report.pay_back is not None:
+        lines.append(report.pay_back.text.split(":", 1)[0])
+    return tuple(lines)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -318,6 +339,7 @@ def cards_html(plans: Sequence[PlanAnswer]) -> str:
         items += [("memory", line) for line in a.memory]
         items += [("numerics", line) for line in a.numerics]
         items.append(("drift from fp32", a.drift))
+        items += [("torch.compile", line) for line in a.compile]
         if a.failed:
             items.append(("failed", a.failed))
         if a.merged:

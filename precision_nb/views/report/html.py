@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from precision_nb.engine.compare import Comparison
 from precision_nb.views.report import figures as F
 from precision_nb.views.report.answer import answer_section, answers, other_hints
+from precision_nb.views.report.compiled import compiled_section
 from precision_nb.views.report.folder import write_files
 from precision_nb.views.report.hints import Hint, hints, hints_by_run
 from precision_nb.views.report.inspection import inspection_section
@@ -112,6 +113,8 @@ def report_sections(
         _figures_section(comparison, pngs),
         _summary_section(comparison, table, hint_list, colors, pngs),
     ]
+    if getattr(comparison, "compiled", None):
+        sections.append(compiled_section(comparison.compiled))
     if distributed:
         sections.append(distributed_section(distributed))
     if inspections:

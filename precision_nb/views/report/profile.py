@@ -38,6 +38,7 @@ __all__ = [
     "ReportWriteError",
     "WriteInterrupted",
     "check_output_folder",
+    "parse_compiles",
     "parse_modes",
     "profile",
     "run_profile",
@@ -93,6 +94,8 @@ class ProfileRequest:
     #: ``("module:factory", "module:batches")`` a model object came from (fresh processes
     #: rebuild it from them); None for a built-in workload or a model without an import path.
     rebuild: tuple[str, str] | None = None
+    #: The compile modes every precision is measured under ("off": eager).
+    compile: tuple[str, ...] = ("off",)
 
 
 #: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
@@ -112,6 +115,18 @@ def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
         )
     modes = [normalize_precision(name, field="compare", allow_auto=True) for name in names]
     return tuple(dict.fromkeys(modes))
+
+
+def parse_compiles(value: Any) -> tuple[str, ...]:
+    """``"off,default"``, one mode, True/False/None or a sequence -> canonical modes, each once
+    (ValueError naming ``compile`` otherwise)."""
+    from precision_nb.core.names import compile_list, compile_name
+
+    if isinstance(value, str):
+        return tuple(compile_list(value, "compile"))
+    if isinstance(value, (list, tuple)):
+        return tuple(compile_list(",".join(compile_name(v, "compile") for v in value), "compile"))
+    return (compile_name(value, "compile"),)
 
 
 def validate_request(
@@ -135,12 +150,16 @@ def validate_request(
     target: float | None = DEFAULT_TARGET,
     budget_s: float | None = DEFAULT_BUDGET_S,
     rebuild: tuple[str, str] | None = None,
+    compile: Any = "off",
 ) -> ProfileRequest:
     """Check every profile argument; ``ValueError`` (or ``RuntimeError`` for absent hardware).
 
     ``workload``: a built-in workload name (or None for the default) or your own ``nn.Module``,
-    which then needs ``batches`` (checked by fetching the first batch).
+    which then needs ``batches`` (checked by fetching the first batch). ``compile``: one
+    torch.compile mode or several (``"off,default"``); a mode this machine cannot compile on the
+    device is refused here (``RuntimeError`` naming what is missing).
     """
+    compiles = parse_compiles(compile)
     from precision_nb.engine.measure import check_options
 
     check_options(processes, target, budget_s, rebuild)
@@ -163,7 +182,17 @@ def validate_request(
     if fused is not None:
         validate.boolean("fused", fused)  # None: auto
     validate.boolean("loss_scale_lab", loss_scale_lab)
-    resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad string
+    where = resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for a bad one
+    if compiles != ("off",):
+        from precision_nb.core.compile_mode import resolve_compile
+
+        if distributed is not None:
+            raise ValueError(
+                f"compile: invalid value {','.join(compiles)!r} with a distributed profile; "
+                "allowed: 'off' (distributed runs train eagerly)"
+            )
+        for mode in compiles:  # refused now (no C++ compiler, no Triton), not after a warm-up
+            resolve_compile(mode, where.type)
     validate.boolean("inspect", inspect)
     validate.boolean("numerics", numerics)
     out_path = None if out is None else Path(out).expanduser()
@@ -203,6 +232,7 @@ def validate_request(
         target=target,
         budget_s=budget_s,
         rebuild=None if rebuild is None else (str(rebuild[0]), str(rebuild[1])),
+        compile=compiles,
     )
 
 
@@ -258,6 +288,7 @@ def profile(
     processes: int | None = DEFAULT_PROCESSES,
     target: float | None = DEFAULT_TARGET,
     budget_s: float | None = DEFAULT_BUDGET_S,
+    compile: Any = "off",
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -278,6 +309,11 @@ def profile(
     processes is within ``target`` (±5 %) or ``budget_s`` (40 s) is spent; ``processes=N``
     measures in exactly N processes, ``processes=1`` in this one only. The verdicts say which
     rule stopped the measurement and what the interval covers.
+
+    ``compile``: "off" (eager, the default), a torch.compile mode, or several (``"off,default"``
+    or a sequence): every precision is measured under every mode (``bf16``, ``bf16+compile``),
+    the compile step apart from every step time, and the report adds a torch.compile section
+    (compile time, pay-back, speed against eager, agreement, graph breaks).
     """
     request = validate_request(
         workload=workload if model is None else model,
@@ -298,6 +334,7 @@ def profile(
         processes=processes,
         target=target,
         budget_s=budget_s,
+        compile=compile,
     )
     return run_profile(request, progress=progress, settings=settings)
 
@@ -346,6 +383,7 @@ def run_profile(
         "gradient accumulation": request.accumulation,
         "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[request.fused],
         "loss-scale lab": request.loss_scale_lab,
+        "torch.compile": ", ".join(request.compile),
         **(settings or {}),
     }
     if runs:
@@ -417,6 +455,7 @@ def run_request(request: ProfileRequest, *, progress: bool = True) -> Any:
         progress=progress,
         steps=steps,
         log_every=max(1, steps // PROFILE_POINTS),
+        compile=request.compile,
     )
 
 

@@ -8,6 +8,7 @@ the safe fp16 scale window, with the scaled plan's history overlaid).
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.events import Event
 from precision_nb.engine.compare import Comparison
+from precision_nb.engine.compile.visibility import mark_compiled
 from precision_nb.engine.inspect import InspectionData, run_inspection
 from precision_nb.engine.numerics.analysis import analyze
 from precision_nb.engine.results import RunResult
@@ -24,7 +26,22 @@ from precision_nb.views.report.numerics import Numerics
 if TYPE_CHECKING:
     from precision_nb.views.report.profile import ProfileRequest
 
-__all__ = ["Analyses", "analyse", "analyze_numerics", "inspect_plans", "scaled_run"]
+__all__ = [
+    "NUMERICS_COMPILED",
+    "Analyses",
+    "analyse",
+    "analyze_numerics",
+    "inspect_plans",
+    "scaled_run",
+]
+
+#: What the numerics analysis says of compiled plans (it runs the eager model).
+NUMERICS_COMPILED = (
+    "numerics: the analysis runs one instrumented eager step of the model (hooks on module "
+    "outputs), for compiled plans too: a compiled graph computes the same tensors up to "
+    "rounding (see the agreement in the torch.compile section), but the intermediates its fused "
+    "kernels keep are not module outputs, so no hook sees them"
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +83,8 @@ def analyse(request: ProfileRequest, comparison: Comparison) -> Analyses:
             events.append(Event("warning", message, {"section": name}))
             continue
         seconds[name] = time.perf_counter() - start
+    if "numerics" in values and getattr(comparison, "compiled", None):
+        events.append(Event("compile", NUMERICS_COMPILED, {"section": "numerics"}))
     return Analyses(values.get("inspection") or {}, values.get("numerics"), seconds, tuple(events))
 
 
@@ -80,20 +99,27 @@ def inspect_plans(request: ProfileRequest, comparison: Comparison) -> dict[str, 
     """Label -> ``InspectionData`` for every plan that ran to the end.
 
     Runs after the measurement on a copy of the model, so it never touches the speed figures.
+    A compiled plan gets the eager step of its precision (inspected once per precision plan),
+    labelled so and with what the inspection cannot see of a compiled graph as its first flags
+    (:func:`~precision_nb.engine.compile.visibility.mark_compiled`).
     """
     model, batches, loss_fn = _model_source(request)
-    return {
-        label: run_inspection(
-            model,
-            batches,
-            result.plan,
-            preset=request.preset,
-            loss_fn=loss_fn,
-            device=result.device,
-        )  # fmt: skip
-        for label, result in comparison.results.items()
-        if label not in comparison.failures
-    }
+    out: dict[str, InspectionData] = {}
+    by_plan: dict[Any, InspectionData] = {}
+    for label, result in comparison.results.items():
+        if label in comparison.failures:
+            continue
+        if result.plan not in by_plan:
+            by_plan[result.plan] = run_inspection(
+                model, batches, result.plan, preset=request.preset, loss_fn=loss_fn,
+                device=result.device,
+            )  # fmt: skip
+        data = by_plan[result.plan]
+        compiled = getattr(result.explanation, "compile", None)
+        if compiled is not None and compiled.enabled:
+            data = mark_compiled(copy.deepcopy(data), compiled, label)
+        out[label] = data
+    return out
 
 
 def scaled_run(comparison: Comparison) -> RunResult | None:

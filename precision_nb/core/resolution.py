@@ -240,6 +240,11 @@ class Explanation:
     def __str__(self) -> str:
         return render.explanation_text(self)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # IPython's plain-text form (nbconvert to text, diffs, logs): the decisions, not the
+        # dataclass fields
+        printer.text(str(self))
+
     def _repr_html_(self) -> str:
         return render.explanation_html(self)
 

@@ -214,6 +214,17 @@ def test_explanation_for_this_machine_matches_resolution():
     assert e.simulated is False
 
 
+def test_plain_text_display_is_the_explanation_not_the_dataclass_fields():
+    # what nbconvert to text, a notebook diff or a log shows for an explanation left as a cell's
+    # value: IPython's pretty printer, which falls back to the dataclass repr without _repr_pretty_
+    from IPython.lib.pretty import pretty
+
+    e = explain_precision(PrecisionConfig("fp16"), "cpu", capabilities="cpu-only")
+    shown = pretty(e)
+    assert shown == str(e)
+    assert shown.startswith("Precision plan: fp32 on cpu") and "Explanation(" not in shown
+
+
 def test_html_marks_with_css_classes_not_inline_colours():
     e = explain_precision(PrecisionConfig("fp16"), "cpu", capabilities="cpu-only")
     page = e._repr_html_()

@@ -101,7 +101,18 @@ class Panel:
         self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict):  # a text reader gets the plan, not the widget tree
+            bundle = {**bundle, "text/plain": self._plain_text()}
+        return bundle
+
+    def _plain_text(self) -> str:
+        """The panel in one line of plain text (what nbconvert to text, a notebook diff or a log
+        shows in place of the widgets): the selected plan, or the error the panel shows."""
+        explanation = self.explanation
+        if explanation is None:
+            return f"precision_nb panel (widgets; open in Jupyter): {self.error or 'no plan'}"
+        return f"precision_nb panel (widgets; open in Jupyter): {explanation.summary()}"
 
     # ================================================================== verbs
 

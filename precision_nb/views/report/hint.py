@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Hint", "is_mixed", "is_number", "rate_text", "who", "workload_info"]
+__all__ = ["Hint", "is_mixed", "is_number", "rate_text", "share_text", "who", "workload_info"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,17 @@ def rate_text(flops_per_s: float) -> str:
         if flops_per_s >= scale:
             return f"{flops_per_s / scale:.1f} {unit}"
     return f"{flops_per_s:.0f} FLOP/s"
+
+
+def share_text(fraction: float) -> str:
+    """A fraction as a percentage that keeps two significant digits below 1 % (an MFU of 0.026 %
+    is not written as 0.0 %)."""
+    percent = fraction * 100
+    if percent >= 10:
+        return f"{percent:.0f}%"
+    if percent >= 1:
+        return f"{percent:.1f}%"
+    return f"{percent:.2g}%"
 
 
 def workload_info(results: Mapping[str, Any]) -> Mapping[str, Any]:

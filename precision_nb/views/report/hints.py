@@ -16,6 +16,7 @@ from precision_nb.views.report.hint import Hint
 from precision_nb.views.report.hint import is_mixed as _is_mixed
 from precision_nb.views.report.hint import is_number as _ok
 from precision_nb.views.report.hint import rate_text as _rate
+from precision_nb.views.report.hint import share_text as _share
 from precision_nb.views.report.hint import who as _who
 from precision_nb.views.report.hint import workload_info as _workload
 from precision_nb.views.report.hints_setup import cpu_facts as _cpu_facts
@@ -204,7 +205,9 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
         low = {k: r for k, r in with_mfu.items() if r["mfu"] < OVERHEAD_MFU}
         if not low:
             return []
-        parts = ", ".join(f"{k} {_rate(r['flops_per_s'])} = {r['mfu']:.1%}" for k, r in low.items())
+        parts = ", ".join(
+            f"{k} {_rate(r['flops_per_s'])} = {_share(r['mfu'])}" for k, r in low.items()
+        )
         sources = "; ".join(
             dict.fromkeys(str(r.get("mfu_peak_source") or "unnamed peak") for r in low.values())
         )

@@ -300,6 +300,9 @@ def test_panel_displays_as_its_widget(panel: Panel) -> None:
     bundle = panel._repr_mimebundle_()
     view = bundle["application/vnd.jupyter.widget-view+json"]
     assert view["model_id"] == panel.widget.model_id
+    # plain-text readers (nbconvert to text, diffs, logs) get the plan, not the widget tree
+    text = bundle["text/plain"]
+    assert text.endswith(panel.explanation.summary()) and "VBox(" not in text
 
 
 def test_fused_flag_of_the_code_follows_the_decision_not_its_wording(panel: Panel) -> None:

@@ -116,6 +116,14 @@ def test_overhead_hint_from_low_mfu_names_the_numbers(make_records):
     assert hint.measurement.startswith("mfu")
 
 
+def test_overhead_hint_keeps_a_small_mfu_readable(make_records):
+    # a bf16 step at 0.026 % of a fast bf16 peak must not read as 0.0 %
+    records = make_records("fp32", "fp32", mfu=0.0023) + make_records("bf16", "bf16", mfu=0.00026)
+    (hint,) = _by_topic(hints(records))["overhead"]
+    assert "= 0.23%" in hint.message and "= 0.026%" in hint.message
+    assert "0.0%" not in hint.message
+
+
 def test_no_overhead_hint_when_mfu_is_high(make_records):
     records = make_records("fp32", "fp32", mfu=0.6)
     assert "overhead" not in _by_topic(hints(records))

@@ -178,6 +178,38 @@ def test_every_display_has_a_text_form(name: str) -> None:
             assert not OBJECT_REPR.match(text), f"{name}: {text!r} in {source(cell)[:60]!r}"
 
 
+#: Text a reader of the notebook as text cannot read: a table cell or a reason cut short by pandas'
+#: column width ("(no autocas..."), or a widget tree printed in place of the widget.
+CUT_SHORT = re.compile(r"\w\.\.\.(?=\s|$)", re.MULTILINE)
+WIDGET_TREE = re.compile(r"^(VBox|HBox|Tab|Box)\(children=")
+
+
+def output_text(out: dict[str, Any]) -> str:
+    text = out.get("text", out.get("data", {}).get("text/plain", ""))
+    return text if isinstance(text, str) else "".join(text)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_output_is_cut_short_or_a_widget_tree(name: str) -> None:
+    for cell in code_cells(load(name)):
+        for out in cell["outputs"]:
+            text = output_text(out)
+            cut = CUT_SHORT.search(text)
+            assert cut is None, (
+                f"{name}: cut short near {text[max(0, cut.start() - 40) : cut.end()]!r}"
+            )
+            assert not WIDGET_TREE.match(text.strip()), (
+                f"{name}: widget tree as text: {text[:60]!r}"
+            )
+
+
+def test_the_text_checks_can_fail() -> None:
+    assert CUT_SHORT.search("4  fp32: autocast leaves the op alone (no autocas...      6")
+    assert CUT_SHORT.search("measured: CPU float32 matmul, best of sizes 25...")
+    assert not CUT_SHORT.search("reductions (sum, norm, ...) and 1.0 ... 2.0")
+    assert WIDGET_TREE.match("VBox(children=(HBox(children=(HTML(value=")
+
+
 def test_sanitizer_is_the_one_the_test_command_uses_and_is_valid() -> None:
     cfg = NOTEBOOKS / "sanitize.cfg"
     assert "--nbval-sanitize-with notebooks/sanitize.cfg" in (ROOT / "scripts/test.sh").read_text()

@@ -33,7 +33,7 @@ from precision_nb.engine.compile import comparing
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanSpec
 from precision_nb.engine.measure_processes import measure as measure_in_processes
 from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
-from precision_nb.engine.metrics import compute_dtype, peak_ratios, tf32_state
+from precision_nb.engine.metrics import PeakRatio, compute_dtype, peak_ratios, tf32_state
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import FitError, RunResult
@@ -64,7 +64,7 @@ class Comparison:
     #: The model measured: ``class`` (qualified name) and ``params`` (parameter count).
     model_info: dict[str, Any] = field(default_factory=dict)
     #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
-    peak_ratios: dict[str, float] = field(default_factory=dict)
+    peak_ratios: dict[str, PeakRatio] = field(default_factory=dict)
     #: Compiled label -> its :class:`~precision_nb.engine.compile.report.CompiledPlanReport`
     #: (compile step, recompilations, speed against eager, pay-back, agreement, graph breaks).
     compiled: dict[str, Any] = field(default_factory=dict)

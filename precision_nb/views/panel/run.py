@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from precision_nb.engine.callbacks import Callback
 from precision_nb.views.panel.results import HOST_RSS
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-class LiveCallback:
+class LiveCallback(Callback):
     """Throttled engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) feeding the panel.
 
     ``progress(done, total, text, record)`` is called at most every ``progress_interval_s`` (and

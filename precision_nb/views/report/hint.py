@@ -6,9 +6,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Hint", "is_mixed", "is_number", "rate_text", "share_text", "who", "workload_info"]
+if TYPE_CHECKING:
+    from precision_nb.core.capabilities import Capabilities
+    from precision_nb.engine.results import RunResult
+
+__all__ = [
+    "Hint",
+    "capabilities_of",
+    "is_mixed",
+    "is_number",
+    "rate_text",
+    "share_text",
+    "who",
+    "workload_info",
+]
 
 
 @dataclass(frozen=True)
@@ -73,9 +86,16 @@ def share_text(fraction: float) -> str:
     return f"{percent:.2g}%"
 
 
-def workload_info(results: Mapping[str, Any]) -> Mapping[str, Any]:
+def workload_info(results: Mapping[str, RunResult]) -> Mapping[str, Any]:
+    """The first run's workload description (all runs of a comparison share the workload)."""
     for result in results.values():
-        info = getattr(result, "workload", None)
-        if isinstance(info, Mapping):
-            return info
+        if result.workload:
+            return result.workload
     return {}
+
+
+def capabilities_of(result: RunResult | None) -> Capabilities | None:
+    """The capabilities a run's plan was resolved against (None without a run or explanation)."""
+    if result is None or result.explanation is None:
+        return None
+    return result.explanation.capabilities

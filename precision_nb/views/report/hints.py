@@ -9,10 +9,10 @@ interval supports. Thresholds are module constants, documented where they are us
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
-from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import Hint, capabilities_of
 from precision_nb.views.report.hint import is_mixed as _is_mixed
 from precision_nb.views.report.hint import is_number as _ok
 from precision_nb.views.report.hint import rate_text as _rate
@@ -23,6 +23,10 @@ from precision_nb.views.report.hints_setup import cpu_facts as _cpu_facts
 from precision_nb.views.report.hints_setup import matmul_dims_not_multiple_of_8, setup_hints
 from precision_nb.views.report.source import as_comparison
 from precision_nb.views.report.tables import RecordSource, summary, to_frame
+
+if TYPE_CHECKING:
+    from precision_nb.engine.compare import Comparison
+    from precision_nb.engine.results import RunResult
 
 __all__ = ["Hint", "hints", "hints_by_run", "matmul_dims_not_multiple_of_8", "what_to_try_next"]
 
@@ -63,9 +67,9 @@ def hints_by_run(hint_list: Sequence[Hint], labels: Sequence[str]) -> dict[str, 
 # ----------------------------------------------------------------------------- rules
 
 
-def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
+def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Comparison) -> list[Hint]:
     """The verdict of each mixed plan: from the interleaved measurement where there is one."""
-    figures = getattr(source, "figures", None) or {}
+    figures = source.figures
     out = []
     for label, row in rows.items():
         if not _is_mixed(row):
@@ -78,7 +82,7 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Any) -> list[Hint]:
                 "too_few": f"Run at least {_MIN_ROUNDS} rounds (more --steps).",
             }.get(kind, "")
             detail = measured.get("verdict_detail")  # the verdict's own advice names its level
-            advice = getattr(detail, "advice", "") or advice
+            advice = (detail.advice if detail is not None else "") or advice
             out.append(
                 Hint(
                     label,
@@ -120,18 +124,16 @@ def _peak_kind(row: Mapping[str, Any]) -> str:
     return {"cuda": "datasheet", "cpu": "measured"}.get(str(row.get("device_type")), "unnamed")
 
 
-def _tf32_note(row: Mapping[str, Any], source: Any, results: Mapping[str, Any]) -> str:
+def _tf32_note(row: Mapping[str, Any], source: Comparison, results: Mapping[str, RunResult]) -> str:
     """On CUDA, the part of an fp32 baseline that runs as TF32 (recorded flags), in words."""
     if row.get("device_type") != "cuda":
         return ""
-    caps = getattr(
-        getattr(results.get(str(row.get("run"))), "explanation", None), "capabilities", None
-    )
-    cc = getattr(caps, "compute_capability", None)
+    caps = capabilities_of(results.get(str(row.get("run"))))
+    cc = caps.compute_capability if caps is not None else None
     if cc is not None and tuple(cc) < (8, 0):
         return ""  # no TF32 before Ampere
     flags = next(
-        (f["tf32"] for f in (getattr(source, "figures", None) or {}).values() if f.get("tf32")),
+        (f["tf32"] for f in source.figures.values() if f.get("tf32")),
         None,
     )
     if flags is None:
@@ -161,21 +163,20 @@ def _tf32_note(row: Mapping[str, Any], source: Any, results: Mapping[str, Any]) 
 
 
 def _peak_gain(
-    rows: Mapping[str, Mapping[str, Any]], source: Any, results: Mapping[str, Any]
+    rows: Mapping[str, Mapping[str, Any]], source: Comparison, results: Mapping[str, RunResult]
 ) -> list[Hint]:
     """An estimate of what low precision could gain on matmul-bound work: the peaks' ratio, with
     the range of its calibration repeats where the peaks were measured."""
-    ratios = getattr(source, "peak_ratios", None) or {}
+    ratios = source.peak_ratios
     names = {"bf16": "bfloat16", "fp16": "float16"}
     out = []
     for label, row in rows.items():
         value = ratios.get(names.get(str(row.get("mode")), ""))
-        ratio = getattr(value, "ratio", value)
-        if not _is_mixed(row) or not _ok(ratio):
+        if value is None or not _is_mixed(row) or not _ok(value.ratio):
             continue
+        ratio, low, high = value.ratio, value.low, value.high
         kind = _peak_kind(row)
         mode = row["mode"]
-        low, high = getattr(value, "low", ratio), getattr(value, "high", ratio)
         spread = (
             ""
             if low == high
@@ -199,7 +200,9 @@ def _peak_gain(
     return out
 
 
-def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def _overhead(
+    rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, RunResult]
+) -> list[Hint]:
     with_mfu = {k: r for k, r in rows.items() if _ok(r.get("mfu"))}
     if with_mfu:
         low = {k: r for k, r in with_mfu.items() if r["mfu"] < OVERHEAD_MFU}
@@ -245,9 +248,9 @@ def _overhead(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
     ]
 
 
-def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Any) -> list[Hint]:
+def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison) -> list[Hint]:
     """Step times that spread widely make every speedup above uncertain; say so."""
-    figures = getattr(source, "figures", None) or {}
+    figures = source.figures
     noisy: list[str] = []
     noisy_labels: list[str] = []
     for label in rows:

@@ -4,13 +4,20 @@ steps, fused AdamW. Each cites a measurement or a hardware fact with its source.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.optim import PLAIN_ADAMW_COST
-from precision_nb.views.report.hint import Hint
+from precision_nb.views.report.hint import Hint, capabilities_of
 from precision_nb.views.report.hint import is_mixed as _is_mixed
 from precision_nb.views.report.hint import who as _who
 from precision_nb.views.report.hint import workload_info as _workload
+
+if TYPE_CHECKING:
+    from precision_nb.engine.results import RunResult
+
+#: What a run's rows and its results look like to every rule here.
+Rows = Mapping[str, Mapping[str, Any]]
+Results = Mapping[str, "RunResult"]
 
 __all__ = ["matmul_dims_not_multiple_of_8", "setup_hints"]
 
@@ -30,7 +37,7 @@ _MATMUL_DIM_KEYS = (
 )
 
 
-def setup_hints(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def setup_hints(rows: Rows, results: Results) -> list[Hint]:
     """The setup and hardware hints, in report order (CPU facts come after the speed hints)."""
     out: list[Hint] = []
     out += _dims(rows, results)
@@ -61,16 +68,18 @@ def matmul_dims_not_multiple_of_8(dims: Mapping[str, Any]) -> dict[str, int]:
     return bad
 
 
-def cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def cpu_facts(rows: Rows, results: Results) -> list[Hint]:
     """A bf16/fp16 plan on a CPU without native instructions for it (a hardware fact, sourced)."""
     out = []
     for label, row in rows.items():
         if row.get("device_type") != "cpu" or not _is_mixed(row):
             continue
-        explanation = getattr(results.get(label), "explanation", None)
-        cpu = getattr(getattr(explanation, "capabilities", None), "cpu", None)
-        native = getattr(cpu, "native_bf16" if row["mode"] == "bf16" else "native_fp16", None)
-        if cpu is None or native is not False:
+        caps = capabilities_of(results.get(label))
+        cpu = caps.cpu if caps is not None else None
+        if cpu is None:
+            continue
+        native = cpu.native_bf16 if row["mode"] == "bf16" else cpu.native_fp16
+        if native is not False:
             continue
         out.append(
             Hint(
@@ -85,7 +94,7 @@ def cpu_facts(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any])
     return out
 
 
-def _dims(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def _dims(rows: Rows, results: Results) -> list[Hint]:
     mixed = [k for k, r in rows.items() if _is_mixed(r)]
     dims = _workload(results).get("dims")
     if not mixed or not isinstance(dims, Mapping):
@@ -108,17 +117,16 @@ def _dims(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> 
     ]
 
 
-def _bf16_emulated(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def _bf16_emulated(rows: Rows, results: Results) -> list[Hint]:
     out = []
     for label, row in rows.items():
         if row.get("mode") != "bf16" or row.get("device_type") != "cuda":
             continue
-        explanation = getattr(results.get(label), "explanation", None)
-        caps = getattr(explanation, "capabilities", None)
-        if caps is None or getattr(caps, "cuda_bf16_native", None) is not False:
+        caps = capabilities_of(results.get(label))
+        if caps is None or caps.cuda_bf16_native is not False:
             continue
-        name = getattr(caps, "device_name", None) or "this GPU"
-        cc = getattr(caps, "compute_capability", None)
+        name = caps.device_name or "this GPU"
+        cc = caps.compute_capability
         cc_text = f" (compute capability {cc[0]}.{cc[1]})" if cc else ""
         out.append(
             Hint(
@@ -135,15 +143,15 @@ def _bf16_emulated(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, 
     return out
 
 
-def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def _skips(rows: Rows, results: Results) -> list[Hint]:
     out = []
     for label, row in rows.items():
         skipped = int(row.get("skipped_steps") or 0)
         if not row.get("use_scaler") or skipped == 0:
             continue
         result = results.get(label)
-        history = getattr(result, "scale_history", None)
-        attempts = getattr(result, "attempts", None) or (
+        history = result.scale_history if result is not None else None
+        attempts = (result.attempts if result is not None else 0) or (
             len(history) if history else int(row.get("steps") or 0) + skipped
         )
         fraction = skipped / attempts if attempts else 0.0
@@ -167,17 +175,18 @@ def _skips(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) ->
     return out
 
 
-def _fused(rows: Mapping[str, Mapping[str, Any]], results: Mapping[str, Any]) -> list[Hint]:
+def _fused(rows: Rows, results: Results) -> list[Hint]:
     """One hint per distinct reason, naming every run it applies to."""
     by_message: dict[tuple[str, str], list[str]] = {}
     for label, row in rows.items():
-        outcome = getattr(results.get(label), "optimizer_outcome", None)
-        used = getattr(outcome, "used", row.get("fused_adamw"))
+        result = results.get(label)
+        outcome = result.optimizer_outcome if result is not None else None
+        used = outcome.used if outcome is not None else row.get("fused_adamw")
         if used is None or bool(used):
             continue
         if outcome is not None:
-            requested = getattr(outcome, "requested", None)
-            reason = str(getattr(outcome, "reason", "") or "no reason recorded").rstrip(".")
+            requested = outcome.requested
+            reason = str(outcome.reason or "no reason recorded").rstrip(".")
             asked = {True: "requested", False: "disabled", None: "left to the probe"}.get(
                 requested, str(requested)
             )

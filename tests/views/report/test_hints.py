@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.engine.compare import Comparison
+from precision_nb.core.capabilities import Capabilities
+from precision_nb.engine.metrics import PeakRatio
 from precision_nb.engine.results import RunResult
 from precision_nb.views.report.hints import (
     Hint,
@@ -62,7 +64,7 @@ def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
             "fp32": _result(make_records("fp32", "fp32")),
             "bf16": _result(make_records("bf16", "bf16")),
         },
-        peak_ratios={"bfloat16": 2.5},
+        peak_ratios={"bfloat16": PeakRatio(2.5, 2.5, 2.5, "measured")},
         figures={
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
             "bf16": {
@@ -162,15 +164,17 @@ def test_dims_hint_only_for_mixed_plans(make_records):
 
 
 def test_bf16_emulated_from_capabilities(make_records):
-    caps = SimpleNamespace(
-        cuda_bf16_native=False, device_name="Tesla T4", compute_capability=(7, 5)
+    caps = Capabilities(
+        "a T4", True, True, "supported", False, device_name="Tesla T4", compute_capability=(7, 5)
     )
     records = make_records("bf16", "bf16", device="cuda:0", memory_kind="cuda_allocated")
     comparison = _comparison(bf16=_result(records, explanation=SimpleNamespace(capabilities=caps)))
     (hint,) = _by_topic(hints(comparison))["bf16_emulated"]
     assert "Tesla T4" in hint.message and "7.5" in hint.message
     assert hint.measurement == "capabilities.cuda_bf16_native"
-    native = SimpleNamespace(cuda_bf16_native=True, device_name="A100", compute_capability=(8, 0))
+    native = Capabilities(
+        "an A100", True, True, "supported", True, device_name="A100", compute_capability=(8, 0)
+    )
     comparison = _comparison(
         bf16=_result(records, explanation=SimpleNamespace(capabilities=native))
     )
@@ -255,7 +259,7 @@ def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
     from precision_nb.core.cpu_features import CpuFeatures
 
     cpu = CpuFeatures(avx512_bf16=False, amx_bf16=False, source="/proc/cpuinfo flags")
-    explanation = SimpleNamespace(capabilities=SimpleNamespace(cpu=cpu))
+    explanation = SimpleNamespace(capabilities=Capabilities("a CPU", False, False, cpu=cpu))
     source = _comparison(
         fp32=_result(make_records("fp32", "fp32")),
         bf16=_result(make_records("bf16", "bf16"), explanation=explanation),
@@ -263,7 +267,8 @@ def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
     (hint,) = _by_topic(hints(source))["cpu_features"]
     assert hint.run == "bf16" and "no native bf16 instructions" in hint.message
     assert "source: /proc/cpuinfo flags" in hint.message
-    native = SimpleNamespace(capabilities=SimpleNamespace(cpu=CpuFeatures(avx512_bf16=True)))
+    native_cpu = CpuFeatures(avx512_bf16=True)
+    native = SimpleNamespace(capabilities=Capabilities("a CPU", False, False, cpu=native_cpu))
     source.results["bf16"].explanation = native
     assert "cpu_features" not in _by_topic(hints(source))
 
@@ -276,11 +281,11 @@ def _peak_source(make_records, *, device, source, tf32=None, cc=None):
         ]
         for mode in ("fp32", "bf16")
     }
-    caps = SimpleNamespace(compute_capability=cc)
+    caps = Capabilities("a GPU", True, True, "supported", compute_capability=cc)
     explanation = SimpleNamespace(capabilities=caps)
     return Comparison(
         results={m: _result(r, explanation=explanation) for m, r in records.items()},
-        peak_ratios={"bfloat16": 14.77},
+        peak_ratios={"bfloat16": PeakRatio(14.77, 14.77, 14.77, "datasheet")},
         figures={"fp32": {"tf32": tf32}} if tf32 is not None else {},
     )
 

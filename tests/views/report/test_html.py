@@ -16,6 +16,8 @@ from precision_nb.views.report.sections import files_of
 
 
 class _Explanation:
+    capabilities = None  # resolved without capabilities: no hardware hints
+
     def __init__(self, mode: str) -> None:
         self.mode = mode
 

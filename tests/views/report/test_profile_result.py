@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from precision_nb.engine.compare import Comparison
+from precision_nb.engine.metrics import PeakRatio
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.profile_result import Profile, measurement_settings
@@ -21,7 +22,7 @@ def _comparison(make_result):
     return Comparison(
         results=results,
         model_info={"class": "MLP", "params": 1234},
-        peak_ratios={"bfloat16": 3.0},
+        peak_ratios={"bfloat16": PeakRatio(3.0, 3.0, 3.0, "measured")},
         method={"method": "warm-up until ...", "rounds": 8, "steps per block": "6"},
         figures={
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
@@ -52,7 +53,7 @@ def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_r
     assert "AVX512-BF16" in settings["CPU low-precision features"]
     assert "source:" in settings["CPU low-precision features"]
     key = "measured matmul peak vs fp32"
-    assert settings[key] == "bfloat16 3.00x"
+    assert settings[key] == "bfloat16 3.00x (measured)"
 
 
 def test_settings_show_the_peak_ratio_with_its_range(make_result):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from precision_nb.core.capabilities import Capabilities
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.engine.compare import Comparison
-from precision_nb.core.capabilities import Capabilities
 from precision_nb.engine.metrics import PeakRatio
 from precision_nb.engine.results import RunResult
 from precision_nb.views.report.hints import (

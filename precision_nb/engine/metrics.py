@@ -328,8 +328,31 @@ def _this_process() -> psutil.Process:
     return _PROCESS
 
 
+_STATM: tuple[int, int] | None = None  # (pid, open fd of that process's /proc/<pid>/statm)
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
+
+
+def _statm_fd() -> int | None:
+    """An fd of this process's ``/proc/<pid>/statm``, opened once per process (None off Linux)."""
+    global _STATM
+    pid = os.getpid()
+    if _STATM is None or _STATM[0] != pid:  # a forked child opens its own
+        try:
+            _STATM = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
+        except OSError:
+            _STATM = (pid, -1)
+    return _STATM[1] if _STATM[1] >= 0 else None
+
+
 def host_rss() -> int:
-    """This process's resident set size in bytes (``psutil``; read once per logging interval)."""
+    """This process's resident set size in bytes, read once per logging interval.
+
+    On Linux from ``/proc/<pid>/statm`` through an fd kept open (the resident pages times the page
+    size, the number ``psutil`` reports, at about a tenth of its cost per read); elsewhere from
+    ``psutil``."""
+    fd = _statm_fd()
+    if fd is not None and _PAGE_SIZE:
+        return int(os.pread(fd, 128, 0).split()[1]) * _PAGE_SIZE
     return int(_this_process().memory_info().rss)
 
 

@@ -180,13 +180,17 @@ class Recorder:
         if n == 0:
             self.timer.collect()
             return 0
-        parts = [torch.stack(chunk.losses).double()]
         seqs = (chunk.scales, chunk.found, chunk.norms)
-        parts += [torch.stack(seq).double() for seq in seqs if seq]
-        if chunk.final_scale is not None:
-            parts.append(chunk.final_scale.double().reshape(1))
-        parts += [torch.stack([s[k].double() for k in _STAT_ORDER]) for _, s in chunk.stats]
-        flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
+        if chunk.final_scale is None and not chunk.stats and not any(seqs):
+            # losses only (no scaler, no clipping, no stats): one stack, one transfer
+            flat = torch.stack(chunk.losses).tolist()
+        else:
+            parts = [torch.stack(chunk.losses).double()]
+            parts += [torch.stack(seq).double() for seq in seqs if seq]
+            if chunk.final_scale is not None:
+                parts.append(chunk.final_scale.double().reshape(1))
+            parts += [torch.stack([s[k].double() for k in _STAT_ORDER]) for _, s in chunk.stats]
+            flat = torch.cat(parts).tolist()  # the one host sync of this logging interval
         times = self.timer.collect()  # after the transfer: CUDA events are complete
 
         def take(seq: list[Any], count: int) -> list[Any]:

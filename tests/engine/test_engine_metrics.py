@@ -148,3 +148,24 @@ def test_cuda_memory_probe_reads_allocator_stats(monkeypatch):
         300,
         512,
     )
+
+
+def test_host_rss_is_psutil_rss_in_this_process_and_in_a_forked_child():
+    import os
+
+    import psutil
+
+    from precision_nb.engine.metrics import host_rss
+
+    grow = bytearray(64 * 2**20)  # 64 MiB touched: RSS moves far more than between two reads
+    grow[::4096] = b"x" * len(grow[::4096])
+    assert abs(host_rss() - psutil.Process().memory_info().rss) < 8 * 2**20
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child must read its own statm, not the parent's fd
+        del grow
+        ok = abs(host_rss() - psutil.Process().memory_info().rss) < 8 * 2**20
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"

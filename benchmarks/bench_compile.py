@@ -16,7 +16,8 @@ default eager profile (target: under 60 s), each into a temporary folder.
     python benchmarks/bench_compile.py --cold       # part 1 with an empty inductor cache
     python benchmarks/bench_compile.py --part 1     # only the in-process comparison
 
-The machine's load average is printed first: timings taken while other work runs are not the
+The machine's load while the benchmark ran is printed last (the share of CPU time other processes
+used, this benchmark's own children excluded): timings taken while other work runs are not the
 machine's; take them again on a quiet machine.
 """
 
@@ -30,15 +31,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from precision_nb.engine import load as machine_load
+
 PROFILE_BUDGET_S = 180.0
 EAGER_BUDGET_S = 60.0
 
 
-def load_line() -> str:
-    one, five, fifteen = os.getloadavg()
-    cpus = os.cpu_count() or 1
-    busy = " (busy: the timings measure contention too)" if one > cpus * 0.5 else ""
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {cpus} CPUs{busy}"
+def load_line(start: machine_load.LoadSample) -> str:
+    """The load since ``start``: other processes' share of the CPU time (not this benchmark's)."""
+    load = machine_load.Load(start, machine_load.sample())
+    busy = " (busy: the timings measure contention too)" if load.busy else ""
+    return f"machine load: {load.describe()}{busy}"
 
 
 def in_process(rounds: int, steps: int, preset: str) -> list[str]:
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--preset", default="small")
     args = parser.parse_args(argv)
-    print(load_line())
+    start = machine_load.sample()
     if args.part in (None, 1):
         if args.cold:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="pnb-inductor-")
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name}: {seconds:.1f} s wall, exit {code} ({verdict} the {budget:.0f} s "
                 "target; one run, not an interval)"
             )
-    print(load_line())
+    print(load_line(start))
     return 0
 
 

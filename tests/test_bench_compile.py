@@ -16,9 +16,20 @@ def _load():
     return module
 
 
-def test_the_load_line_names_the_load_and_the_cpus():
-    line = _load().load_line()
-    assert line.startswith("load average ") and " CPUs" in line
+def test_the_load_line_counts_other_processes_not_its_own_children():
+    import subprocess
+    import sys
+
+    bench = _load()
+    start = bench.machine_load.sample()
+    # the benchmark's own work: a child busy for 1 s of CPU, waited for
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    load = bench.machine_load.Load(start, bench.machine_load.sample())
+    child_share = 1.0 / load.capacity_s  # what the child alone would add if it were "others"
+    assert load.others_share < child_share * 0.8
+    line = bench.load_line(start)
+    assert line.startswith("machine load: other processes used ") and " CPUs" in line
 
 
 def test_the_profile_targets_are_the_documented_budgets():

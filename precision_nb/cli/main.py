@@ -12,6 +12,7 @@ Exit codes: 0 success, 1 a failed run, 2 bad input or usage (one line on stderr)
 from __future__ import annotations
 
 import argparse
+import html
 import importlib
 import os
 import sys
@@ -42,9 +43,13 @@ CLI_SPELLINGS: tuple[tuple[str, str], ...] = (
 
 
 def cli_text(text: str) -> str:
-    """``text`` with the Python spellings of :data:`CLI_SPELLINGS` replaced by flags."""
+    """``text`` with the Python spellings of :data:`CLI_SPELLINGS` replaced by flags (in plain
+    text, and as they appear HTML-escaped in a page, so a report the CLI writes says it too)."""
     for python, flag in CLI_SPELLINGS:
         text = text.replace(python, flag)
+        escaped = html.escape(python)
+        if escaped != python:
+            text = text.replace(escaped, html.escape(flag))
     return text
 
 

@@ -303,6 +303,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
                 settings={"command": command.strip()},
                 stop=stop,
+                wording=cli_text,
             )
     except ReportWriteError as err:
         return error("profile", err.strerror, EXIT_FAILED)

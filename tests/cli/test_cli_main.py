@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -182,6 +183,8 @@ def test_cli_text_rewrites_python_spellings_only():
     text = "use PrecisionConfig(mode='fp16', loss_scale_lab=True) or set optimizer.fused=true"
     assert cli_text(text) == "use --mode fp16 --loss-scale-lab or set --fused true"
     assert cli_text("nothing to change") == "nothing to change"
+    escaped = html.escape(text)  # as a report page holds it
+    assert cli_text(escaped) == html.escape("use --mode fp16 --loss-scale-lab or set --fused true")
 
 
 def test_json_stays_data(capsys):

@@ -372,3 +372,12 @@ def test_measurement_defaults_are_the_engines():
     assert cli_profile.DEFAULT_BUDGET_S == report.DEFAULT_BUDGET_S
     assert cli_profile.MIN_ROUNDS == stats.MIN_ROUNDS
     assert report.DEFAULT_PROCESSES is None  # the command line's default: processes added
+
+
+def test_the_report_a_command_writes_names_flags_not_python_arguments(tmp_path):
+    out = tmp_path / "r"
+    args = ("--preset", "tiny", "--steps", "1", "--compare", "fp32", "--processes", "1")
+    assert _profile(*args, "--no-inspect", "--no-numerics", "--out", str(out)) == 0
+    page = (out / "report.html").read_text()
+    assert "Fused AdamW was not used" in page  # plain AdamW on a CPU: the hint is there
+    assert "--fused auto" in page and "fused=None" not in page

@@ -150,11 +150,18 @@ def render_html(
 
 
 def report_files(
-    source: RecordSource, *, title: str = DEFAULT_TITLE, **parts: Any
+    source: RecordSource,
+    *,
+    title: str = DEFAULT_TITLE,
+    wording: Callable[[str], str] | None = None,
+    **parts: Any,
 ) -> tuple[ReportFile, ...]:
-    """Every file of the report folder: the sections' files, then ``report.html``."""
+    """Every file of the report folder: the sections' files, then ``report.html`` (its text
+    rewritten by ``wording`` for its reader, e.g. the command line's flags for Python names)."""
     sections = report_sections(source, **parts)
     text = render_html(source, title=title, sections=sections)
+    if wording is not None:
+        text = wording(text)
     return (*files_of(sections), ReportFile("report.html", text.encode("utf-8")))
 
 
@@ -164,6 +171,7 @@ def write_report(
     *,
     title: str = DEFAULT_TITLE,
     stop: Any = None,
+    wording: Callable[[str], str] | None = None,
     **parts: Any,
 ) -> dict[str, Path]:
     """Write metrics.csv, summary.csv, one PNG per figure, the sections' files and report.html
@@ -173,10 +181,11 @@ def write_report(
     ``numerics``, ``distributed``, ...). summary.csv is the summary table plus a ``hints``
     column (the messages of the hints about that plan, `` | ``-separated). ``out_dir`` is created
     when missing; a write that fails raises ``ReportWriteError`` and leaves it as it was, as does
-    Ctrl-C or ``stop`` (see :func:`~precision_nb.views.report.folder.write_files`). Returns file
-    name -> path for every file written.
+    Ctrl-C or ``stop`` (see :func:`~precision_nb.views.report.folder.write_files`). ``wording``:
+    see :func:`report_files`. Returns file name -> path for every file written.
     """
-    return write_files(Path(out_dir), report_files(source, title=title, **parts), stop=stop)
+    files = report_files(source, title=title, wording=wording, **parts)
+    return write_files(Path(out_dir), files, stop=stop)
 
 
 # ----------------------------------------------------------------------------- sections

@@ -9,8 +9,9 @@ builds the report's sections and writes the folder ``precision-nb profile`` writ
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -349,9 +350,13 @@ def run_profile(
     progress: bool = True,
     settings: Mapping[str, Any] | None = None,
     stop: Any = None,
+    wording: Callable[[str], str] | None = None,
 ) -> Profile:
     """Run a validated request: compute everything, then write its folder when ``request.out``
     is set (:meth:`Profile.save`).
+
+    ``wording`` rewrites the hints and report.html for their reader (the command line passes its
+    own: a flag where the library names a Python argument).
 
     ``stop`` (anything with ``is_set()``) ends the comparison between steps. With an output
     folder, a stop (or Ctrl-C) at any point before the report is in place raises
@@ -377,6 +382,11 @@ def run_profile(
         comparison = run_comparison(request, progress=progress, stop=stop)
     _check_stop(request, comparison.stopped)
     hint_list = tuple(hints(comparison))
+    if wording is not None:
+        hint_list = tuple(
+            dataclasses.replace(h, message=wording(h.message), next_step=wording(h.next_step))
+            for h in hint_list
+        )
     shown = {
         "requested plans": ", ".join(request.modes),
         "device requested": request.device,
@@ -401,6 +411,7 @@ def run_profile(
         inspections=dict(extras.inspections),
         numerics=extras.numerics,
         distributed=runs,
+        wording=wording,
     )
     _check_stop(request, stop is not None and stop.is_set())
     if request.out is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ class Profile:
     numerics: Numerics | None = None
     #: The ``DistributedResult`` of each plan (label -> result) for a distributed profile.
     distributed: dict[str, Any] = field(default_factory=dict)
+    #: Rewrites report.html's text for its reader (the command line: its flags for Python names).
+    wording: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def load_note(self) -> str:
@@ -103,6 +106,7 @@ class Profile:
             distributed=self.distributed,
             hint_list=self.hints,
             table=self.summary,
+            wording=self.wording,
         )
         self.out_dir = out
         return self.files

@@ -187,9 +187,8 @@ def plan_figures(
                 )
         if baseline is not None and baseline in measurement.plans:
             speed = measurement.speedup(label, baseline)
-            base_mode = getattr(results.get(baseline), "plan", None)
-            name = getattr(base_mode, "mode", baseline)
-            v = stats.verdict(label, speed, baseline=str(name), spread_of_plan=sp, busy=busy)
+            # the baseline by its label: "fp32+compile" where compiled plans are compared
+            v = stats.verdict(label, speed, baseline=baseline, spread_of_plan=sp, busy=busy)
             if label == baseline:
                 v = stats.Verdict(
                     "baseline", f"{label} is the baseline.", label=label, baseline=label,

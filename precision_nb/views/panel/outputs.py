@@ -316,10 +316,11 @@ class PanelOutputs:
         figures: Mapping[str, Mapping[str, Any]] | None = None,
         method: Mapping[str, Any] | None = None,
         compiled: Mapping[str, Any] | None = None,
+        load_note: str = "",
     ) -> None:
         """The finished run's charts, status line, results and events; ``figures`` and
         ``method``: a comparison's measured figures per plan and how they were measured;
-        ``compiled``: its compiled plans' reports."""
+        ``compiled``: its compiled plans' reports; ``load_note``: the busy machine's note."""
         self.live_charts.value = self.charts(frame.to_dict("records"))
         if frame.empty:
             self.progress_label.value = f"{word.lower()} before the first logged step"
@@ -354,6 +355,7 @@ class PanelOutputs:
                 else ""
             ),
             compiled=compiled,
+            load_note=load_note,
         )
         if events:
             items = "".join(f"<li>{html.escape(str(e))}</li>" for e in events)

@@ -258,9 +258,11 @@ def results_html(
     method: Mapping[str, Any] | None = None,
     charts: str = "",
     compiled: Mapping[str, Any] | None = None,
+    load_note: str = "",
 ) -> str:
-    """The Compare tab: with ``measured`` (a comparison) the verdict lines first, how the speed
-    was measured, then the table; otherwise the table marked as single-run figures. ``figures``:
+    """The Compare tab: with ``measured`` (a comparison) the machine's load note first where it
+    was busy (the verdicts refer to it), the verdict lines, how the speed was measured, then the
+    table; otherwise the table marked as single-run figures. ``figures``:
     label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval);
     ``charts``: HTML shown after the table (the comparison's overlaid charts); ``compiled``: the
     compiled plans' reports, shown after the verdicts (compile step, speed against eager,
@@ -273,6 +275,8 @@ def results_html(
     labels = [str(r.get("run")) for r in records]
     if measured:
         head = verdict_lines_html(labels, figures) + compiled_html(compiled) + _method_html(method)
+        if load_note:
+            head = f"<div class='pnb-load-note'><b>{html.escape(load_note)}</b></div>" + head
     else:
         head = f"<div class='pnb-method'><i>{html.escape(SINGLE_RUN_NOTE)}.</i></div>"
     full = _all_columns(summary, records).to_html(

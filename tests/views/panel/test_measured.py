@@ -118,3 +118,18 @@ def test_loss_scale_chart_shades_the_safe_window_when_given() -> None:
     assert "pnb-band" not in plain and banded.count("pnb-band") == 1
     # the band's range widens the axis to show it whole: top label 2^20
     assert re.search(r">2\^20<", banded) and not re.search(r">2\^20<", plain)
+
+
+def test_a_comparison_on_a_busy_machine_says_so_before_its_verdicts(monkeypatch) -> None:
+    from precision_nb.engine import load
+
+    monkeypatch.setattr(load.Load, "busy", property(lambda self: True))
+    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"))
+    panel.widgets.compare_button.click()
+    assert panel.wait(TIMEOUT) and panel.error is None, panel.error
+    table = panel.widgets.results_html.value
+    note = panel.result.measurement.load.note()
+    assert note.startswith("The machine was busy")
+    assert html.escape(note) in table
+    assert table.index("pnb-load-note") < table.index("pnb-verdicts")
+    panel.close()

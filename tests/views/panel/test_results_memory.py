@@ -106,3 +106,12 @@ def test_live_numbers_name_rss_as_process_memory() -> None:
     )
     cuda = metrics_text({**record, "memory_kind": "cuda_allocated"})
     assert "437 MiB cuda_allocated" in cuda and "process" not in cuda
+
+
+def test_a_busy_machines_load_note_comes_before_the_verdicts_it_explains() -> None:
+    note = "The machine was busy while this was measured: other processes used 60% ..."
+    page = results_html(_summary("host_rss"), _figures(), measured=True, load_note=note)
+    assert "The machine was busy" in page
+    assert page.index("The machine was busy") < page.index("bf16 is 1.31x")
+    quiet = results_html(_summary("host_rss"), _figures(), measured=True)
+    assert "pnb-load-note" not in quiet

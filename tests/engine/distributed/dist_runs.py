@@ -8,6 +8,7 @@ run folder so that it can be gathered again.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,22 +55,47 @@ def launched() -> list[psutil.Process]:
 
 
 class SocketProbe:
-    """On rank 0's first record: the listening sockets of every process the launcher started,
-    and the command lines of those processes."""
+    """While a launch runs: the listening sockets of every process the launcher started, and the
+    command lines of those processes (by pid), polled from a thread every ``interval_s``.
 
-    def __init__(self) -> None:
-        self.sockets: list[tuple[int, str, str]] | None = None
-        self.cmdlines: list[str] = []
+    Polling, not a look at rank 0's first record: on a loaded machine the launcher can hand that
+    record to the callbacks after the ranks of a short run have already ended.
+    """
 
-    def on_log(self, record: dict) -> None:
-        if self.sockets is None:
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.found: set[tuple[int, str, str]] = set()
+        self.by_pid: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="socket-probe", daemon=True)
+
+    @property
+    def sockets(self) -> list[tuple[int, str, str]]:
+        return sorted(self.found)
+
+    @property
+    def cmdlines(self) -> list[str]:
+        return list(self.by_pid.values())
+
+    def __enter__(self) -> SocketProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
             children = launched()
-            self.sockets = listening([c.pid for c in children])
+            self.found.update(listening([c.pid for c in children]))
             for c in children:
-                try:
-                    self.cmdlines.append(" ".join(c.cmdline()))
-                except psutil.NoSuchProcess:
-                    continue
+                if c.pid not in self.by_pid:
+                    try:
+                        self.by_pid[c.pid] = " ".join(c.cmdline())
+                    except psutil.NoSuchProcess:
+                        continue
+            self._stop.wait(self.interval_s)
 
 
 class Collector:
@@ -98,17 +124,18 @@ class Launch:
 
 
 def launch(run_dir: Path, nproc: int, nnodes: int = 1) -> Launch:
-    collector, probe = Collector(), SocketProbe()
-    result = fit_distributed(
-        "mlp",
-        distributed=Distributed("ddp", nproc, nnodes=nnodes, timeout_s=240),
-        device="cpu",
-        steps=STEPS,
-        log_every=1,
-        measure_peak=False,
-        callbacks=[collector, probe],
-        run_dir=run_dir,
-    )
+    collector = Collector()
+    with SocketProbe() as probe:
+        result = fit_distributed(
+            "mlp",
+            distributed=Distributed("ddp", nproc, nnodes=nnodes, timeout_s=240),
+            device="cpu",
+            steps=STEPS,
+            log_every=1,
+            measure_peak=False,
+            callbacks=[collector],
+            run_dir=run_dir,
+        )
     return Launch(result, collector, probe, run_dir)
 
 

@@ -3,7 +3,7 @@
 torch's ``TCPStore`` binds every interface; ``precision_nb.engine.distributed.torchrun`` hands it
 a socket bound to the host it is given. Real 2-rank runs (one node of two processes, and two nodes
 of one process each: two torchrun agents) check every listening socket of the launcher's child
-processes while rank 0 trains.
+processes, polled from a thread for as long as the run goes on.
 """
 
 from __future__ import annotations

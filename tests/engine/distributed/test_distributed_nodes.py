@@ -192,14 +192,18 @@ def test_nodes_prints_the_commands_the_launcher_ran(two_nodes, capsys) -> None:
 
 
 class OnStep:
-    """At rank 0's second record: send ``signum`` to node 1's torchrun agent, or to this
-    process (the launcher) when ``to_launcher``."""
+    """At rank 0's third record: send ``signum`` to node 1's torchrun agent, or to this
+    process (the launcher) when ``to_launcher``.
+
+    The third, so that every rank has written two records by then whatever the machine's load:
+    rank 0's step 3 needs every rank's step-3 gradients, and a rank writes its step-2 record
+    before it starts step 3 (rank 0's second record alone says nothing of rank 1's)."""
 
     def __init__(self, signum: int, to_launcher: bool = False) -> None:
         self.signum, self.to_launcher, self.sent = signum, to_launcher, False
 
     def on_log(self, record: dict) -> None:
-        if record["step"] < 2 or self.sent:
+        if record["step"] < 3 or self.sent:
             return
         self.sent = True
         if self.to_launcher:

@@ -70,6 +70,11 @@ class Comparison:
     compiled: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def load_note(self) -> str:
+        """The measurement's busy-machine note ("" when quiet or not measured)."""
+        return self.measurement.load_note if self.measurement is not None else ""
+
+    @property
     def records(self) -> list[dict[str, Any]]:
         """Every record of every run, in run order (the ``run`` key tells them apart)."""
         return [r for res in self.results.values() for r in res.records]
@@ -117,8 +122,7 @@ def plan_figures(
     """
     events: list[Event] = []
     out: dict[str, dict[str, Any]] = {}
-    load = getattr(measurement, "load", None)
-    busy = load.note() if load is not None else ""
+    busy = measurement.load_note
     for label, timing in measurement.plans.items():
         result = results.get(label)
         info = result.workload if result is not None else {}

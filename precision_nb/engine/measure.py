@@ -293,6 +293,12 @@ class Measurement:
     seconds: float = 0.0
 
     @property
+    def load_note(self) -> str:
+        """On a busy machine, the sentence to show before any figure ("" on a quiet one, or
+        when the load was not recorded)."""
+        return self.load.note() if self.load is not None else ""
+
+    @property
     def process_count(self) -> int:
         """Processes that measured the plans: this one and the fresh ones."""
         return 1 + len(self.processes)

@@ -357,11 +357,7 @@ class RunSession:
             figures=getattr(source, "figures", None) or {},
             method=None if measurement is None else measurement.method(),
             compiled=getattr(source, "compiled", None) or {},
-            load_note=(
-                measurement.load.note()
-                if measurement is not None and measurement.load is not None
-                else ""
-            ),
+            load_note=measurement.load_note if measurement is not None else "",
         )
         return None if frame.empty else frame
 

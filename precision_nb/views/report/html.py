@@ -106,9 +106,8 @@ def report_sections(
         pngs = {stem: F.figure_to_png(fig) for stem, fig in figures.items()}
     plans = answers(comparison, table, inspections=inspections, numerics=numerics)
     colors = F.plan_colors(list(comparison.results) or table["run"].tolist())
-    load = getattr(comparison.measurement, "load", None)
     sections = [
-        answer_section(plans, load.note() if load is not None else ""),
+        answer_section(plans, comparison.load_note),
         Section("hints", "What the measurements say", _hints_html(other_hints(hint_list, plans))),
         _figures_section(comparison, pngs),
         _summary_section(comparison, table, hint_list, colors, pngs),

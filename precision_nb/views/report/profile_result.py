@@ -73,9 +73,7 @@ class Profile:
     @property
     def load_note(self) -> str:
         """On a busy machine, the sentence to show before any figure ("" on a quiet one)."""
-        measurement = getattr(self.comparison, "measurement", None)
-        load = getattr(measurement, "load", None)
-        return load.note() if load is not None else ""
+        return self.comparison.load_note
 
     @property
     def verdicts(self) -> dict[str, str]:

@@ -108,10 +108,12 @@ def test_the_answer_comes_first_and_the_settings_last_collapsed(comparison):
 
 def test_a_busy_machine_is_said_before_the_first_card(comparison):
     from precision_nb.engine.load import Load, LoadSample
+    from precision_nb.engine.measure import MeasureConfig, Measurement
 
     start = LoadSample(0.0, (4.5, 4.0, 3.0), 2, 100.0, 0.0, 10.0)
     end = LoadSample(10.0, (5.1, 4.2, 3.1), 2, 115.0, 0.0, 14.0)  # others: 11 of 20 CPU-s
-    busy = dataclasses.replace(comparison, measurement=SimpleNamespace(load=Load(start, end)))
+    measured = Measurement(MeasureConfig(), [], load=Load(start, end))
+    busy = dataclasses.replace(comparison, measurement=measured)
     answer = report.render_html(busy, pngs={}).split('<section id="answer">')[1]
     assert answer.index("The machine was busy") < answer.index('class="card"')
     quiet = report.render_html(comparison, pngs={})

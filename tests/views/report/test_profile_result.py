@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from precision_nb.engine.compare import Comparison
@@ -114,17 +112,17 @@ def test_throughput_figure_shows_the_measured_rate_and_interval(make_result):
 
 def test_a_busy_machine_is_said_before_any_figure(make_result):
     from precision_nb.engine.load import Load, LoadSample
+    from precision_nb.engine.measure import MeasureConfig, Measurement
 
     comparison = _comparison(make_result)
     start = LoadSample(0.0, (4.5, 4.0, 3.0), 2, 100.0, 0.0, 10.0)
     end = LoadSample(10.0, (5.1, 4.2, 3.1), 2, 115.0, 0.0, 14.0)  # others: 11 of 20 CPU-s
-    comparison.measurement = SimpleNamespace(load=Load(start, end))
+    comparison.measurement = Measurement(MeasureConfig(), [], load=Load(start, end))
     result = Profile(comparison, summary(comparison), (), {})
     assert result.load_note.startswith("The machine was busy") and "55%" in result.load_note
     page = result._repr_html_()
     assert page.index("The machine was busy") < page.index("bf16 is 2.00x")
     assert repr(result).splitlines()[1].strip().startswith("The machine was busy")
-    comparison.measurement = SimpleNamespace(
-        load=Load(start, start.__class__(10.0, None, 2, 101.0, 0.0, 10.5))
-    )
+    quiet = Load(start, start.__class__(10.0, None, 2, 101.0, 0.0, 10.5))
+    comparison.measurement = Measurement(MeasureConfig(), [], load=quiet)
     assert Profile(comparison, summary(comparison), (), {}).load_note == ""  # quiet: nothing

@@ -381,3 +381,5 @@ def test_the_report_a_command_writes_names_flags_not_python_arguments(tmp_path):
     page = (out / "report.html").read_text()
     assert "Fused AdamW was not used" in page  # plain AdamW on a CPU: the hint is there
     assert "--fused auto" in page and "fused=None" not in page
+    table = (out / "summary.csv").read_text()  # the hints column too
+    assert "--fused auto" in table and "fused=None" not in table

@@ -155,13 +155,20 @@ def report_files(
     wording: Callable[[str], str] | None = None,
     **parts: Any,
 ) -> tuple[ReportFile, ...]:
-    """Every file of the report folder: the sections' files, then ``report.html`` (its text
-    rewritten by ``wording`` for its reader, e.g. the command line's flags for Python names)."""
+    """Every file of the report folder: the sections' files, then ``report.html``. ``wording``
+    rewrites the text files (HTML, CSV) for their reader, e.g. the command line's flags where the
+    library names a Python argument."""
     sections = report_sections(source, **parts)
     text = render_html(source, title=title, sections=sections)
-    if wording is not None:
-        text = wording(text)
-    return (*files_of(sections), ReportFile("report.html", text.encode("utf-8")))
+    files = (*files_of(sections), ReportFile("report.html", text.encode("utf-8")))
+    if wording is None:
+        return files
+    return tuple(
+        ReportFile(f.name, wording(f.data.decode("utf-8")).encode("utf-8"))
+        if f.name.endswith((".html", ".csv"))
+        else f
+        for f in files
+    )
 
 
 def write_report(

@@ -9,7 +9,6 @@ builds the report's sections and writes the folder ``precision-nb profile`` writ
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -355,8 +354,8 @@ def run_profile(
     """Run a validated request: compute everything, then write its folder when ``request.out``
     is set (:meth:`Profile.save`).
 
-    ``wording`` rewrites the hints and report.html for their reader (the command line passes its
-    own: a flag where the library names a Python argument).
+    ``wording`` rewrites the written report's text files for their reader (the command line
+    passes its own: a flag where the library names a Python argument).
 
     ``stop`` (anything with ``is_set()``) ends the comparison between steps. With an output
     folder, a stop (or Ctrl-C) at any point before the report is in place raises
@@ -382,11 +381,6 @@ def run_profile(
         comparison = run_comparison(request, progress=progress, stop=stop)
     _check_stop(request, comparison.stopped)
     hint_list = tuple(hints(comparison))
-    if wording is not None:
-        hint_list = tuple(
-            dataclasses.replace(h, message=wording(h.message), next_step=wording(h.next_step))
-            for h in hint_list
-        )
     shown = {
         "requested plans": ", ".join(request.modes),
         "device requested": request.device,

@@ -7,16 +7,13 @@ import importlib.util
 import os
 import secrets
 import shlex
-import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
+from lab_process import stop_group, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location(
@@ -111,24 +108,10 @@ def test_lab_starts_jupyterlab_for_whoever_runs_it(tmp_path) -> None:
             env=env,
             start_new_session=True,
         )
-    try:
-        deadline, answered = time.monotonic() + 120, False
-        while time.monotonic() < deadline and not answered and proc.poll() is None:
-            try:
-                url = f"http://127.0.0.1:{port}/api/status?token={token}"
-                with urllib.request.urlopen(url, timeout=2) as resp:
-                    answered = resp.status == 200
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.3)
-        assert answered, f"JupyterLab did not answer (exit {proc.poll()}):\n{log.read_text()}"
+    try:  # raises, with the server's log, unless it answers within 120 s
+        wait_until_up(f"http://127.0.0.1:{port}", token, proc, log, timeout=120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_group(proc)
 
 
 # -- what scripts/test.sh says last ---------------------------------------------------------------

@@ -10,18 +10,15 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from lab_process import stop_group, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("PRECISION_NB_CHROMIUM", "/usr/bin/chromium"))
@@ -53,24 +50,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _wait_until_up(url: str, token: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"JupyterLab exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-        try:
-            with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.3)
-    raise RuntimeError(
-        f"JupyterLab did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}"
-    )
 
 
 def _write_lab_settings(settings: Path) -> None:
@@ -146,16 +125,10 @@ def lab_server(
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_until_up(url, token, proc, log, timeout=90)
+        wait_until_up(url, token, proc, log, timeout=90)
         yield LabServer(url=url, token=token, root=root)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_group(proc)
 
 
 @pytest.fixture

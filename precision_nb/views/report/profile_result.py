@@ -21,6 +21,7 @@ from precision_nb.core.cpu_features import read_cpu_features
 from precision_nb.engine.compare import Comparison
 from precision_nb.views.report.answer import PlanAnswer, answers, cards_html, other_hints
 from precision_nb.views.report.figure_base import figure_to_png
+from precision_nb.views.report.hint import capabilities_of
 from precision_nb.views.report.hints import Hint, what_to_try_next
 from precision_nb.views.report.html import make_figures, write_report
 from precision_nb.views.report.inspection import inspection_html
@@ -178,7 +179,7 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
     out["CPU low-precision features"] = cpu.summary()
     out["CPU vector ISA (torch kernel dispatch; not a BF16 test)"] = cpu.vector_isa
     for result in results.values():
-        caps = result.explanation.capabilities if result.explanation is not None else None
+        caps = capabilities_of(result)
         if caps is not None and caps.cuda_available and any(d.startswith("cuda") for d in devices):
             cc = caps.compute_capability
             out["GPU"] = (

@@ -108,7 +108,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from precision_nb.cli.user_model import user_model
-    from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
+    from precision_nb.core.defaults import DEFAULT_PRESET, DEFAULT_WORKLOAD
 
     model, batches = user_model(args.model, args.batches)
     if model is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -141,6 +141,11 @@ class Comparison:
         """The outcome of ``label`` (an empty one, holding only its run, when not measured)."""
         found = self.outcomes.get(label)
         return found if found is not None else PlanOutcome(label, self.results.get(label))
+
+    def attach_inspections(self, inspections: Mapping[str, Any]) -> None:
+        """Set each plan's inspection (label -> ``InspectionData``) on its outcome."""
+        for label, data in inspections.items():
+            self.outcomes[label] = replace(self.outcome(label), inspection=data)
 
     @property
     def drift(self) -> dict[str, dict[str, float | None]]:

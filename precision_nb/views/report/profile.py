@@ -257,6 +257,7 @@ def run_profile(
         shown["distributed"] = "; ".join(f"{k}: {v.plan.summary()}" for k, v in runs.items())
     extras = analyse(request, comparison)
     comparison.events.extend(extras.events)
+    comparison.attach_inspections(extras.inspections)
     for name, seconds in extras.seconds.items():
         shown[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
     shown.update(measurement_settings(comparison, hint_list))

@@ -103,6 +103,7 @@ MEASURED_COLUMNS = (
     "failed",
 )
 
+
 def measured_row(outcome: PlanOutcome) -> dict[str, Any]:
     """The summary's measured columns of one plan's typed outcome (empty when not measured)."""
     t = outcome.timing

@@ -310,7 +310,9 @@ def _launch(
         run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
     except BaseException as exc:  # a callback of yours raised; every rank has ended
         ranks = read_ranks(run_dir)
-        partial = DistributedResult(plan, ranks, merge_records(ranks), stopped=True)
+        partial = DistributedResult(
+            plan, ranks, merge_records(ranks), stopped=True, run_dir=str(run_dir)
+        )
         attach_result(exc, partial)
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -308,7 +308,7 @@ def _launch(
 
     try:
         run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
-    except BaseException as exc:  # a callback of yours raised; every rank has ended
+    except BaseException as exc:  # a callback of yours raised (or a start failed); ranks ended
         ranks = read_ranks(run_dir)
         partial = DistributedResult(
             plan, ranks, merge_records(ranks), stopped=True, run_dir=str(run_dir)

@@ -467,9 +467,7 @@ def run_rounds(
             before = len(session.result.step_times_s)
             try:
                 got = session.advance(size)
-            # any error of this plan (your code's included): it is reported with its rounds and
-            # the caller raises it after the other plans (compare() does)
-            except Exception as exc:  # noqa: BLE001 - kept in ``failures``, raised by the caller
+            except Exception as exc:  # noqa: BLE001 - kept with its rounds; compare() raises it
                 if fail_fast:
                     raise
                 out.failures[label] = exc

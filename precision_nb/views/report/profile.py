@@ -438,8 +438,7 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
         done = [k for k in comparison.results if k not in failed]
         if not done:
             raise
-        name = type(exc).__name__
-        log.warning("plan(s) %s failed part-way: %s: %s", ", ".join(failed), name, exc)
+        log.warning("plan(s) %s failed part-way: %r", ", ".join(failed), exc)
         return comparison
 
 

@@ -62,12 +62,14 @@ def error(command: str, message: Any, code: int = EXIT_USAGE) -> int:
 def run_failed(command: str, exc: BaseException) -> int:
     """Print ``precision-nb COMMAND: run failed: ...`` for a run that raised ``exc``; returns
     :data:`EXIT_FAILED`. The product's own failure reads as its message; an error raised inside
-    the run by your code or torch with its type, the plan of a comparison that raised it, and the
-    last line outside torch and precision_nb that it passed through (your code, usually)."""
+    the run by your code or torch (one carrying a partial result, or of a type the product never
+    raises) with its type, the plan of a comparison that raised it, and the last line outside
+    torch and precision_nb that it passed through (your code, usually)."""
     from precision_nb.engine.results import FitError, partial_result
 
     text, partial = str(exc), partial_result(exc)
-    if partial is not None and not isinstance(exc, FitError):
+    product = isinstance(exc, (RuntimeError, ValueError, OSError)) and partial is None
+    if not (product or isinstance(exc, FitError)):
         text = f"{type(exc).__name__}: {text}{_raised_at(exc)}"
     failed = getattr(partial, "failures", None) or {}
     if failed:  # a comparison raises its first failing plan's error

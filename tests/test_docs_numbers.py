@@ -1,0 +1,42 @@
+"""Sentences in docs/ that depend on a number or a list are checked against where it comes from
+(the code's tables, the running torch), so they cannot go stale."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from precision_nb.engine import metrics
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def _text(page: str) -> str:
+    return (DOCS / page).read_text()
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:g}"
+
+
+def test_training_md_lists_every_gpu_peak_of_the_table_with_its_numbers():
+    rows = {}
+    for line in _text("training.md").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in metrics.GPU_PEAK_TFLOPS:
+            rows[cells[0]] = cells[1:]
+    expected = {
+        key: [_cell(peaks.get(d)) for d in ("bfloat16", "float16", "tf32", "float32")]
+        for key, peaks in metrics.GPU_PEAK_TFLOPS.items()
+    }
+    assert rows == expected
+
+
+def test_the_cpu_peak_method_is_told_with_the_sizes_and_repeats_it_uses():
+    sizes = ", ".join(map(str, metrics.CALIBRATION_SIZES))
+    training = _text("training.md")
+    assert f"`metrics.CALIBRATION_SIZES` ({sizes};" in training
+    assert f"`metrics.CALIBRATION_REPEATS` ({metrics.CALIBRATION_REPEATS}) repeats" in training
+    assert not re.search(r"\d+×\d+ matmul is timed once", training)
+    profiling = _text("profiling.md")
+    assert f"the best size is timed {metrics.CALIBRATION_REPEATS} times" in profiling

@@ -40,3 +40,13 @@ def test_the_cpu_peak_method_is_told_with_the_sizes_and_repeats_it_uses():
     assert not re.search(r"\d+×\d+ matmul is timed once", training)
     profiling = _text("profiling.md")
     assert f"the best size is timed {metrics.CALIBRATION_REPEATS} times" in profiling
+
+
+def test_numerics_md_keeps_weight_gradients_outside_the_fp8_recipes():
+    from precision_nb.engine.numerics import fp8
+
+    text = " ".join(_text("numerics.md").split())
+    assert "exactly torchao.float8's default recipe" not in text
+    for role in (fp8.RECIPE, fp8.OTHER_FORMAT, fp8.OUTSIDE):
+        assert f"`{role}`" in text
+    assert "neither torchao.float8 nor Transformer Engine casts weight gradients to fp8" in text

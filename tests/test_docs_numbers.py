@@ -50,3 +50,12 @@ def test_numerics_md_keeps_weight_gradients_outside_the_fp8_recipes():
     for role in (fp8.RECIPE, fp8.OTHER_FORMAT, fp8.OUTSIDE):
         assert f"`{role}`" in text
     assert "neither torchao.float8 nor Transformer Engine casts weight gradients to fp8" in text
+
+
+def test_plans_md_says_what_plain_adamw_is_and_leaves_its_cost_to_the_measurement():
+    from precision_nb.core.optim import plain_adamw_kind
+
+    text = " ".join(_text("plans.md").split())
+    assert "no slower on others" not in text and "several times slower" not in text
+    assert f"its {plain_adamw_kind('cuda')} implementation on CUDA" in text
+    assert f"its {plain_adamw_kind('cpu')} implementation on a CPU" in text

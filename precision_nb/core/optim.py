@@ -37,6 +37,7 @@ FUSED_ERRORS = (TypeError, RuntimeError, ValueError)
 
 _FUSED_ALLOWED = "null/None (probe), true (attempt), false (disable)"
 
+
 def plain_adamw_kind(device_type: str) -> str:
     """The implementation torch's AdamW picks with ``foreach`` and ``fused`` left at None on
     ``device_type``: "foreach" where torch has foreach kernels for the device (its own list,

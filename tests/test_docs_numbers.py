@@ -59,3 +59,9 @@ def test_plans_md_says_what_plain_adamw_is_and_leaves_its_cost_to_the_measuremen
     assert "no slower on others" not in text and "several times slower" not in text
     assert f"its {plain_adamw_kind('cuda')} implementation on CUDA" in text
     assert f"its {plain_adamw_kind('cpu')} implementation on a CPU" in text
+
+
+def test_plans_md_gives_mps_fp32_as_this_project_s_rule():
+    text = _text("plans.md")
+    assert "MPS runs fp32" not in text
+    assert "| `mps-auto` | MPS | auto | fp32 | no | no | listed | this project's rule" in text

@@ -16,4 +16,4 @@ def test_the_mps_fallback_names_the_project_s_rule_and_torch_s_mps_autocast():
         assert e.plan.mode == "fp32"
         mode_decision = next(d for d in e.decisions if d.field == "mode")
         assert MPS_RULE in mode_decision.reason and "MPS runs fp32" not in str(e), mode
-    assert "this project's rule" in MPS_RULE and "torch itself has autocast" in MPS_RULE
+    assert "this project's resolution rule" in MPS_RULE and "torch itself has autocast" in MPS_RULE

@@ -65,3 +65,23 @@ def test_plans_md_gives_mps_fp32_as_this_project_s_rule():
     text = _text("plans.md")
     assert "MPS runs fp32" not in text
     assert "| `mps-auto` | MPS | auto | fp32 | no | no | listed | this project's rule" in text
+
+
+def test_training_md_says_one_thing_about_when_the_lr_schedule_advances():
+    text = " ".join(_text("training.md").split())
+    assert "advances once per optimizer attempt" not in text
+    assert "advance on counted steps only: a skipped attempt does not move the LR" in text
+    assert "It advances on counted steps only: a skipped attempt does not move the LR" in text
+
+
+def test_panel_md_does_not_call_the_mps_reading_an_allocator_peak():
+    import inspect
+
+    from precision_nb.engine.metrics import MemoryProbe
+
+    # what the probe does on MPS: samples the current allocation and keeps the largest
+    source = inspect.getsource(MemoryProbe.read)
+    assert "torch.mps.current_allocated_memory()" in source and "max(self._peak" in source
+    text = " ".join(_text("panel.md").split())
+    assert "on CUDA and MPS it is the allocator's peak" not in text
+    assert "the largest `torch.mps.current_allocated_memory()` read at the logging points" in text

@@ -85,3 +85,12 @@ def test_panel_md_does_not_call_the_mps_reading_an_allocator_peak():
     text = " ".join(_text("panel.md").split())
     assert "on CUDA and MPS it is the allocator's peak" not in text
     assert "the largest `torch.mps.current_allocated_memory()` read at the logging points" in text
+
+
+def test_plans_md_names_every_compile_mode_torch_lists():
+    import torch._inductor
+
+    text = _text("plans.md")
+    for mode in torch._inductor.list_mode_options():
+        assert f"`{mode}`" in text, mode
+    assert "`max_autotune_conv_backends`" in text

@@ -94,3 +94,12 @@ def test_plans_md_names_every_compile_mode_torch_lists():
     for mode in torch._inductor.list_mode_options():
         assert f"`{mode}`" in text, mode
     assert "`max_autotune_conv_backends`" in text
+
+
+def test_every_hardware_preset_is_in_the_docs_tables():
+    from precision_nb.core.capabilities import PRESETS
+
+    section = _text("plans.md").split("## Hardware presets", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)) == set(PRESETS)
+    simulate = next(line for line in _text("cli.md").splitlines() if "`--simulate PRESET`" in line)
+    assert set(re.findall(r"`([a-z0-9-]+)`", simulate)) >= set(PRESETS)

@@ -250,12 +250,24 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison
             noisy_labels.append(label)
     if not noisy:
         return []
+    load = getattr(source.measurement, "load", None)
+    if load is None:
+        why = "the intervals above are wide (how busy the machine was is not measured here)"
+    elif load.busy:
+        why = (
+            f"the machine was busy while they were measured ({load.describe()}), and the "
+            "intervals above are wide"
+        )
+    else:
+        why = (
+            f"the machine was not busy ({load.describe()}), so the spread is the run's own, and "
+            "the intervals above are wide"
+        )
     return [
         Hint(
             _who(noisy_labels, rows),
             "noise",
-            "Step times varied widely (" + ", ".join(noisy) + " of the median): the machine was "
-            "busy, so the intervals above are wide.",
+            "Step times varied widely (" + ", ".join(noisy) + f" of the median): {why}.",
             "step_time_iqr_s / median_step_time_s (steady state)"
             if figures
             else "step_time_s spread (p90 - p10) / median (logged intervals)",

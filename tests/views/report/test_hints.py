@@ -369,3 +369,32 @@ def test_fused_hint_says_what_plain_adamw_costs_once(make_records):
     )
     (hint,) = _by_topic(hints(comparison))["fused_adamw"]
     assert hint.message.count(PLAIN_ADAMW_COST) == 1
+
+
+def test_the_noise_hint_says_busy_only_when_the_measured_load_says_so(make_records):
+    from precision_nb.engine.load import Load, LoadSample
+    from precision_nb.engine.measure import MeasureConfig, Measurement
+
+    def comparison(others_cpu_s):
+        start = LoadSample(0.0, (0.5, 0.5, 0.5), 2, busy_s=0.0, steal_s=0.0, own_s=0.0)
+        end = LoadSample(10.0, (0.5, 0.5, 0.5), 2, busy_s=others_cpu_s, steal_s=0.0, own_s=0.0)
+        measurement = Measurement(MeasureConfig(), [1], load=Load(start, end))
+        return Comparison(
+            results={"fp32": _result(make_records("fp32", "fp32"))},
+            figures={"fp32": {"median_step_time_s": 1.0, "step_time_iqr_s": 0.5}},
+            measurement=measurement,
+        )
+
+    (quiet,) = _by_topic(hints(comparison(others_cpu_s=0.2)))["noise"]  # 1 % of 20 CPU-s
+    assert "busy" not in quiet.message.replace("not busy", "")
+    assert "the machine was not busy (other processes used 1%" in quiet.message
+    (busy,) = _by_topic(hints(comparison(others_cpu_s=10.0)))["noise"]  # 50 %
+    assert "the machine was busy while they were measured (other processes used 50%" in (
+        busy.message
+    )
+    unmeasured = Comparison(
+        results={"fp32": _result(make_records("fp32", "fp32"))},
+        figures={"fp32": {"median_step_time_s": 1.0, "step_time_iqr_s": 0.5}},
+    )
+    (plain,) = _by_topic(hints(unmeasured))["noise"]
+    assert "how busy the machine was is not measured here" in plain.message

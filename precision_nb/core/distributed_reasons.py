@@ -5,6 +5,7 @@ explain_distributed` puts them in its decisions).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from precision_nb.core.resolution import Decision
@@ -12,7 +13,13 @@ from precision_nb.core.resolution import Decision
 if TYPE_CHECKING:
     from precision_nb.core.distributed import Distributed
 
-__all__ = ["HOOK_REASONS", "fsdp_dtypes", "nodes_reason", "strategy_reason"]
+__all__ = [
+    "HOOK_REASONS",
+    "fsdp_dtypes",
+    "nodes_reason",
+    "strategy_reason",
+    "torch_reduce_default",
+]
 
 
 def fsdp_dtypes(
@@ -42,8 +49,9 @@ def fsdp_dtypes(
     if req.reduce_dtype is None:
         reduce = "fp32"
         why = (
-            "gradient reductions in low precision lose accuracy as more ranks are summed; "
-            "set reduce_dtype='bf16' to halve the reduce-scatter bytes"
+            "precision_nb's default: gradient reductions in low precision lose accuracy as more "
+            f"ranks are summed; {torch_reduce_default(param)}; set reduce_dtype='bf16' here to "
+            "halve the reduce-scatter bytes"
         )
     else:
         reduce = req.reduce_dtype
@@ -63,10 +71,24 @@ def fsdp_dtypes(
     return decisions, (param, reduce, output, warnings)
 
 
+def torch_reduce_default(param: str) -> str:
+    """What torch's ``MixedPrecisionPolicy`` does with its own default ``reduce_dtype``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    default = {f.name: f.default for f in fields(MixedPrecisionPolicy)}["reduce_dtype"]
+    return (
+        f"torch's own MixedPrecisionPolicy defaults to reduce_dtype={default}, which reduces in "
+        f"the param_dtype ({param}): plain FSDP2 code gets an fp32 reduction only by passing "
+        "reduce_dtype=torch.float32"
+    )
+
+
 #: Why each DDP gradient-compression hook does what it does.
 HOOK_REASONS = {
-    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32), an exact "
-    "average; comm_hook='bf16' halves the bytes sent",
+    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32): an fp32 sum, "
+    "rounded at each addition in an order the backend chooses, divided by the world size, so "
+    "the last bits can differ from a sum in another order; comm_hook='bf16' halves the bytes "
+    "sent",
     "bf16": "torch's bf16_compress_hook: gradients cast to bf16 for the all-reduce, then back: "
     "half the bytes; the average keeps 8 significant bits",
     "fp16": "torch's fp16_compress_hook: half the bytes; values beyond fp16's range (65504) "

@@ -22,6 +22,7 @@ from precision_nb.core.events import Event
 from precision_nb.engine import stats
 from precision_nb.engine.measurement import Measurement, Warmup
 from precision_nb.engine.metrics import PeakRatio, tf32_state
+from precision_nb.engine.peaks import CLASS_WORDS, beyond_peak, flags_text, tf32_classes
 from precision_nb.engine.results import RunResult
 
 __all__ = [
@@ -213,8 +214,8 @@ def _rates(label: str, result: RunResult | None, median: float, events: list[Eve
             Event(
                 "calibration",
                 f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "  # type: ignore[operator]
-                f"({info.get('peak_source')}): a calibration error (the peak was measured "
-                "while the machine was busy, or the FLOP count is off); MFU is not shown",
+                f"({info.get('peak_source')}): {beyond_peak(info.get('peak_source'))}; MFU "
+                "is not shown",
                 {"run": label, "mfu": mfu, "source": info.get("peak_source")},
             )
         )
@@ -236,16 +237,15 @@ def _tf32(label: str, result: RunResult | None, events: list[Event]) -> dict[str
         or getattr(plan, "mode", "") != "fp32"
     ):
         return None
-    tf32 = tf32_state()
-    if tf32["cuda_matmul_allow_tf32"] or tf32["cudnn_allow_tf32"]:
+    tf32 = (result.workload if result is not None else {}).get("tf32") or tf32_state()
+    if tf32_classes(tf32):
         events.append(
             Event(
                 "measurement",
-                f"{label}: the fp32 baseline may run as TF32 on tensor cores "
-                f"(matmul allow_tf32={tf32['cuda_matmul_allow_tf32']}, float32 matmul "
-                f"precision {tf32['float32_matmul_precision']!r}, cudnn allow_tf32="
-                f"{tf32['cudnn_allow_tf32']}: convolutions default to TF32 on Ampere and "
-                "newer); speedups are against that baseline",
+                f"{label}: the fp32 baseline may run its "
+                f"{' and '.join(CLASS_WORDS[c] for c in tf32_classes(tf32))} as TF32 on "
+                f"tensor cores ({flags_text(tf32)}: convolutions default to TF32 on "
+                "Ampere and newer); speedups are against that baseline",
                 {"run": label, **tf32},
             )
         )
@@ -263,8 +263,9 @@ def plan_outcomes(
     """Per plan: its timing, rates, speedup with interval and verdict, drift, compile report.
 
     Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time
-    (all processes pooled), so they cannot disagree with the speedup. An MFU above 1 means the
-    peak was measured too low: it is recorded as a ``calibration`` event and left out.
+    (all processes pooled), so they cannot disagree with the speedup. An MFU above 1 is recorded
+    as a ``calibration`` event that says what it means for that peak's source
+    (:func:`~precision_nb.engine.peaks.beyond_peak`) and left out, not shown as utilisation.
     """
     events: list[Event] = []
     out: dict[str, PlanOutcome] = {}

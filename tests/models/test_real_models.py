@@ -232,20 +232,20 @@ def test_compare_and_profile_report_each_plans_rates(case: Case) -> None:
         ["fp32", "bf16"], model=case.build(), batches=case.batches, steps=2, measure=FAST, **FIT
     )
     assert set(comparison.results) == {"fp32", "bf16"} and not comparison.failures
-    for figures in comparison.figures.values():
-        tokens = figures["tokens_per_s"]
+    for outcome in comparison.outcomes.values():
+        tokens = outcome.rates.tokens_per_s
         if case.tokens is None:
             assert tokens is None
         else:
-            ratio = tokens / figures["samples_per_s"]
+            ratio = tokens / outcome.rates.samples_per_s
             assert ratio == pytest.approx(case.tokens, rel=1e-9)
     profile = pnb.profile(
         case.build(), case.batches, compare=("bf16",), steps=1, rounds=1, inspect=False,
         numerics=False, progress=False,
     )  # fmt: skip
-    figures = profile.comparison.figures["bf16"]
-    assert figures["samples_per_s"] > 0
-    assert (figures["tokens_per_s"] is None) == (case.tokens is None)
+    rates = profile.comparison.outcomes["bf16"].rates
+    assert rates.samples_per_s > 0
+    assert (rates.tokens_per_s is None) == (case.tokens is None)
 
 
 def test_numerics_sees_the_loss_the_model_is_trained_on(case: Case) -> None:

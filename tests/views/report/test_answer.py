@@ -139,7 +139,7 @@ def test_the_fp16_flush_count_follows_the_scale_window_s_rule(comparison):
         return share_text(sum(r["underflow"] for r in chosen) / sum(r["live"] for r in chosen))
 
     assert flushed(held) != flushed(rows)  # the rule changes the number
-    cards = answers(comparison, summary(comparison), numerics=SimpleNamespace(result=result))
+    cards = answers(comparison, numerics=SimpleNamespace(result=result))
     (fp16,) = [a for a in cards if a.label == "fp16"]
     assert fp16.numerics[0] == (
         f"{flushed(held)} of non-zero gradient values flush to 0 in fp16 x2^16 (one batch, fp32 "

@@ -11,9 +11,11 @@ import pytest
 
 from precision_nb.cli.main import main
 from precision_nb.views.report import folder
-from precision_nb.views.report import profile as report
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
+
+#: The engine's comparison, replaced by a fake where a test needs no measurement.
+COMPARE = "precision_nb.engine.compare.run_comparison"
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png", "memory.png")
@@ -156,7 +158,7 @@ def test_profile_into_an_existing_folder_keeps_other_files(
     (out / "notes.txt").write_text("mine")
     (out / "report.html").write_text("previous report")
     fake = make_comparison(fp32=make_result("fp32", "fp32"))
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--compare", "fp32", "--no-inspect", "--no-numerics",
         "--out", str(out),
@@ -244,7 +246,7 @@ def test_a_failed_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch)
     def boom(request, **kwargs):
         raise RuntimeError("bf16: loss became NaN at step 3")
 
-    monkeypatch.setattr(report, "run_comparison", boom)
+    monkeypatch.setattr(COMPARE, boom)
     assert _profile("--preset", "tiny", "--out", str(out)) == 1
     assert "run failed: bf16: loss became NaN" in capsys.readouterr().err
     assert (out / "report.html").read_text() == "previous report"
@@ -317,7 +319,7 @@ def test_the_terminal_opens_with_one_verdict_line_per_plan_said_once(
             "bf16": {"verdict": verdict, "verdict_kind": "faster", "speedup_vs_fp32": 1.31},
         },
     )
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--no-inspect", "--no-numerics",
         "--out", str(tmp_path / "out"),
@@ -355,7 +357,7 @@ def test_too_few_rounds_in_one_process_say_so_and_give_the_raw_ratios(tmp_path, 
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0
-    assert "--rounds 4 in one process is below the 6 rounds a 95 % interval needs" in captured.err
+    assert "4 rounds in one process are below the 6 rounds a 95 % interval needs" in captured.err
     by_run = {r["run"]: r for r in _rows(out / "summary.csv")}
     verdict = by_run["bf16"]["verdict"]
     assert (
@@ -364,14 +366,11 @@ def test_too_few_rounds_in_one_process_say_so_and_give_the_raw_ratios(tmp_path, 
     assert by_run["bf16"]["speedup_ci_low"] == "" and by_run["bf16"]["processes"] == "1"
 
 
-def test_measurement_defaults_are_the_engines():
-    from precision_nb.cli import profile as cli_profile
-    from precision_nb.engine import stats
-
-    assert cli_profile.DEFAULT_TARGET == report.DEFAULT_TARGET
-    assert cli_profile.DEFAULT_BUDGET_S == report.DEFAULT_BUDGET_S
-    assert cli_profile.MIN_ROUNDS == stats.MIN_ROUNDS
-    assert report.DEFAULT_PROCESSES is None  # the command line's default: processes added
+def test_more_rounds_than_steps_are_refused_before_torch_loads(capsys):
+    code = main(["profile", "--steps", "4", "--rounds", "6", "--out", "unused"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--rounds: invalid value 6 with --steps=4" in err
+    assert "--rounds at most 4, or --steps of at least 6" in err
 
 
 def test_the_report_a_command_writes_names_flags_not_python_arguments(tmp_path):

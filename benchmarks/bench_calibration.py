@@ -178,7 +178,7 @@ def hand_process(rounds: int, block: int) -> float:
 
 
 def coverage(profiles: int, hands: int) -> list[str]:
-    from precision_nb.views.report.profile import DEFAULT_ROUNDS, DEFAULT_STEPS
+    from precision_nb.core.defaults import DEFAULT_ROUNDS, DEFAULT_STEPS
 
     block = max(1, DEFAULT_STEPS // DEFAULT_ROUNDS)
     hand = [hand_process(DEFAULT_ROUNDS, block) for _ in range(hands)]

@@ -51,6 +51,14 @@ def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
     assert set(ratios) == {"bf16"} and ratios["bf16"] > 0
 
 
+def test_bench_profile_counts_fresh_processes_per_second_for_both_starts() -> None:
+    bench = _load("bench_profile")
+    for start in ("exec", "fork"):
+        rate = bench.process_rate(start, processes=2, preset="tiny", steps=2)
+        assert rate["fresh_processes"] == 1 and rate["per_second"] > 0
+        assert rate["start"].startswith("forked" if start == "fork" else "started from scratch")
+
+
 def test_bench_numerics_times_both_variants_and_a_full_call():
     bench = _load("bench_numerics")
     pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)

@@ -45,7 +45,7 @@ NOTEBOOK_CELL = textwrap.dedent(
         "module": Net.__module__, "processes": m.process_count, "stopped_by": m.stopped_by,
         "pids": [p.pid for p in m.processes], "me": os.getpid(),
         "blocks": [len(p.plans["bf16"].blocks) for p in m.processes],
-        "events": [e.message for e in m.events], "level": out.figures["bf16"]["speedup_covers"],
+        "events": [e.message for e in m.events], "level": out.outcome("bf16").speedup.level,
     }))
     """
 )

@@ -209,7 +209,7 @@ def test_a_model_that_cannot_travel_is_measured_here_and_the_verdict_says_why(
     )
     assert m.process_count == 1 and m.stopped_by.startswith(f"one process, measured here: {why}")
     assert any(e.data.get("measured_here", "").startswith(why) for e in m.events)
-    verdict = out.figures["bf16"]["verdict"]
+    verdict = out.outcome("bf16").verdict.text
     assert verdict.count("measured here: the model cannot be pickled") == 1
     assert "rounds in one process, which does not cover process-to-process" in verdict
 
@@ -268,9 +268,9 @@ def test_each_plan_is_measured_in_fresh_processes_too(monkeypatch, start):
     for label in ("fp32", "bf16"):
         assert [len(b) for b in fresh.plans[label].blocks] == [2, 2]
         assert fresh.plans[label].warmup.steps >= 2
-    row = out.figures["bf16"]
-    assert row["processes"] == 2 and row["speedup_covers"] == "processes"
-    assert row["stopped_by"].startswith("2 processes, as asked")
+    speedup = out.outcome("bf16").speedup
+    assert speedup.processes == 2 and speedup.level == "processes"
+    assert speedup.stopped_by.startswith("2 processes, as asked")
     assert out.results["bf16"].steps == 4  # this process's run is the one the report shows
 
 

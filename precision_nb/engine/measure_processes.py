@@ -64,6 +64,8 @@ __all__ = ["WorkerSpec", "measure", "rebuild_spec", "trainer_sessions"]
 
 #: Seconds a fresh process is guessed to need before its first step, until one has been timed.
 STARTUP_GUESS_S = 3.0
+#: A fresh process's warm-ups and rounds are guessed to take this many times this process's.
+FIRST_GUESS_FACTOR = 1.25
 #: A worker still running this long after its deadline is ended (terminate, then kill).
 KILL_GRACE_S = 30.0
 #: How ``stopped_by`` begins when what a fresh process needs cannot reach one (the reason follows).
@@ -224,6 +226,10 @@ def _more_processes(
     if len(ctx.labels) < 2:
         m.stopped_by = "one process: a single plan has no speedup to measure"
         return m
+    failed = [label for label, p in m.plans.items() if p.failed]
+    if failed:
+        m.stopped_by = f"one process: {', '.join(failed)} failed in this process"
+        return m
     from tqdm.auto import tqdm
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
@@ -307,7 +313,7 @@ def _loop(
                 return f"the maximum of {MAX_PROCESSES} processes ({shown})"
             return f"{n} processes, as asked ({shown})"
         elapsed = time.perf_counter() - ctx.t0
-        guess = float(np.mean(durations)) if durations else m.seconds + STARTUP_GUESS_S
+        guess = float(np.mean(durations)) if durations else _first_guess(m)
         if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
             if n == 1:
                 return (
@@ -351,6 +357,16 @@ def _loop(
 
 #: How a worker's failure begins when what this process sent did not load there.
 NOT_RECEIVED = "what this process sent did not load in a fresh process"
+
+
+def _first_guess(m: Measurement) -> float:
+    """Seconds the first fresh process is guessed to need: this process's warm-ups and rounds
+    (not its one-off costs: FLOP count, peak calibration, logging), with a margin, and a start."""
+    timed = sum(
+        (p.warmup.seconds if p.warmup is not None else 0.0) + sum(map(sum, p.blocks))
+        for p in m.plans.values()
+    )
+    return FIRST_GUESS_FACTOR * timed + STARTUP_GUESS_S
 
 
 def _run_worker(
@@ -403,6 +419,9 @@ def _run_worker(
         tail = errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
         return None, f"exit code {code}: {' | '.join(tail) or 'no message'}", seconds
     plans = {label: PlanTiming.from_dict(label, d) for label, d in data["plans"].items()}
+    failed = [f"{label}: {p.failed}" for label, p in plans.items() if p.failed]
+    if failed:  # a plan that fails there is not a sample of its speed: end the additions
+        return None, f"plan {'; plan '.join(failed)}", seconds
     timing = ProcessTiming(
         index + 1, plans, list(data["sizes"]), [list(o) for o in data["orders"]], seconds,
         int(data["pid"]), bool(data.get("stopped")), data.get("startup_s"),

@@ -7,6 +7,7 @@ answers, no process started); one test starts real fresh processes on a tiny wor
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from test_engine_measure import Scripted
@@ -291,3 +292,31 @@ def test_a_budget_spent_by_this_process_says_the_interval_covers_its_rounds_only
     v = stats.verdict("bf16", m.speedup("bf16", "fp32"))
     assert "8 rounds in one process, which does not cover process-to-process" in v.text
     assert v.stopped_by.endswith("the interval covers this process's rounds only")
+
+
+def test_a_plan_failing_in_a_fresh_process_fails_that_process(tmp_path):
+    """A fresh process whose plan failed sends no sample of that plan's speed: it counts as a
+    failed process (the additions end), named with the plan and its error."""
+    import json
+
+    class Child:
+        pid = 1
+
+        def poll(self, timeout):
+            return 0
+
+    class Starts:
+        def get(self):
+            return self
+
+        def launch(self, spec, stderr):
+            out = json.loads(spec.read_text())["out"]
+            plan = {"warmup": None, "blocks": [], "failed": "NotImplementedError: no forward"}
+            data = {"plans": {"fp32": plan, "bf16": dict(plan, failed=None)}, "sizes": [],
+                    "orders": [], "pid": 1}  # fmt: skip
+            Path(out).write_text(json.dumps(data))
+            return Child()
+
+    cfg = MeasureConfig(rounds=4, processes=2)
+    timing, why, _ = MP._run_worker(SPEC, cfg, 1, None, tmp_path, None, Starts())
+    assert timing is None and why == "plan fp32: NotImplementedError: no forward"

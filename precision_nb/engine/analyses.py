@@ -31,6 +31,7 @@ __all__ = [
     "ModelSource",
     "analyse",
     "analyse_numerics",
+    "cache_key",
     "inspect_targets",
     "scaled_run",
     "targets_of",
@@ -112,7 +113,7 @@ def inspect_targets(
     cache = {} if cache is None else cache
     out: dict[str, InspectionData] = {}
     for t in targets:
-        key = (t.plan, t.device, t.capabilities, _model_key(source))
+        key = cache_key(source, t)
         if key not in cache:
             cache[key] = run_inspection(
                 source.model, source.batches, t.plan, preset=source.preset,
@@ -125,8 +126,11 @@ def inspect_targets(
     return out
 
 
-def _model_key(source: ModelSource) -> Any:
-    return (source.model, source.preset) if isinstance(source.model, str) else id(source.model)
+def cache_key(source: ModelSource, target: AnalysisTarget | None) -> Any:
+    """What an inspection of ``target`` depends on: its plan, device, simulated capabilities and
+    the model (a workload by name and preset, a module by identity); the model alone for None."""
+    model = (source.model, source.preset) if isinstance(source.model, str) else id(source.model)
+    return model if target is None else (target.plan, target.device, target.capabilities, model)
 
 
 def scaled_run(results: Mapping[str, RunResult], label: str | None = None) -> RunResult | None:
@@ -151,7 +155,7 @@ def analyse_numerics(source: ModelSource, device: Any, run: RunResult | None) ->
 
 def analyse(request: Any, comparison: Any) -> Analyses:
     """Inspect each plan and analyse the numerics of ``comparison``, as ``request`` asks
-    (``inspect``, ``numerics``; a distributed comparison has per-rank memory from its run, so it
+    (``request.analyses``; a distributed comparison has per-rank memory from its run, so it
     is not inspected here)."""
     source = ModelSource.of(request)
     results = comparison.results
@@ -160,12 +164,12 @@ def analyse(request: Any, comparison: Any) -> Analyses:
     jobs = (
         (
             "inspection",
-            request.inspect and request.distributed is None,
+            "inspect" in request.analyses and request.distributed is None,
             lambda: inspect_targets(source, targets_of(results, comparison.failures)),
         ),
         (
             "numerics",
-            request.numerics,
+            "numerics" in request.analyses,
             lambda: analyse_numerics(source, devices[0] if devices else request.device, run),
         ),
     )

@@ -8,9 +8,10 @@ batches, or a built-in workload and its preset), where (``device``), under which
 request(s) and compile modes, with which optimizer settings, loop settings (one
 :class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss, how a
 comparison is measured (:class:`~precision_nb.engine.measure_config.MeasureConfig`), which
-analyses follow it (``inspect``, ``numerics``) and over which ranks (``distributed``).
+analyses follow it (``analyses``) and over which ranks (``distributed``).
 :meth:`RunRequest.check` adds the checks that need the machine (the device, the compile modes,
-the first batch, the distributed plan), before anything runs.
+the first batch) before anything runs; a distributed request's plans are resolved by
+:func:`~precision_nb.engine.distributed.measured.distributed_plans`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from precision_nb.engine.run_setup import seed_everything
 from precision_nb.engine.train_config import TrainConfig, make_train_config
 from precision_nb.engine.workloads import Workload, get_workload
 
-__all__ = ["RunRequest", "optimizer_config", "precision_config", "prepare"]
+__all__ = ["ANALYSES", "RunRequest", "optimizer_config", "precision_config", "prepare"]
+
+#: The analyses a comparison can be followed by (:mod:`precision_nb.engine.analyses`).
+ANALYSES = ("inspect", "numerics")
 
 #: What a model argument may be: a module (with batches), a workload, or a workload's name.
 ModelArg = nn.Module | Workload | str
@@ -82,9 +86,10 @@ class RunRequest:
     ``compiles``: the compile modes ("off", "default", "reduce-overhead", "max-autotune"); a
     comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
     ``measure``: how a comparison is measured (rounds, warm-up, processes, target, budget; more
-    rounds than ``train.steps`` are refused). ``inspect`` / ``numerics``: the analyses after a
-    comparison. ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request
-    (torchrun's ranks; eager only) or None.
+    rounds than ``train.steps`` are refused). ``analyses``: what follows a comparison, of
+    :data:`ANALYSES` ("inspect": each plan's inspection, "numerics": the numerics analysis).
+    ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request (torchrun's
+    ranks; eager only) or None.
     """
 
     model: ModelArg
@@ -97,8 +102,7 @@ class RunRequest:
     loss_fn: LossArg = None
     compiles: tuple[str, ...] = ("off",)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    inspect: bool = False
-    numerics: bool = False
+    analyses: tuple[str, ...] = ()
     distributed: Distributed | None = None
 
     def __post_init__(self) -> None:
@@ -148,8 +152,12 @@ class RunRequest:
                 f"measure: invalid value {short_repr(self.measure)}; allowed: a MeasureConfig"
             )
         check_rounds(self.measure.rounds, self.train.steps)
-        validate.boolean("inspect", self.inspect)
-        validate.boolean("numerics", self.numerics)
+        unknown = [a for a in self.analyses if a not in ANALYSES]
+        if not isinstance(self.analyses, tuple) or unknown:
+            raise ValueError(
+                f"analyses: invalid value {short_repr(self.analyses)}; allowed: a tuple of "
+                f"{', '.join(ANALYSES)}"
+            )
         if self.distributed is None:
             return
         if not isinstance(self.distributed, Distributed):
@@ -178,8 +186,7 @@ class RunRequest:
         compile: Any = "off",
         loss_scale_lab: bool = False,
         measure: MeasureConfig | None = None,
-        inspect: bool = False,
-        numerics: bool = False,
+        analyses: Sequence[str] = (),
         distributed: Distributed | None = None,
         **train_options: Any,
     ) -> RunRequest:
@@ -208,8 +215,7 @@ class RunRequest:
             loss_fn=loss_fn,
             compiles=tuple(compile) if modes else (compile,),
             measure=MeasureConfig() if measure is None else measure,
-            inspect=inspect,
-            numerics=numerics,
+            analyses=tuple(analyses),
             distributed=distributed,
         )
 
@@ -244,9 +250,8 @@ class RunRequest:
         """The checks that need the machine, before anything runs (returns ``self``).
 
         ``ValueError`` for an unknown workload or preset, batches of your own model that cannot
-        be replayed or whose first batch is not a tensor, tuple or mapping, or a distributed
-        request this workload cannot split; ``RuntimeError`` for a device, a compile mode or a
-        distributed plan this machine cannot run (naming what is missing).
+        be replayed or whose first batch is not a tensor, tuple or mapping; ``RuntimeError`` for
+        a device or a compile mode this machine cannot run (naming what is missing).
         """
         from precision_nb.core.compile_mode import resolve_compile
         from precision_nb.engine.batches import BatchSource
@@ -276,35 +281,7 @@ class RunRequest:
         for mode in self.compiles:  # refused now (no C++ compiler, no Triton), not after a warm-up
             if mode != "off":
                 resolve_compile(mode, where.type)
-        if self.distributed is not None:
-            self.distributed_plans()
         return self
-
-    def distributed_plans(self) -> dict[PrecisionConfig, Any]:
-        """Each precision request resolved on torchrun's ranks (request -> ``DistributedPlan``).
-
-        ``ValueError`` for a model object (it cannot reach the workers: use ``fit_distributed``
-        with a factory) or a global batch not divisible by the ranks; ``RuntimeError`` for a
-        machine that cannot run it (nccl without CUDA, more processes than GPUs, MPS).
-        """
-        from precision_nb.core.distributed import explain_distributed
-        from precision_nb.engine.distributed.parallel import check_divisible
-
-        dist = self.distributed
-        if not isinstance(self.model, str) or dist is None:
-            raise ValueError(
-                f"distributed: a profile of a model object ({type(self.model).__name__}) cannot "
-                "run on torchrun workers; allowed: a built-in workload name (mlp, transformer, "
-                "cnn), or fit_distributed(model, factory='package.module:factory') for your own "
-                "model"
-            )
-        info = get_workload(self.model, self.preset).info
-        where = f"workload {self.model!r} at {self.preset!r}"
-        check_divisible(info["batch_size"], dist.nproc, where, dist.nnodes)
-        return {
-            p: explain_distributed(dist, p, self.device, optimizer=self.optimizer)
-            for p in self.precisions
-        }
 
 
 def prepare(

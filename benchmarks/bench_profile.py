@@ -125,7 +125,8 @@ def print_rates(processes: int, repeats: int) -> None:
             rates[start].append(got["per_second"])
             print(
                 f"rate {repeat + 1}, {start}: {got['fresh_processes']} fresh processes in "
-                f"{got['seconds']:.1f} s = {got['per_second']:.2f} per second ({got['start']})",
+                f"{got['seconds']:.1f} s = {got['per_second']:.2f} per second, each started in "
+                f"{got['startup_s'] or float('nan'):.2f} s (median) ({got['start']})",
                 flush=True,
             )
     before, after = statistics.median(rates["exec"]), statistics.median(rates["fork"])

@@ -252,7 +252,7 @@ def _more_processes(
             bar.close()
             starts.close()
         if starts.used:
-            m.events.append(_rate_event(len(m.processes), time.perf_counter() - began, starts))
+            m.events.append(_rate_event(m, time.perf_counter() - began, starts))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return m
@@ -265,15 +265,21 @@ def _here(m: Measurement, reason: str) -> Measurement:
     return m
 
 
-def _rate_event(count: int, seconds: float, starts: fork_server.Starts) -> Event:
-    """How the fresh processes were started and how many were measured per second."""
+def _rate_event(m: Measurement, seconds: float, starts: fork_server.Starts) -> Event:
+    """How the fresh processes were started, how many were measured per second, and the median
+    start-up of one (from its start to its first warm-up step)."""
+    count = len(m.processes)
     rate = count / seconds if seconds > 0 else 0.0
+    startups = [p.startup_s for p in m.processes if p.startup_s is not None]
+    startup = float(np.median(startups)) if startups else None
+    each = "" if startup is None else f"; each started in {startup:.2f} s (median)"
     return Event(
         "measurement",
-        f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second), "
+        f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second{each}), "
         f"{starts.describe()}",
-        {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": starts.how},
-    )
+        {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": starts.how,
+         "startup_s": startup},
+    )  # fmt: skip
 
 
 def _worker_env() -> dict[str, str]:

@@ -258,7 +258,7 @@ def test_the_readme_picture_shows_the_lab_memory_and_verdicts_over_processes(
     panel.scroll_into_view_if_needed()
     panel.locator("button.pnb-compare").click()
     status = panel.locator(".pnb-status")
-    expect(status).to_contain_text("Finished: 3 runs", timeout=400_000)
+    expect(status).to_contain_text("Finished: 3 run", timeout=400_000)
     results = panel.locator(".pnb-results")
     expect(results.locator(".pnb-verdict")).to_have_count(3)
     compare_text = results.inner_text()

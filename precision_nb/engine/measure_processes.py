@@ -234,12 +234,6 @@ def _more_processes(
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
     try:
-        if rebuild.shipped:
-            try:
-                sent = shipping.pack(folder, rebuild.shipped)
-            except shipping.CannotShip as exc:
-                return _here(m, str(exc))
-            m.events.append(Event("measurement", sent.describe(), {"bytes": sent.bytes}))
         starts = fork_server.Starts(_worker_env(), folder)
         bar = tqdm(
             total=ctx.cfg.processes, desc="fresh processes", unit="process",
@@ -335,6 +329,12 @@ def _loop(
         if stop is not None and stop.is_set():
             m.stopped = True
             return f"stopped on request after {n} processes"
+        if rebuild.shipped and n == 1:  # written once, when a fresh process is about to start
+            try:
+                sent = shipping.pack(folder, rebuild.shipped)
+            except shipping.CannotShip as exc:
+                return _here(m, str(exc)).stopped_by
+            m.events.append(Event("measurement", sent.describe(), {"bytes": sent.bytes}))
         for phase in ctx.phases:
             budget = "" if cfg.budget_s is None else f" of the {cfg.budget_s:g} s budget"
             phase(

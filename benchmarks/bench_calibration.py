@@ -10,15 +10,20 @@ Three parts, each printed as rates and ratios (nothing here is a timed assertion
    sleeps, trained by the engine's Trainer under two labels of the same fp32 plan, measured by
    :func:`~precision_nb.engine.measure.measure_plans`; every verdict other than "unresolved" is
    false. The machine's scheduler supplies the noise.
-3. **Coverage of the default profile**: ``precision-nb profile`` (all defaults) run K times, each
-   in its own process, against an independent hand-written interleaved loop
-   (``bench_profile.hand_loop``) run in H fresh processes and pooled (their median): how many
-   profile intervals hold the pooled value, what stopped each profile, its wall time (target:
-   under 60 s) and the machine's load while it ran.
+3. **Coverage of every measuring surface**, each run K times in its own process against an
+   independent hand-written interleaved loop (``bench_profile.hand_loop``) run in H fresh
+   processes and pooled (their median): ``profile`` (``precision-nb profile``, all defaults), the
+   panel's Compare (``Panel(workload="mlp", preset="small", steps=48).compare()`` with its
+   default budget) and a notebook-defined model (a subclass of the default workload's MLP defined
+   in ``__main__``, measured by ``pnb.profile(model, batches)`` with its defaults). How many
+   intervals hold the pooled value (target: at least 4 of 5 per surface), over how many
+   processes, what stopped each, its wall time (target: under 60 s) and the machine's load.
 
     python benchmarks/bench_calibration.py                    # everything (minutes)
     python benchmarks/bench_calibration.py --profiles 0       # parts 1 and 2 only
+    python benchmarks/bench_calibration.py --surfaces panel,notebook --profiles 5
     python benchmarks/bench_calibration.py --trials 500 --sleep-repeats 20 --profiles 2 --hand 3
+    python benchmarks/bench_calibration.py --quick            # a smoke run of every part
 
 A shared machine moves parts 2 and 3: read them with the load they print.
 """
@@ -27,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,19 +157,86 @@ def sleep_null(rounds: int, repeats: int, seconds: float = 0.002, block: int = 2
 # ----------------------------------------------------------------------------- 3. coverage
 
 
-def default_profile(out: Path) -> dict[str, Any]:
-    """One default ``precision-nb profile`` in its own process: its bf16 row and wall time."""
+#: How each surface is measured in its own process: Python that prints the bf16 row as JSON.
+#: ``{quick}`` shrinks the run (a smoke run: tiny preset, few steps, a short budget).
+SURFACES: dict[str, str] = {
+    "panel": """
+import json, time
+from precision_nb.views.panel import Panel
+t = time.perf_counter()
+quick = {quick}
+panel = Panel(workload="mlp", preset="tiny" if quick else "small", steps=8 if quick else 48,
+              compare_plans=("fp32", "bf16"), **(dict(budget=5) if quick else {{}}))
+out = panel.compare(block=True)
+panel.close()
+""",
+    "notebook": """
+import json, time
+import precision_nb as pnb
+from precision_nb.engine.workloads import MLP, get_workload
+
+class NotebookMLP(MLP):  # defined in __main__, as in a notebook cell
+    pass
+
+t = time.perf_counter()
+quick = {quick}
+workload = get_workload("mlp", "tiny" if quick else "small")
+reference = workload.make_model()
+linears = [m for m in reference.net if hasattr(m, "in_features")]
+model = NotebookMLP(linears[0].in_features, linears[0].out_features, len(linears) - 1,
+                    linears[-1].out_features)
+model.load_state_dict(reference.state_dict())  # the default workload's weights, to the bit
+source = workload.make_batches("cpu")
+
+def batches(index):  # a notebook's function: it travels by value, with its closure
+    return source(index)
+
+result = pnb.profile(model, batches, compare=("fp32", "bf16"), progress=False, inspect=False,
+                     numerics=False, **(dict(steps=8, budget_s=5) if quick else {{}}))
+out = result.comparison
+""",
+}
+#: Appended to every surface: the bf16 outcome as one JSON line.
+REPORT = """
+o = out.outcomes["bf16"]
+s = o.speedup
+print(json.dumps({"estimate": s.estimate, "low": s.low, "high": s.high,
+                  "processes": s.processes or 1, "stopped_by": s.stopped_by,
+                  "seconds": time.perf_counter() - t}))
+"""
+
+
+def surface_run(surface: str, out: Path, quick: bool = False) -> dict[str, Any]:
+    """One measurement by ``surface`` ("profile", "panel", "notebook") in its own process: its
+    bf16 estimate and interval, processes, what stopped it, wall time and the machine's load."""
     start = machine_load.sample()
     t0 = time.perf_counter()
-    command = [sys.executable, "-m", "precision_nb.cli", "profile", "--no-progress", "--out"]
-    done = subprocess.run([*command, str(out)], capture_output=True, text=True)
+    if surface == "profile":
+        command = [sys.executable, "-m", "precision_nb.cli", "profile", "--no-progress"]
+        if quick:
+            command += ["--preset", "tiny", "--steps", "8", "--budget", "5"]
+        done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True)
+    else:
+        code = SURFACES[surface].format(quick=quick) + REPORT
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     load = machine_load.Load(start, machine_load.sample())
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1:], "seconds": seconds}
-    with (out / "summary.csv").open(newline="") as handle:
-        row = {r["run"]: r for r in csv.DictReader(handle)}["bf16"]
-    return {"row": row, "seconds": seconds, "load": load}
+    if surface == "profile":
+        with (out / "summary.csv").open(newline="") as handle:
+            row = {r["run"]: r for r in csv.DictReader(handle)}["bf16"]
+        got = {
+            "estimate": float(row["speedup_vs_fp32"]),
+            "low": float(row["speedup_ci_low"] or "nan"),
+            "high": float(row["speedup_ci_high"] or "nan"),
+            "processes": int(row["processes"]),
+            "stopped_by": row["stopped_by"],
+        }
+    else:
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        got = {k: math.nan if v is None else v for k, v in got.items()}
+    return {**got, "seconds": seconds, "load": load}
 
 
 def hand_process(rounds: int, block: int) -> float:
@@ -177,8 +251,10 @@ def hand_process(rounds: int, block: int) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def coverage(profiles: int, hands: int) -> list[str]:
-    from precision_nb.views.report.profile import DEFAULT_ROUNDS, DEFAULT_STEPS
+def coverage(
+    profiles: int, hands: int, surfaces: Sequence[str] = ("profile", "panel", "notebook")
+) -> list[str]:
+    from precision_nb.core.defaults import DEFAULT_ROUNDS, DEFAULT_STEPS
 
     block = max(1, DEFAULT_STEPS // DEFAULT_ROUNDS)
     hand = [hand_process(DEFAULT_ROUNDS, block) for _ in range(hands)]
@@ -190,26 +266,29 @@ def coverage(profiles: int, hands: int) -> list[str]:
         f"(median) {pooled:.2f}x, its own t interval over processes "
         f"{math.exp(low):.2f}-{math.exp(high):.2f}"
     ]
-    held = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for k in range(profiles):
-            got = default_profile(Path(tmp) / f"p{k}")
-            if "error" in got:
+        for surface in surfaces:
+            held = 0
+            for k in range(profiles):
+                got = surface_run(surface, Path(tmp) / f"{surface}{k}")
+                if "error" in got:
+                    lines.append(
+                        f"{surface} {k + 1}: failed after {got['seconds']:.0f} s: {got['error']}"
+                    )
+                    continue
+                lo, hi = got["low"], got["high"]
+                holds = lo <= pooled <= hi
+                held += holds
                 lines.append(
-                    f"profile {k + 1}: failed after {got['seconds']:.0f} s: {got['error']}"
+                    f"{surface} {k + 1}: bf16 {got['estimate']:.2f}x [{lo:.2f}-{hi:.2f}] "
+                    f"{'holds' if holds else 'MISSES'} the pooled hand value; over "
+                    f"{got['processes']} processes, stopped by {got['stopped_by']}; "
+                    f"{got['seconds']:.0f} s (target < 60 s); {got['load'].describe()}"
                 )
-                continue
-            row = got["row"]
-            lo, hi = float(row["speedup_ci_low"] or "nan"), float(row["speedup_ci_high"] or "nan")
-            holds = lo <= pooled <= hi
-            held += holds
             lines.append(
-                f"profile {k + 1}: bf16 {float(row['speedup_vs_fp32']):.2f}x [{lo:.2f}-{hi:.2f}] "
-                f"{'holds' if holds else 'MISSES'} the pooled hand value; {row['processes']} "
-                f"processes, stopped by {row['stopped_by']}; {got['seconds']:.0f} s "
-                f"(target < 60 s); {got['load'].describe()}"
+                f"coverage, {surface}: {held} of {profiles} intervals hold the pooled value "
+                "(target: at least 4 of 5)"
             )
-    lines.append(f"coverage: {held} of {profiles} default-profile intervals hold the pooled value")
     return lines
 
 
@@ -219,7 +298,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-repeats", type=int, default=100, help="sleep-model comparisons")
     parser.add_argument("--profiles", type=int, default=5, help="default profiles (0: skip)")
     parser.add_argument("--hand", type=int, default=5, help="hand-loop processes")
+    parser.add_argument(
+        "--surfaces", default="profile,panel,notebook", help="comma-separated surfaces to cover"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run: few trials, one tiny run per surface"
+    )
     args = parser.parse_args(argv)
+    surfaces = [x.strip() for x in args.surfaces.split(",") if x.strip()]
+    unknown = sorted(set(surfaces) - {"profile", *SURFACES})
+    if unknown:
+        parser.error(f"--surfaces: unknown {unknown}; allowed: profile, {', '.join(SURFACES)}")
+    if args.quick:
+        args.trials, args.sleep_repeats, args.profiles = 40, 0, 0
+        for surface in surfaces:
+            with tempfile.TemporaryDirectory() as tmp:
+                got = surface_run(surface, Path(tmp) / "out", quick=True)
+            print(f"quick {surface}: {got}", flush=True)
     start = machine_load.sample()
     for line in simulated_rates(args.trials):
         print(line, flush=True)
@@ -236,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if args.profiles:
-        for line in coverage(args.profiles, args.hand):
+        for line in coverage(args.profiles, args.hand, surfaces):
             print(line, flush=True)
     whole = machine_load.Load(start, machine_load.sample())
     print(f"machine load over the whole benchmark: {whole.describe()}")

@@ -51,6 +51,25 @@ def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
     assert set(ratios) == {"bf16"} and ratios["bf16"] > 0
 
 
+def test_bench_profile_counts_fresh_processes_per_second_for_both_starts() -> None:
+    bench = _load("bench_profile")
+    for start in ("exec", "fork"):
+        rate = bench.process_rate(start, processes=2, preset="tiny", steps=2)
+        assert rate["fresh_processes"] == 1 and rate["per_second"] > 0
+        assert rate["start"].startswith("forked" if start == "fork" else "started from scratch")
+
+
+def test_bench_calibration_measures_the_panel_and_a_notebook_model_in_their_own_processes(
+    tmp_path,
+) -> None:
+    bench = _load("bench_calibration")
+    for surface in ("panel", "notebook"):
+        got = bench.surface_run(surface, tmp_path / surface, quick=True)
+        assert "error" not in got, got
+        assert got["estimate"] > 0 and got["processes"] >= 1 and got["stopped_by"]
+        assert got["seconds"] > 0 and got["load"] is not None
+
+
 def test_bench_numerics_times_both_variants_and_a_full_call():
     bench = _load("bench_numerics")
     pairs = bench.step_times("mlp", "tiny", steps=2, repeats=2)

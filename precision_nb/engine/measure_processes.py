@@ -2,12 +2,15 @@
 
 :func:`measure` measures every plan in this process first (:func:`~precision_nb.engine.measure.
 measure_plans`: warm-ups, rotated rounds; these sessions are the runs the report shows), then,
-where the workload can be rebuilt elsewhere (:func:`rebuild_spec`: a built-in workload, or a
-``module:factory`` with its batches), in fresh worker processes started one after the other
-(``python -m precision_nb.engine.measure_worker``). Each worker imports torch, builds the same
-model from the same seed (or this process's initial weights), warms every plan up and measures
-all of them interleaved in rounds, so its process effect is paired like a round's drift; it starts
-its rotation with another plan than the previous one. Only its step times come back.
+where the workload can reach a fresh process (:func:`rebuild_spec`: a built-in workload, a
+``module:factory`` with its batches, or this process's model, batches and loss sent by value
+through :mod:`~precision_nb.engine.shipping`), in fresh worker processes run one after the other
+(:mod:`~precision_nb.engine.measure_worker`, forked by a server that imported torch once, see
+:mod:`~precision_nb.engine.fork_server`). Each worker builds the same model from the same seed
+(or receives this process's initial model), warms every plan up and measures all of them
+interleaved in rounds, so its process effect is paired like a round's drift; it starts its
+rotation with another plan than the previous one. Only its step times come back. What cannot
+travel is measured here only, and ``stopped_by`` says why ("measured here: ...").
 
 How many processes (``MeasureConfig``): ``processes=N`` measures N; ``processes=None`` adds
 fresh ones until every plan's speedup interval over processes has a relative half-width within
@@ -16,12 +19,12 @@ fresh ones until every plan's speedup interval over processes has a relative hal
 (estimated from the last one) or :data:`~precision_nb.engine.measure.MAX_PROCESSES` is reached.
 What stopped it is recorded (``Measurement.stopped_by``), as are the machine's load at the start
 and the end (:mod:`precision_nb.engine.load`). A worker that fails is an event; no more workers are
-started after it and the interval covers the processes that finished.
+started after it and the interval covers the processes that finished. How the processes were
+started, and how many per second, is an event.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
@@ -29,8 +32,6 @@ import logging
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,8 +42,8 @@ from typing import Any
 import numpy as np
 
 from precision_nb.core.events import Event
+from precision_nb.engine import fork_server, shipping, stats
 from precision_nb.engine import load as machine_load
-from precision_nb.engine import stats
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.measure import (
     MAX_PROCESSES,
@@ -55,6 +56,7 @@ from precision_nb.engine.measure import (
     Warmup,
     measure_plans,
 )
+from precision_nb.engine.worker_spec import WorkerSpec, rebuild_spec
 
 log = logging.getLogger(__name__)
 
@@ -62,42 +64,12 @@ __all__ = ["WorkerSpec", "measure", "rebuild_spec", "trainer_sessions"]
 
 #: Seconds a fresh process is guessed to need before its first step, until one has been timed.
 STARTUP_GUESS_S = 3.0
+#: A fresh process's warm-ups and rounds are guessed to take this many times this process's.
+FIRST_GUESS_FACTOR = 1.25
 #: A worker still running this long after its deadline is ended (terminate, then kill).
 KILL_GRACE_S = 30.0
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """How a fresh process rebuilds the workload and what it measures (all JSON-able).
-
-    ``model``: ``{"workload": name, "preset": preset}`` or ``{"factory": "module:function",
-    "batches": "module:name", "state_dict": path}`` (the initial weights of this process).
-    """
-
-    model: dict[str, Any]
-    device: str
-    train: dict[str, Any]
-    optimizer: dict[str, Any] | None
-    plans: tuple[PlanSpec, ...]
-    steps: int
-    threads: int
-    #: The initial model of this process (a ``module:factory`` model): its weights are sent.
-    initial: Any = None
-
-    def to_dict(self, index: int, measure: MeasureConfig, deadline: float | None) -> dict:
-        one = dataclasses.replace(measure, processes=1, budget_s=None)
-        return {
-            "index": index,
-            "model": dict(self.model),
-            "device": self.device,
-            "train": self.train,
-            "optimizer": self.optimizer,
-            "plans": [p.to_dict() for p in self.plans],
-            "steps": self.steps,
-            "threads": self.threads,
-            "measure": dataclasses.asdict(one),
-            "deadline": deadline,
-        }
+#: How ``stopped_by`` begins when what a fresh process needs cannot reach one (the reason follows).
+MEASURED_HERE = stats.MEASURED_HERE
 
 
 def trainer_sessions(
@@ -145,69 +117,6 @@ def trainer_sessions(
         )
 
     return make_session
-
-
-def rebuild_spec(
-    *,
-    workload: Any,
-    preset: str,
-    user_model: bool,
-    batches: Any,
-    loss_fn: Any,
-    device: Any,
-    train: Any,
-    optimizer: Any,
-    plans: Mapping[str, Any],
-    initial: Any,
-    model_spec: tuple[str, str] | None = None,
-    compiles: Mapping[str, str] | None = None,
-) -> tuple[WorkerSpec | None, str]:
-    """The :class:`WorkerSpec` of a comparison, or (None, why a fresh process cannot rebuild it).
-
-    A built-in workload is rebuilt by name; a model object only with ``model_spec`` (the
-    ``module:factory`` and ``module:batches`` it came from; its initial weights are sent along).
-    A ``loss_fn`` or batches object of this process cannot travel.
-    """
-    import torch
-
-    from precision_nb.engine.workloads import WORKLOADS, Workload
-
-    if loss_fn is not None:
-        return None, "a loss_fn of this process cannot be sent to a fresh process"
-    if user_model and model_spec is None:
-        return None, (
-            "the model is an object of this process and cannot be rebuilt in a fresh one "
-            "(profile a built-in workload, or pass --model MODULE:FACTORY on the command line)"
-        )
-    model: dict[str, Any]
-    if model_spec is not None:
-        model = {"factory": model_spec[0], "batches": model_spec[1]}
-    else:
-        name = workload.name if isinstance(workload, Workload) else str(workload)
-        if name not in WORKLOADS:
-            return None, f"workload {name!r} is not built in, so a fresh process cannot build it"
-        if batches is not None:
-            return None, "batches of this process cannot be sent to a fresh process"
-        preset = workload.preset if isinstance(workload, Workload) else preset
-        model = {"workload": name, "preset": preset}
-    spec = WorkerSpec(
-        model,
-        str(device),
-        _jsonable(dataclasses.asdict(train)),
-        optimizer.to_dict() if optimizer is not None else None,
-        tuple(
-            PlanSpec(label, request, (compiles or {}).get(label, "off"))
-            for label, request in plans.items()
-        ),
-        int(train.steps),
-        torch.get_num_threads(),
-        initial if model_spec is not None else None,
-    )
-    return spec, ""
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
 
 
 def measure(
@@ -310,31 +219,78 @@ def _more_processes(
         m.stopped_by = "one process, as asked (processes=1)"
         return m
     if rebuild is None:
-        m.stopped_by = f"one process: {single_reason}"
-        m.events.append(Event("measurement", f"measured in this process only: {single_reason}"))
-        return m
+        return _here(m, single_reason)
     if m.stopped:
         m.stopped_by = "stopped on request in the first process"
         return m
     if len(ctx.labels) < 2:
         m.stopped_by = "one process: a single plan has no speedup to measure"
         return m
+    failed = [label for label, p in m.plans.items() if p.failed]
+    if failed:
+        m.stopped_by = f"one process: {', '.join(failed)} failed in this process"
+        return m
     from tqdm.auto import tqdm
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
-    bar = tqdm(
-        total=ctx.cfg.processes, desc="fresh processes", unit="process", disable=not progress,
-        leave=False,
-    )  # fmt: skip
     try:
-        m.stopped_by = _loop(m, rebuild, ctx, folder, bar)
+        starts = fork_server.Starts(_worker_env(), folder)
+        bar = tqdm(
+            total=ctx.cfg.processes, desc="fresh processes", unit="process",
+            disable=not progress, leave=False,
+        )  # fmt: skip
+        began = time.perf_counter()
+        try:
+            m.stopped_by = _loop(m, rebuild, ctx, folder, bar, starts)
+        finally:
+            bar.close()
+            starts.close()
+        if starts.used:
+            m.events.append(_rate_event(m, time.perf_counter() - began, starts))
     finally:
-        bar.close()
         shutil.rmtree(folder, ignore_errors=True)
     return m
 
 
-def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar: Any) -> str:
+def _here(m: Measurement, reason: str) -> Measurement:
+    """Fresh processes were asked for, but only this one can measure: say why, in the result."""
+    m.stopped_by = f"one process, {MEASURED_HERE}{reason}"
+    m.events.append(Event("measurement", f"{MEASURED_HERE}{reason}", {"measured_here": reason}))
+    return m
+
+
+def _rate_event(m: Measurement, seconds: float, starts: fork_server.Starts) -> Event:
+    """How the fresh processes were started, how many were measured per second, and the median
+    start-up of one (from its start to its first warm-up step)."""
+    count = len(m.processes)
+    rate = count / seconds if seconds > 0 else 0.0
+    startups = [p.startup_s for p in m.processes if p.startup_s is not None]
+    startup = float(np.median(startups)) if startups else None
+    each = "" if startup is None else f"; each started in {startup:.2f} s (median)"
+    return Event(
+        "measurement",
+        f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second{each}), "
+        f"{starts.describe()}",
+        {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": starts.how,
+         "startup_s": startup},
+    )  # fmt: skip
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _loop(
+    m: Measurement,
+    rebuild: WorkerSpec,
+    ctx: _Context,
+    folder: Path,
+    bar: Any,
+    starts: fork_server.Starts,
+) -> str:
     """Start fresh processes until a rule ends the measurement; returns what ended it."""
     cfg, stop = ctx.cfg, ctx.stop
     adaptive = cfg.processes is None
@@ -357,7 +313,7 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
                 return f"the maximum of {MAX_PROCESSES} processes ({shown})"
             return f"{n} processes, as asked ({shown})"
         elapsed = time.perf_counter() - ctx.t0
-        guess = float(np.mean(durations)) if durations else m.seconds + STARTUP_GUESS_S
+        guess = float(np.mean(durations)) if durations else _first_guess(m)
         if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
             if n == 1:
                 return (
@@ -373,12 +329,21 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
         if stop is not None and stop.is_set():
             m.stopped = True
             return f"stopped on request after {n} processes"
+        if rebuild.shipped and n == 1:  # written once, when a fresh process is about to start
+            try:
+                sent = shipping.pack(folder, rebuild.shipped)
+            except shipping.CannotShip as exc:
+                return _here(m, str(exc)).stopped_by
+            m.events.append(Event("measurement", sent.describe(), {"bytes": sent.bytes}))
         for phase in ctx.phases:
-            phase(f"process {n + 1}: measuring every plan in a fresh process")
+            budget = "" if cfg.budget_s is None else f" of the {cfg.budget_s:g} s budget"
+            phase(
+                f"process {n + 1}: measuring every plan in a fresh process ({shown} so far; "
+                f"{elapsed:.0f} s{budget} spent)"
+            )
         deadline = None if cfg.budget_s is None else time.time() + cfg.budget_s - elapsed
-        began = time.perf_counter()
-        timing, error = _run_worker(rebuild, cfg, n, deadline, folder, stop)
-        durations.append(time.perf_counter() - began)
+        timing, error, seconds = _run_worker(rebuild, cfg, n, deadline, folder, stop, starts)
+        durations.append(seconds)
         if timing is None:
             m.events.append(
                 Event("warning", f"process {n + 1} failed: {error}", {"process": n + 1})
@@ -386,12 +351,28 @@ def _loop(m: Measurement, rebuild: WorkerSpec, ctx: _Context, folder: Path, bar:
             if stop is not None and stop.is_set():
                 m.stopped = True
                 return f"stopped on request after {n} processes"
+            if n == 1 and error.startswith(NOT_RECEIVED):
+                return _here(m, error).stopped_by
             only = " (the interval covers this process's rounds only)" if n == 1 else ""
             return f"a fresh process failed ({error}); {n} process(es) measured{only}"
         m.processes.append(timing)
         bar.update(1)
         bar.set_postfix_str(shown)
         log.info("process %d measured in %.1f s", n + 1, durations[-1])
+
+
+#: How a worker's failure begins when what this process sent did not load there.
+NOT_RECEIVED = "what this process sent did not load in a fresh process"
+
+
+def _first_guess(m: Measurement) -> float:
+    """Seconds the first fresh process is guessed to need: this process's warm-ups and rounds
+    (not its one-off costs: FLOP count, peak calibration, logging), with a margin, and a start."""
+    timed = sum(
+        (p.warmup.seconds if p.warmup is not None else 0.0) + sum(map(sum, p.blocks))
+        for p in m.plans.values()
+    )
+    return FIRST_GUESS_FACTOR * timed + STARTUP_GUESS_S
 
 
 def _run_worker(
@@ -401,8 +382,10 @@ def _run_worker(
     deadline: float | None,
     folder: Path,
     stop: Any,
-) -> tuple[ProcessTiming | None, str]:
-    """Run one worker to its end; (its timing, "") or (None, why it failed)."""
+    starts: fork_server.Starts,
+) -> tuple[ProcessTiming | None, str, float]:
+    """Run one worker to its end: (its timing, "", seconds) or (None, why it failed, seconds);
+    the seconds count from its start (a fork server's own start-up is not included)."""
     spec = rebuild.to_dict(index, cfg, deadline)
     out = folder / f"process{index + 1}.json"
     spec["out"] = str(out)
@@ -413,62 +396,40 @@ def _run_worker(
         if not path.exists():
             torch.save(rebuild.initial.state_dict(), path)
         spec["model"]["state_dict"] = str(path)
+    if rebuild.shipped:
+        spec["shipped"] = {"folder": str(folder), "names": sorted(rebuild.shipped)}
     spec_path = folder / f"spec{index + 1}.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     errors = folder / f"process{index + 1}.err"
-    env = dict(os.environ)
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "precision_nb.engine.measure_worker", str(spec_path)]
+    starter = starts.get()
     began = time.perf_counter()
-    # its own session: a Ctrl-C reaches this process only, which then ends the worker by its id
-    with open(errors, "wb") as err:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True
-        )
+    child = starter.launch(spec_path, errors)
     try:
-        while True:
-            try:
-                code = proc.wait(timeout=0.1)
-                break
-            except subprocess.TimeoutExpired:
-                pass
+        while (code := child.poll(0.1)) is None:
             if stop is not None and stop.is_set():
-                _end(proc)
-                return None, "stopped on request"
+                child.end()
+                return None, "stopped on request", time.perf_counter() - began
             if deadline is not None and time.time() > deadline + KILL_GRACE_S:
-                _end(proc)
-                return None, f"still running {KILL_GRACE_S:g} s after the time budget; ended"
+                child.end()
+                why = f"still running {KILL_GRACE_S:g} s after the time budget; ended"
+                return None, why, time.perf_counter() - began
     except BaseException:
-        _end(proc)
+        child.end()
         raise
+    seconds = time.perf_counter() - began
     data = json.loads(out.read_text(encoding="utf-8")) if out.exists() else {}
     if data.get("error"):
-        return None, str(data["error"])
+        why = f"{NOT_RECEIVED} ({data['error']})" if data.get("not_received") else data["error"]
+        return None, str(why), seconds
     if code != 0 or not data:
         tail = errors.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
-        return None, f"exit code {code}: {' | '.join(tail) or 'no message'}"
+        return None, f"exit code {code}: {' | '.join(tail) or 'no message'}", seconds
     plans = {label: PlanTiming.from_dict(label, d) for label, d in data["plans"].items()}
+    failed = [f"{label}: {p.failed}" for label, p in plans.items() if p.failed]
+    if failed:  # a plan that fails there is not a sample of its speed: end the additions
+        return None, f"plan {'; plan '.join(failed)}", seconds
     timing = ProcessTiming(
-        index + 1,
-        plans,
-        list(data["sizes"]),
-        [list(o) for o in data["orders"]],
-        time.perf_counter() - began,
-        int(data["pid"]),
-        bool(data.get("stopped")),
-        data.get("startup_s"),
-    )
-    return timing, ""
-
-
-def _end(proc: subprocess.Popen) -> None:
-    """Ask a worker to stop, then kill it (by its own id) if it does not."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(timeout=5)
+        index + 1, plans, list(data["sizes"]), [list(o) for o in data["orders"]], seconds,
+        int(data["pid"]), bool(data.get("stopped")), data.get("startup_s"),
+    )  # fmt: skip
+    return timing, "", seconds

@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build", "main"]
+__all__ = ["NotReceived", "build", "main"]
 
 
 def _import(path: str) -> Any:
@@ -41,17 +41,27 @@ def _import(path: str) -> Any:
     return obj
 
 
-def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """The model, its batches and workload info, as the run file names them."""
+def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
+    """The model, its batches, workload info and loss function, as the run file names them.
+
+    ``shipped`` (a folder and names): objects this process's parent sent by value
+    (:mod:`~precision_nb.engine.shipping`); they replace what the ``model`` entry would build.
+    """
     import torch
 
     from precision_nb.engine.request import prepare
     from precision_nb.engine.run_setup import seed_everything
 
     m, seed = spec["model"], spec["train"].get("seed")
+    sent = _receive(spec.get("shipped"), spec.get("sys_path", ()))
     if "workload" in m:
-        return prepare(m["workload"], None, m["preset"], spec["device"], seed)
+        model, batches, info = prepare(
+            m["workload"], sent.get("batches"), m["preset"], spec["device"], seed
+        )
+        return model, batches, info, sent.get("loss_fn")
     seed_everything(seed or 0)
+    if "model" in sent:
+        return sent["model"], sent["batches"], {}, sent.get("loss_fn")
     model = _import(m["factory"])()
     if m.get("state_dict"):
         state = torch.load(m["state_dict"], map_location="cpu", weights_only=True)
@@ -65,7 +75,26 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
         ]
         if not required:  # a factory of the batch source, as the command line treats it
             batches = batches()
-    return model, batches, {}
+    return model, batches, {}, sent.get("loss_fn")
+
+
+class NotReceived(RuntimeError):
+    """What the parent sent by value did not load here (the parent measures in its own process
+    then, and says why)."""
+
+
+def _receive(shipped: dict[str, Any] | None, sys_path: Any) -> dict[str, Any]:
+    """The objects the parent sent (none: {}), loaded with its import path (a notebook's
+    ``sys.path`` additions included)."""
+    if not shipped:
+        return {}
+    from precision_nb.engine import shipping
+
+    sys.path.extend(p for p in sys_path if p not in sys.path)
+    try:
+        return shipping.unpack(shipped["folder"], shipped["names"])
+    except Exception as exc:  # noqa: BLE001 - becomes the reason the parent measures alone
+        raise NotReceived(f"{type(exc).__name__}: {exc}") from exc
 
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +108,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from precision_nb.engine.train_config import TrainConfig
 
     torch.set_num_threads(int(spec["threads"]))
-    model, batches, info = build(spec)
+    model, batches, info, loss_fn = build(spec)
     train = dataclasses.replace(
         TrainConfig(**spec["train"]), progress=False, measure_peak=False, inspect=False
     )
@@ -93,6 +122,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         plans=plans,
         optimizer=optimizer,
         train=train,
+        loss_fn=loss_fn,
         info=info,
         compiles=compiles,
     )
@@ -134,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         result = run(spec)
         code = 0
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which records it as an event
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        result = {
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+            "not_received": isinstance(exc, NotReceived),
+        }
         print(result["traceback"], file=sys.stderr)
         code = 1
     tmp = out.with_suffix(".tmp")

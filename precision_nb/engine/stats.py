@@ -68,6 +68,9 @@ __all__ = [
 #: The level of each look of the sequential (target-driven) procedure; the simulation in
 #: tests/engine/test_engine_calibration.py shows the whole procedure keeps >= 95 % coverage.
 LOOK_CONFIDENCE = 0.975
+#: How a measurement's ``stopped_by`` says why it measured in this process only, though fresh
+#: processes were asked for (the reason follows it; verdicts repeat it).
+MEASURED_HERE = "measured here: "
 #: Beyond this many rounds or processes the advice stops suggesting more of them.
 PRACTICAL_ROUNDS = 200
 PRACTICAL_PROCESSES = 60
@@ -352,7 +355,11 @@ def _pct(confidence: float) -> str:
 def _scope(s: Speedup) -> str:
     if s.level == "processes":
         return f"over {s.processes} processes, {s.rounds} paired rounds in all"
-    return f"{s.rounds} rounds in one process, which does not cover process-to-process variation"
+    here = s.stopped_by[s.stopped_by.find(MEASURED_HERE) :] if MEASURED_HERE in s.stopped_by else ""
+    why = f"; {here}" if here else ""
+    return (
+        f"{s.rounds} rounds in one process, which does not cover process-to-process variation{why}"
+    )
 
 
 def _needed(s: Speedup) -> int | None:

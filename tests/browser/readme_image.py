@@ -1,10 +1,11 @@
 """The README's panel image: what it was made from, written into the PNG, and checked.
 
-The browser test's screenshot of the panel after a comparison is saved with two PNG text chunks:
-a SHA-256 of the panel's source files (``precision_nb/views/panel/*.py``: path and bytes) and the
-Compare tab's text as the browser showed it. A file's modification time means nothing in a fresh
-clone; these do: :func:`problems` recomputes the hash and reads the text, so a test fails when
-the image is older than the panel's code or does not show a speedup with its interval.
+The browser test's picture of the panel after a comparison (its Compare tab above its Memory
+tab) is saved with two PNG text chunks: a SHA-256 of the panel's source files
+(``precision_nb/views/panel/*.py``: path and bytes) and the tabs' text as the browser showed it.
+A file's modification time means nothing in a fresh clone; these do: :func:`problems` recomputes
+the hash and reads the text, so a test fails when the image is older than the panel's code or
+does not show a speedup with its interval over fresh processes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ TEXT_KEY = "precision_nb:compare-text"
 COMMAND = "PRECISION_NB_UPDATE_SCREENSHOT=1 .venv/bin/python -m pytest tests/browser -x -q"
 #: A speedup with its interval as the Compare tab shows it: "1.31× (1.22–1.40)".
 INTERVAL = re.compile(r"\d+\.\d\d×\s*\(\d+\.\d\d–\d+\.\d\d\)")
+#: A verdict whose interval holds over fresh processes: "over 12 processes".
+PROCESSES = re.compile(r"over ([2-9]|\d\d+) processes")
 
 
 def panel_sources_hash(folder: Path = PANEL_SOURCES) -> str:
@@ -43,6 +46,21 @@ def save_with_provenance(screenshot: Path, target: Path, compare_text: str) -> N
     with Image.open(screenshot) as image:
         image.load()
         image.save(target, format="PNG", pnginfo=info, optimize=True)
+
+
+def stack_images(parts: list[Path], target: Path, gap: int = 12) -> None:
+    """``parts`` one above the other on white (the README's picture shows two tabs)."""
+    from PIL import Image
+
+    images = [Image.open(p).convert("RGB") for p in parts]
+    width = max(i.width for i in images)
+    height = sum(i.height for i in images) + gap * (len(images) - 1)
+    canvas = Image.new("RGB", (width, height), "white")
+    top = 0
+    for image in images:
+        canvas.paste(image, (0, top))
+        top += image.height + gap
+    canvas.save(target)
 
 
 def read_provenance(path: Path) -> dict[str, str]:
@@ -69,4 +87,6 @@ def problems(path: Path = README_IMAGE) -> list[str]:
     text = found.get(TEXT_KEY, "")
     if not INTERVAL.search(text):
         out.append(f"{path.name} does not show a speedup with its interval ('1.31× (1.22–1.40)')")
+    if not PROCESSES.search(text):
+        out.append(f"{path.name} does not show verdicts over fresh processes ('over 12 processes')")
     return [f"{problem}; retake it with: {COMMAND}" for problem in out]

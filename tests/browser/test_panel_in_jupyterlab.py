@@ -5,9 +5,13 @@ and the Plan tab's controls are visible, changing mode and device updates the sh
 the header's one line), Run completes with figures in the Live tab, Compare ends in the Compare
 tab with each plan's verdict first and a table that fits the output, opening the Memory tab
 inspects, Stop ends a long run, and bad input is shown readably in the header with Run disabled.
-Screenshots of the panel (every tab) land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``); the
-one after the comparison carries the panel's source hash and the Compare tab's text
-(tests/browser/readme_image.py), and with ``PRECISION_NB_UPDATE_SCREENSHOT=1`` it replaces the
+Screenshots of the panel (every tab) land in ``artifacts/`` (``PRECISION_NB_ARTIFACTS``).
+
+The README's picture is its own test: a panel whose loss-scale lab starts at a scale that
+overflows, compared within the default budget in fresh processes, pictured on its Compare tab
+(verdicts over processes, the table, loss scale and throughput charts) above its Memory tab
+(memory by kind and dtype). It carries the panel's source hash and the tabs' text
+(tests/browser/readme_image.py); with ``PRECISION_NB_UPDATE_SCREENSHOT=1`` it replaces the
 README's image.
 """
 
@@ -21,7 +25,13 @@ import pytest
 from playwright.sync_api import Locator, expect
 
 from tests.browser.lab import first_panel, open_notebook, run_all_cells
-from tests.browser.readme_image import INTERVAL, README_IMAGE, save_with_provenance
+from tests.browser.readme_image import (
+    INTERVAL,
+    PROCESSES,
+    README_IMAGE,
+    save_with_provenance,
+    stack_images,
+)
 
 NOTEBOOK = "01_explore_precision.ipynb"
 
@@ -34,7 +44,7 @@ def _toggle(panel: Locator, css: str, label: str) -> None:
     ).click()
 
 
-def _set_int(panel: Locator, css: str, value: int) -> None:
+def _set_int(panel: Locator, css: str, value: float) -> None:
     box = panel.locator(f".{css} input")
     box.fill(str(value))
     box.press("Enter")
@@ -137,7 +147,10 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     expect(panel.locator(".pnb-results table").first).to_be_visible()
     expect(panel.locator(".pnb-results")).to_contain_text("single-run figures")
 
-    # Compare: the Live tab while it goes, then the Compare tab, each plan's verdict first.
+    # Compare: the Live tab while it goes, then the Compare tab, each plan's verdict first (a
+    # short budget: the README's picture below measures within the default one).
+    _open_tab(panel, "Plan")
+    _set_int(panel, "pnb-budget", 5)
     panel.locator("button.pnb-compare").click()
     expect(status).to_contain_text(re.compile(r"Finished: [2-9] run"), timeout=150_000)
     runs = int(re.search(r"Finished: (\d) run", status.inner_text()).group(1))
@@ -151,11 +164,6 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     _assert_fits(panel, ".pnb-results")
     compare_text = results.inner_text()
     assert INTERVAL.search(compare_text), compare_text  # a speedup with its interval is shown
-    after = artifacts_dir / "panel-after-compare.png"
-    save_with_provenance(shot, after, compare_text)
-    if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
-        README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(after, README_IMAGE)
     _open_tab(panel, "Live")
     expect(panel.locator(".pnb-warmup")).to_contain_text("step(s)")
     draw.click()
@@ -211,3 +219,72 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
     panel.locator(".pnb-device select").select_option(label="cpu")
     expect(error).to_be_hidden()
     expect(run).to_be_enabled()
+
+
+#: The README's panel: the loss-scale lab starts at 2^24, so its first steps overflow; the scale
+#: backs off on every skipped step and grows again after 6 clean ones. The budget leaves room for
+#: fresh processes even on a machine busy enough to slow this process's rounds tenfold.
+README_CELL = """import precision_nb as pnb
+
+panel = pnb.Panel(
+    workload="mlp",
+    preset="tiny",
+    steps=24,
+    compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"),
+    train_options={"init_scale": 2.0**24, "growth_interval": 6},
+    budget=150,
+)
+panel"""
+
+
+def _notebook(source: str) -> str:
+    import json
+
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+            "source": source.splitlines(keepends=True)}  # fmt: skip
+    kernel = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return json.dumps({"cells": [cell], "metadata": {"kernelspec": kernel}, "nbformat": 4,
+                       "nbformat_minor": 5})  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_picture_shows_the_lab_memory_and_verdicts_over_processes(
+    lab_server, browser_page, artifacts_dir
+):
+    page = browser_page
+    (lab_server.root / "readme_picture.ipynb").write_text(_notebook(README_CELL))
+    open_notebook(page, lab_server.notebook_url("readme_picture.ipynb"))
+    run_all_cells(page)
+    panel = first_panel(page)
+    panel.scroll_into_view_if_needed()
+    panel.locator("button.pnb-compare").click()
+    status = panel.locator(".pnb-status")
+    expect(status).to_contain_text("Finished: 3 run", timeout=400_000)
+    # the job has ended (its after-run work included) once Compare can be pressed again
+    expect(panel.locator("button.pnb-compare")).to_be_enabled(timeout=120_000)
+    _open_tab(panel, "Compare")
+    results = panel.locator(".pnb-results")
+    expect(results).to_be_visible()
+    expect(results.locator(".pnb-verdict")).to_have_count(3)
+    compare_text = results.inner_text()
+    assert PROCESSES.search(compare_text), compare_text  # verdicts over fresh processes
+    assert INTERVAL.search(compare_text), compare_text
+    compare_shot = artifacts_dir / "readme-compare.png"
+    page.screenshot(path=str(compare_shot), clip=panel.bounding_box())
+
+    _open_tab(panel, "Memory")
+    expect(panel.locator(".pnb-analysis-note")).to_contain_text("Inspected", timeout=120_000)
+    memory = panel.locator(".pnb-memory")
+    expect(memory.locator("svg.pnb-memory-chart")).to_be_visible()
+    memory_text = memory.inner_text()
+    assert "optimizer state" in memory_text, memory_text
+    memory_shot = artifacts_dir / "readme-memory.png"
+    page.screenshot(path=str(memory_shot), clip=memory.bounding_box())
+
+    picture = artifacts_dir / "readme-picture.png"
+    stack_images([compare_shot, memory_shot], picture)
+    after = artifacts_dir / "panel-after-compare.png"
+    save_with_provenance(picture, after, f"{compare_text}\n{memory_text}")
+    if os.environ.get("PRECISION_NB_UPDATE_SCREENSHOT") == "1":
+        README_IMAGE.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(after, README_IMAGE)

@@ -18,7 +18,10 @@ from tests.browser.readme_image import (
     save_with_provenance,
 )
 
-SHOWN = "bf16 is 1.31x the fp32 speed\nplan speedup vs fp32 (95 % CI)\nbf16 1.31× (1.22–1.40)"
+SHOWN = (
+    "bf16 is 1.31x the fp32 speed: faster (95 % interval 1.22-1.40, ±7 %; over 12 processes, 96 "
+    "paired rounds in all)\nplan speedup vs fp32 (95 % CI)\nbf16 1.31× (1.22–1.40)"
+)
 
 
 def test_the_readme_image_is_the_current_panels_and_shows_the_interval() -> None:
@@ -65,10 +68,15 @@ def test_an_image_of_older_panel_code_fails(tmp_path: Path) -> None:
 
 def test_an_image_without_the_interval_or_without_provenance_fails(tmp_path: Path) -> None:
     target = tmp_path / "image.png"
-    save_with_provenance(_screenshot(tmp_path), target, "bf16 1.793×\nfp32 1.00× (baseline)")
+    shown = "over 3 processes\nbf16 1.793×\nfp32 1.00× (baseline)"
+    save_with_provenance(_screenshot(tmp_path), target, shown)
     found = problems(target)
     assert len(found) == 1 and "interval" in found[0]
+    one = SHOWN.replace("over 12 processes", "8 rounds in one process")
+    save_with_provenance(_screenshot(tmp_path), target, one)
+    found = problems(target)
+    assert len(found) == 1 and "over fresh processes" in found[0]
     plain = _screenshot(tmp_path)  # a PNG from anywhere else: no hash, no text
     found = problems(plain)
-    assert len(found) == 2 and "no panel source hash" in found[0]
+    assert len(found) == 3 and "no panel source hash" in found[0]
     assert problems(tmp_path / "missing.png")[0].endswith(COMMAND)

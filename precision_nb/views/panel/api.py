@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.defaults import DEFAULT_BUDGET_S
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
@@ -83,6 +84,7 @@ class Panel:
         seed: int = 0,
         loss_scale_lab: bool = False,
         compare_plans: Sequence[str] = DEFAULT_COMPARE,
+        budget: float = DEFAULT_BUDGET_S,
         optimizer: OptimizerConfig | None = None,
         log_every: int | None = None,
         train_options: dict[str, Any] | None = None,
@@ -100,6 +102,7 @@ class Panel:
             device=device, mode=mode, dtype=dtype, fused=fused, compile=compile, steps=steps,
             seed=seed,
             accumulation=accumulation, loss_scale_lab=loss_scale_lab, compare_plans=compare_plans,
+            budget=budget,
         )  # fmt: skip
         if model is None:
             from precision_nb.engine.workloads import DEFAULT_WORKLOAD
@@ -143,7 +146,7 @@ class Panel:
 
     def set(self, **controls: Any) -> Panel:
         """Set controls by name (device, mode, dtype, fused, compile, workload, preset, steps,
-        accumulation, seed, loss_scale_lab, compare_plans; distributed, strategy, nproc,
+        accumulation, seed, loss_scale_lab, compare_plans, budget; distributed, strategy, nproc,
         comm_hook, backend, param_dtype, reduce_dtype, output_dtype; code_framework, the
         framework of "copy as code"); the plan refreshes once.
 

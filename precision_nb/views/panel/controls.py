@@ -14,6 +14,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.views.panel.selection import (
+    BUDGET_RANGE,
     COMPARE_CHOICES,
     COMPILE_MODES,
     DEFAULT_COMPARE,
@@ -151,6 +152,20 @@ class Controls:
             style=style,
             layout=widgets.Layout(width="320px"),
         )
+        self.budget = widgets.BoundedFloatText(
+            value=Selection.budget,
+            min=BUDGET_RANGE[0],
+            max=BUDGET_RANGE[1],
+            step=5,
+            description="Budget (s)",
+            tooltip=(
+                "Compare: seconds the measurement may take. After this process's rounds, fresh "
+                "processes are added until every speedup interval is within ±5 % or the budget "
+                "is spent"
+            ),
+            style=style,
+            layout=widgets.Layout(width="220px"),
+        )
 
         for widget, css in (
             (self.device, "pnb-device"),
@@ -167,6 +182,7 @@ class Controls:
             (self.loss_scale_lab, "pnb-lab"),
             (self.lab_note, "pnb-lab-note"),
             (self.compare_plans, "pnb-compare-plans"),
+            (self.budget, "pnb-budget"),
         ):
             widget.add_class(css)
 
@@ -215,6 +231,7 @@ class Controls:
                 self.accumulation,
                 self.seed,
                 self.compare_plans,
+                self.budget,
             ]
         )
         box = widgets.HBox([precision, training], layout=widgets.Layout(flex_flow="row wrap"))
@@ -244,6 +261,7 @@ class Controls:
             seed=int(self.seed.value),
             compare_plans=tuple(self.compare_plans.value),
             compile=str(self.compile.value),
+            budget=float(self.budget.value),
         )
 
     # ------------------------------------------------------------------ writing

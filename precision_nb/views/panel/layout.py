@@ -112,6 +112,7 @@ class PanelWidgets:
     accumulation: widgets.BoundedIntText
     seed: widgets.IntText
     compare_plans: widgets.SelectMultiple
+    budget: widgets.BoundedFloatText
     plan_html: widgets.HTML
     code_title: widgets.HTML
     code_framework: widgets.Dropdown
@@ -203,8 +204,8 @@ def build_layout(
         device=c.device, device_text=c.device_text, mode=c.mode, dtype=c.dtype, fused=c.fused,
         compile=c.compile, loss_scale_lab=c.loss_scale_lab, lab_note=c.lab_note,
         workload=c.workload, preset=c.preset, steps=c.steps, accumulation=c.accumulation,
-        seed=c.seed,
-        compare_plans=c.compare_plans, plan_html=o.plan_html, code_title=o.code_title,
+        seed=c.seed, compare_plans=c.compare_plans, budget=c.budget,
+        plan_html=o.plan_html, code_title=o.code_title,
         code_framework=o.code_framework, code_area=o.code_area,
         live_metrics=o.live_metrics, live_charts=o.live_charts, status=o.status,
         events_html=o.events_html, figure_button=o.figure_button, figure_note=o.figure_note,

@@ -104,6 +104,14 @@ class LiveCallback(Callback):
         self._progress(done, self.steps * self.runs, text, None)
         self.callback_seconds += time.perf_counter() - start
 
+    def on_phase(self, text: str) -> None:
+        """A comparison's measurement moved on (a fresh process starts): said in the header; the
+        live charts keep showing this process's runs."""
+        start = time.perf_counter()
+        total = self.steps * self.runs
+        self._progress(total, total, text, None)
+        self.callback_seconds += time.perf_counter() - start
+
     def on_log(self, record: dict[str, Any]) -> None:
         start = time.perf_counter()
         with self._lock:

@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_nb.core.defaults import DEFAULT_BUDGET_S
 from precision_nb.core.device import normalize_device_request
 from precision_nb.core.names import COMPILE_MODES, compile_name
 from precision_nb.core.plan import normalize_precision
-from precision_nb.core.validate import integer, positive_int, short_repr
+from precision_nb.core.validate import integer, number, positive_int, short_repr
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -27,12 +28,15 @@ __all__ = [
     "SIM_PREFIX",
     "Selection",
     "check_seed",
+    "compare_measure",
     "device_value",
     "normalise",
 ]
 
 MAX_STEPS = 100_000
 MAX_ACCUMULATION = 1024
+#: The Compare's measurement budget in seconds: at least one, at most an hour.
+BUDGET_RANGE = (1.0, 3600.0)
 MODES = ("auto", "fp32", "bf16", "fp16")
 DTYPES = ("none", "fp32", "bf16", "fp16")
 FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
@@ -88,6 +92,9 @@ class Selection:
     compare_plans: tuple[str, ...] = field(default=DEFAULT_COMPARE)
     #: "off" (eager) or a torch.compile mode (see ``core/compile_mode.py``).
     compile: str = "off"
+    #: Seconds a Compare's measurement may take (this process's rounds, then fresh processes
+    #: until every interval is within the target); the profile's default.
+    budget: float = DEFAULT_BUDGET_S
 
     @property
     def simulated_preset(self) -> str | None:
@@ -169,6 +176,8 @@ def normalise(
             out[name] = positive_int("accumulation", value, MAX_ACCUMULATION)
         elif name == "seed":
             out[name] = check_seed(value)
+        elif name == "budget":
+            out[name] = number("budget", value, minimum=BUDGET_RANGE[0], maximum=BUDGET_RANGE[1])
         elif name == "loss_scale_lab":
             if not isinstance(value, bool):
                 raise ValueError(f"loss_scale_lab={short_repr(value)} must be True or False")
@@ -187,7 +196,7 @@ def normalise(
             raise ValueError(
                 f"{short_repr(name)} is not a panel control; allowed: device, mode, dtype, fused, "
                 "compile, workload, preset, steps, accumulation, seed, loss_scale_lab, "
-                "compare_plans; "
+                "compare_plans, budget; "
                 "distributed, strategy, nproc, comm_hook, backend, param_dtype, reduce_dtype, "
                 "output_dtype"
             )
@@ -231,3 +240,19 @@ def device_value(value: Any, device_options: Sequence[DeviceOption]) -> str:
             f"{exc}; the menu offers: {', '.join(values)} (a simulated preset may be named "
             "without the 'sim:' prefix)"
         ) from None
+
+
+def compare_measure(selection: Selection) -> Any:
+    """How a panel comparison is measured: as a profile is (warm-up, rounds, then fresh
+    processes until every interval is within the target), within the panel's budget. The
+    first process always completes its rounds (they are the runs the charts show)."""
+    from precision_nb.core import defaults
+    from precision_nb.engine.measure_config import MeasureConfig
+
+    return MeasureConfig(
+        warmup_max=defaults.DEFAULT_WARMUP_MAX,
+        processes=defaults.DEFAULT_PROCESSES,
+        target=defaults.DEFAULT_TARGET,
+        budget_s=selection.budget,
+        refuse_small_budget=False,
+    )

@@ -27,7 +27,7 @@ from precision_nb.core.resolution import Explanation
 from precision_nb.views.panel.distributed_run import DistributedView, fit_target
 from precision_nb.views.panel.outputs import PanelOutputs, panel_png
 from precision_nb.views.panel.run import Job, LiveCallback, describe_failure
-from precision_nb.views.panel.selection import COMPARE_CHOICES, Selection
+from precision_nb.views.panel.selection import COMPARE_CHOICES, Selection, compare_measure
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,9 @@ class RunSession:
             for name in selection.compare_plans
         ]
         request = self.request(selection, modes, compiles=compare_compiles(selection))
-        return run_comparison(request, callbacks=[live], stop=stop)
+        return run_comparison(
+            request, callbacks=[live], stop=stop, measure=compare_measure(selection)
+        )
 
     # ------------------------------------------------------------------ during the run
 

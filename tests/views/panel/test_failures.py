@@ -52,7 +52,9 @@ class _NoAutocastModel(nn.Module):
 
 def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
     batches = [(torch.randn(3, 4), torch.randint(0, 2, (3,)))]
-    panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
+    panel = Panel(
+        _NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"), budget=1
+    )
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     expected = "Run failed (RuntimeError): plan bf16: custom_op has no kernel for BFloat16"

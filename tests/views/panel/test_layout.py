@@ -181,7 +181,7 @@ def test_run_shows_the_live_tab_and_a_run_keeps_it(panel: Panel) -> None:
 
 
 def test_a_comparison_left_on_another_tab_stays_there() -> None:
-    panel = Panel(steps=2, log_every=1, compare_plans=("fp32", "bf16"))
+    panel = Panel(steps=2, log_every=1, compare_plans=("fp32", "bf16"), budget=1)
     try:
         job_started = panel.compare()
         assert job_started is None and tab_name(panel.widgets.tabs.selected_index) == "Live"

@@ -18,7 +18,7 @@ TIMEOUT = 120
 
 @pytest.fixture(scope="module")
 def compared() -> Panel:
-    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"))
+    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"), budget=1)
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is None, panel.error
@@ -126,7 +126,7 @@ def test_a_comparison_on_a_busy_machine_says_so_before_its_verdicts(monkeypatch)
     from precision_nb.engine import load
 
     monkeypatch.setattr(load.Load, "busy", property(lambda self: True))
-    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"))
+    panel = Panel(steps=6, log_every=1, compare_plans=("fp32", "bf16"), budget=1)
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT) and panel.error is None, panel.error
     table = panel.widgets.results_html.value

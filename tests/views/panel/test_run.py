@@ -165,7 +165,9 @@ def test_second_run_is_refused_and_stop_keeps_every_record() -> None:
 
 
 def test_compare_overlays_plans_with_summary_table() -> None:
-    panel = Panel(steps=4, log_every=1, compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"))
+    panel = Panel(
+        steps=4, log_every=1, compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"), budget=1
+    )
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
     assert panel.error is None, panel.error
@@ -268,7 +270,9 @@ def test_user_loss_fn_is_used_by_run_and_compare() -> None:
 
     model = nn.Linear(4, 1)
     batches = [(torch.randn(5, 4), torch.randn(5, 1)) for _ in range(2)]
-    panel = Panel(model, batches, loss_fn=loss_fn, steps=2, compare_plans=("fp32", "bf16"))
+    panel = Panel(
+        model, batches, loss_fn=loss_fn, steps=2, compare_plans=("fp32", "bf16"), budget=1
+    )
     panel.run(block=True)
     after_run = len(calls)
     assert after_run >= 2

@@ -1,0 +1,106 @@
+"""The panel's Compare measures like ``profile``: this process's rounds, then fresh processes
+until every interval is within the target or the panel's budget is spent; the header says which
+process is measuring, the verdicts say over how many processes."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from precision_nb.core.defaults import DEFAULT_BUDGET_S
+from precision_nb.views.panel import Panel
+
+TIMEOUT = 300
+
+
+#: A notebook cell: its classes and functions belong to ``__main__``, which a fresh process does
+#: not have (cloudpickle sends them by value).
+CELL = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+def batches(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+"""
+
+
+def notebook_cell() -> dict:
+    namespace: dict = {"__name__": "__main__"}
+    exec(CELL, namespace)  # noqa: S102 - the test's own source, run as a notebook cell runs
+    assert namespace["Net"].forward.__module__ == "__main__"
+    return namespace
+
+
+def _compare(panel: Panel) -> list[str]:
+    headers: list[str] = []
+    panel.widgets.progress_label.observe(lambda c: headers.append(c["new"]), names="value")
+    panel.widgets.compare_button.click()
+    assert panel.wait(TIMEOUT)
+    assert panel.error is None, panel.error
+    return headers
+
+
+def test_compare_of_a_notebook_model_measures_in_fresh_processes_within_the_budget() -> None:
+    # the budget leaves room for two fresh processes on a busy machine; a quiet one reaches the
+    # target sooner
+    cell = notebook_cell()
+    panel = Panel(
+        cell["Net"](), cell["batches"], steps=6, compare_plans=("fp32", "bf16"), budget=120
+    )
+    try:
+        headers = _compare(panel)
+        m = panel.result.measurement
+        n = m.process_count
+        assert n >= 2, m.stopped_by
+        assert m.stopped_by.startswith(("target:", "budget: 120 s")), m.stopped_by
+        assert any(
+            h.startswith("process 2: measuring every plan in a fresh process") for h in headers
+        )
+        verdict = panel.result.outcome("bf16").verdict.text
+        assert f"over {n} processes" in verdict
+        shown = panel.widgets.results_html.value
+        assert html.escape(verdict) in shown or verdict in shown
+        assert any("sent to the fresh processes by value" in e.message for e in m.events)
+        # the charts are this process's runs: one record set per plan, as in a single process
+        assert set(panel.records_frame["run"]) == {"fp32", "bf16"}
+    finally:
+        panel.close()
+
+
+def test_compare_is_measured_as_a_profile_is_within_the_panels_budget() -> None:
+    from precision_nb.core import defaults
+    from precision_nb.views.panel.selection import compare_measure
+
+    panel = Panel(preset="tiny", budget=25)
+    try:
+        cfg = compare_measure(panel.selection)
+    finally:
+        panel.close()
+    assert (cfg.processes, cfg.target, cfg.budget_s) == (None, defaults.DEFAULT_TARGET, 25.0)
+    assert cfg.warmup_max == defaults.DEFAULT_WARMUP_MAX and not cfg.refuse_small_budget
+
+
+def test_the_budget_is_a_control_with_the_profiles_default_and_a_checked_range() -> None:
+    panel = Panel(preset="tiny")
+    try:
+        assert panel.selection.budget == DEFAULT_BUDGET_S == panel.widgets.budget.value
+        panel.set(budget=5)
+        assert panel.selection.budget == 5.0
+        for bad in (0, -1, float("nan"), "soon", 10_000):
+            with pytest.raises(ValueError, match=re.escape("budget: invalid value")):
+                panel.set(budget=bad)
+            assert "budget" in panel.error
+        assert panel.selection.budget == 5.0
+    finally:
+        panel.close()

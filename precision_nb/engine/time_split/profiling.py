@@ -86,9 +86,10 @@ class MatmulShape:
 class TimeSplit:
     """One plan's step time by op family (see :mod:`~precision_nb.engine.time_split.families`).
 
-    ``families``: seconds per step of each family, means over the ``steps`` profiled steps;
-    they sum to ``step_s``, the profiled step's wall time in the trace. ``timer_s``: the same
-    steps by the step timer (an independent clock); ``unprofiled_s``: the median of the
+    ``families``: seconds per step of each family, medians over the ``steps`` profiled steps
+    (each step's families sum to its wall time in the trace); ``step_s``: their sum, the
+    profiled step. ``timer_s``: the median of the same steps by the step timer (another clock:
+    ``sum_error`` holds the families against it); ``unprofiled_s``: the median of the
     unprofiled steps of the same short fit; ``measured_s``: the timed rounds' median step time.
     ``view``: what the seconds are (the host's self time, or the kernels' time on a GPU).
     ``missing``: why there is no split (then the figures are empty).
@@ -279,12 +280,13 @@ def _profiled(
     if len(split_steps) != n:
         raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {n} steps")
     unprofiled = times[1 : 1 + u] + times[1 + u + n :]
+    families = _median_families(split_steps)
     notes += _compiled_notes(trainer, split_steps)
     return TimeSplit(
         label,
-        families=_mean_families(split_steps),
-        step_s=statistics.fmean(s.wall_s for s in split_steps),
-        timer_s=statistics.fmean(times[profiled]),
+        families=families,
+        step_s=sum(families.values()),
+        timer_s=statistics.median(times[profiled]),
         unprofiled_s=statistics.median(unprofiled) if unprofiled else None,
         measured_s=measured_s,
         steps=n,
@@ -300,8 +302,10 @@ def _profiled(
     )
 
 
-def _mean_families(steps: list[StepSplit]) -> dict[str, float]:
-    return {f: statistics.fmean(s.families[f] for s in steps) for f in FAMILIES}
+def _median_families(steps: list[StepSplit]) -> dict[str, float]:
+    """Each family's median over the profiled steps: a step the machine interrupted (a time
+    slice lost inside one op) moves one step's family, not the median."""
+    return {f: statistics.median(s.families[f] for s in steps) for f in FAMILIES}
 
 
 def _casts(steps: list[StepSplit]) -> CastSummary:

@@ -306,11 +306,8 @@ def test_the_sentence_is_true_whatever_the_numbers() -> None:
         assert ("(faster)" in said) == (d.reconstructed > 1)
         assert ("(slower)" in said) == (d.reconstructed < 1)
         for c in d.changes:
-            notable = abs(c.change_s) >= NOTABLE * base.step_s
-            mentioned = f"saved " in said or "more" in said or "added" in said
-            if not notable:
+            if abs(c.change_s) < NOTABLE * base.step_s:
                 continue
-            assert mentioned
             verb = "saved" if c.change_s < 0 else ("added" if c.baseline_s == 0 else "spent")
             assert re.search(verb + r" [0-9.e+-]+ ms", said)
         if d.reconstructed < 1 and any(c.change_s > 0 for c in d.changes):

@@ -370,6 +370,7 @@ def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
 def _print_outcome(output: Any) -> None:
     """One line per plan, the verdict first (merged requests under their plan), then the
     table, the other hints and where the report is; a busy machine is said before any figure."""
+    from precision_nb.views.report import tables as col
     from precision_nb.views.report.answer import other_hints, terminal_lines
 
     if output.load_note:
@@ -386,16 +387,16 @@ def _print_outcome(output: Any) -> None:
         for c in (
             "run",
             "final_loss",
-            "median_step_time_s",
-            "step_time_iqr_s",
-            "speedup_vs_fp32",
-            "speedup_ci_low",
-            "speedup_ci_high",
-            "warmup_steps",
-            "peak_memory_mib",
-            "skipped_steps",
+            col.MEDIAN_STEP,
+            col.STEP_IQR,
+            col.SPEEDUP,
+            col.CI_LOW,
+            col.CI_HIGH,
+            col.WARMUP_STEPS,
+            col.PEAK_MIB,
+            col.SKIPPED,
             "fused_adamw",
-            "also_requested_as",
+            col.ALSO_REQUESTED,
         )
         if c in table
     ]

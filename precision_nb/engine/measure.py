@@ -28,18 +28,22 @@ raise at once instead of dropping that plan on one rank only.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from precision_nb.core import validate
 from precision_nb.core.events import Event
-from precision_nb.engine import stats
+from precision_nb.engine.measure_config import (
+    MAX_PROCESSES,
+    MeasureConfig,
+    PlanSpec,
+    block_sizes,
+    check_options,
+)
+from precision_nb.engine.measurement import Measurement, PlanTiming, ProcessTiming, Warmup
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,6 @@ __all__ = [
     "warmup_event",
 ]
 
-#: The most processes one measurement starts (a target that cannot be reached stops here).
-MAX_PROCESSES = 40
-
 
 class WarmupExhausted(ValueError):
     """The batches ran out before a plan's warm-up ended: its steps cannot be timed."""
@@ -79,277 +80,6 @@ class Session(Protocol):
     def advance(self, n: int) -> int: ...
 
     def finish(self) -> Any: ...
-
-
-@dataclass(frozen=True)
-class PlanSpec:
-    """One plan to measure: its label, the precision request it is built from (a
-    ``PrecisionConfig``; None where the caller builds sessions itself) and its compile mode."""
-
-    label: str
-    precision: Any = None
-    compile: str = "off"
-
-    def to_dict(self) -> dict[str, Any]:
-        precision = self.precision
-        if hasattr(precision, "to_dict"):
-            precision = precision.to_dict()
-        return {"label": self.label, "precision": precision, "compile": self.compile}
-
-
-@dataclass(frozen=True)
-class MeasureConfig:
-    """How a comparison is measured; see the module docstring.
-
-    ``rounds``: rounds of blocks per process (the measured steps of each plan are split evenly
-    over them). ``warmup_max=0`` skips the warm-up (recorded as such).
-    ``processes``: how many processes measure the plans: 1 (this one only), N (this one and
-    N - 1 fresh ones) or None (fresh processes are added, from
-    :data:`~precision_nb.engine.stats.MIN_PROCESSES` on, until every speedup's interval has a
-    relative half-width within ``target``, the ``budget_s`` is spent or :data:`MAX_PROCESSES`
-    is reached). ``target``: that half-width (0.05 = ±5 %); ``budget_s``: the wall-clock seconds
-    the whole measurement may take (warm-ups included; None: no limit). This process always
-    completes its rounds; the budget decides whether another process fits.
-    ``rebuild``: for a model object, the ``("module:factory", "module:batches")`` it came from,
-    so fresh processes can rebuild it (built-in workloads need nothing).
-    ``refuse_small_budget``: a budget too small for a single round is refused (a budget asked
-    for); False for a default budget, which then only limits the fresh processes.
-    """
-
-    rounds: int = 8
-    warmup_min: int = 3
-    warmup_max: int = 20
-    warmup_window: int = 3
-    warmup_tolerance: float = 0.15
-    warmup_seconds: float = 3.0
-    processes: int | None = 1
-    target: float | None = 0.05
-    budget_s: float | None = None
-    rebuild: tuple[str, str] | None = None
-    refuse_small_budget: bool = True
-
-    def __post_init__(self) -> None:
-        validate.integer("measure.rounds", self.rounds, minimum=1)
-        validate.integer("measure.warmup_min", self.warmup_min, minimum=0)
-        validate.integer("measure.warmup_max", self.warmup_max, minimum=0)
-        validate.integer("measure.warmup_window", self.warmup_window, minimum=2)
-        validate.number("measure.warmup_tolerance", self.warmup_tolerance, minimum=0.0)
-        validate.number("measure.warmup_seconds", self.warmup_seconds, minimum=0.0)
-        validate.boolean("measure.refuse_small_budget", self.refuse_small_budget)
-        names = ("measure.processes", "measure.target", "measure.budget_s", "measure.rebuild")
-        check_options(self.processes, self.target, self.budget_s, self.rebuild, names)
-        if self.rebuild is not None:
-            object.__setattr__(self, "rebuild", tuple(self.rebuild))
-
-    def describe(self) -> str:
-        rounds = f"{self.rounds} rounds per process, plan order rotated each round"
-        warm = (
-            "no warm-up"
-            if self.warmup_max == 0
-            else (
-                f"warm-up until {self.warmup_window} consecutive step times lie within "
-                f"{self.warmup_tolerance:.0%} of their median (at least {self.warmup_min} steps; "
-                f"cap {self.warmup_max} steps or {self.warmup_seconds:g} s)"
-            )
-        )
-        return f"{warm}; {rounds}; {self.describe_processes()}"
-
-    def describe_processes(self) -> str:
-        budget = "no time limit" if self.budget_s is None else f"a {self.budget_s:g} s budget"
-        if self.processes == 1:
-            return "one process"
-        if self.processes is not None:
-            return f"{self.processes} processes (this one and fresh ones), {budget}"
-        target = "no target" if self.target is None else f"a target of ±{self.target:.0%}"
-        return (
-            f"fresh processes added from {stats.MIN_PROCESSES} on until {target} or {budget} "
-            f"(at most {MAX_PROCESSES})"
-        )
-
-
-def check_options(
-    processes: Any,
-    target: Any,
-    budget_s: Any,
-    rebuild: Any = None,
-    names: Sequence[str] = ("processes", "target", "budget_s", "rebuild"),
-) -> None:
-    """``ValueError`` naming the field (``names``: how the caller spells them, e.g. the command
-    line's flags) for a bad number of processes, precision target, time budget or rebuild pair."""
-    if processes is not None:
-        validate.integer(names[0], processes, 1, MAX_PROCESSES)
-    for name, value, allowed, top in (
-        (names[1], target, "a relative half-width above 0 and below 1 (0.05 = ±5 %)", 1.0),
-        (names[2], budget_s, "a number of seconds above 0", math.inf),
-    ):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if value is not None and not (ok and 0 < value < top and math.isfinite(value)):
-            raise ValueError(
-                f"{name}: invalid value {validate.short_repr(value)}; allowed: {allowed}, or none"
-            )
-    if rebuild is not None and (
-        not isinstance(rebuild, (tuple, list))
-        or len(rebuild) != 2
-        or not all(isinstance(x, str) and ":" in x for x in rebuild)
-    ):
-        raise ValueError(
-            f"{names[3]}: invalid value {validate.short_repr(rebuild)}; allowed: "
-            "('module:factory', 'module:batches') or None"
-        )
-
-
-def block_sizes(steps: int, rounds: int) -> list[int]:
-    """``steps`` split over at most ``rounds`` blocks, sizes differing by at most one."""
-    rounds = max(1, min(rounds, steps))
-    base, extra = divmod(steps, rounds)
-    return [base + (1 if r < extra else 0) for r in range(rounds)]
-
-
-@dataclass(frozen=True)
-class Warmup:
-    """How one plan's warm-up went: steps, total seconds, the rule that ended it, its times."""
-
-    steps: int
-    seconds: float
-    rule: str
-    times: tuple[float, ...] = ()
-
-
-@dataclass
-class PlanTiming:
-    """Per-round step times of one plan (``blocks[r]``: the step times of its block in round r)."""
-
-    label: str
-    warmup: Warmup | None = None
-    blocks: list[list[float]] = field(default_factory=list)
-    failed: str | None = None
-    spec: PlanSpec | None = None
-
-    @property
-    def rounds_completed(self) -> int:
-        return sum(1 for b in self.blocks if b)
-
-    @property
-    def times(self) -> list[float]:
-        return [t for block in self.blocks for t in block]
-
-    @property
-    def spread(self) -> stats.Spread:
-        return stats.spread(self.times)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able: warm-up, blocks, failure (what a fresh process sends back)."""
-        warm = dataclasses.asdict(self.warmup) if self.warmup is not None else None
-        return {"warmup": warm, "blocks": self.blocks, "failed": self.failed}
-
-    @classmethod
-    def from_dict(cls, label: str, data: Mapping[str, Any]) -> PlanTiming:
-        warm = data.get("warmup")
-        warmup = None
-        if warm:
-            warmup = Warmup(
-                int(warm["steps"]), float(warm["seconds"]), str(warm["rule"]), tuple(warm["times"])
-            )
-        blocks = [[float(t) for t in block] for block in data.get("blocks") or []]
-        return cls(label, warmup, blocks, data.get("failed"))
-
-
-@dataclass
-class ProcessTiming:
-    """One fresh process's measurement of every plan (its own warm-ups and rounds)."""
-
-    index: int
-    plans: dict[str, PlanTiming]
-    sizes: list[int] = field(default_factory=list)
-    orders: list[list[str]] = field(default_factory=list)
-    seconds: float = 0.0
-    pid: int | None = None
-    stopped: bool = False
-    #: Seconds from the process's start to its first warm-up step (interpreter, torch, model).
-    startup_s: float | None = None
-
-
-@dataclass
-class Measurement:
-    """Every plan's timing in this process, the fresh processes' timings, what happened.
-
-    ``plans`` / ``sizes`` / ``orders``: this process's rounds (the sessions whose results the
-    report shows). ``processes``: the fresh processes that measured the plans too.
-    ``stopped_by``: how the measurement ended (target, budget, the number asked for, why only
-    one process); ``sequential``: the number of processes was chosen by looking at the interval;
-    ``load``: the machine's load at the start and the end (:class:`~precision_nb.engine.load.Load`).
-    """
-
-    config: MeasureConfig
-    sizes: list[int]
-    plans: dict[str, PlanTiming] = field(default_factory=dict)
-    orders: list[list[str]] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    stopped: bool = False
-    processes: list[ProcessTiming] = field(default_factory=list)
-    stopped_by: str = ""
-    sequential: bool = False
-    load: Any = None
-    seconds: float = 0.0
-
-    @property
-    def load_note(self) -> str:
-        """On a busy machine, the sentence to show before any figure ("" on a quiet one, or
-        when the load was not recorded)."""
-        return self.load.note() if self.load is not None else ""
-
-    @property
-    def process_count(self) -> int:
-        """Processes that measured the plans: this one and the fresh ones."""
-        return 1 + len(self.processes)
-
-    def blocks_by_process(self, label: str) -> list[list[list[float]]]:
-        """The blocks of ``label`` in every process (this one first)."""
-        out = [self.plans[label].blocks] if label in self.plans else []
-        return out + [p.plans[label].blocks for p in self.processes if label in p.plans]
-
-    def times(self, label: str) -> list[float]:
-        """Every measured step time of ``label``, all processes pooled."""
-        return [t for blocks in self.blocks_by_process(label) for b in blocks for t in b]
-
-    def spread(self, label: str) -> stats.Spread:
-        """Median and quartiles of ``label``'s step times, all processes pooled."""
-        return stats.spread(self.times(label))
-
-    def speedup(self, label: str, baseline: str) -> stats.Speedup:
-        """``label`` over ``baseline``: over processes when fresh ones measured, else over this
-        process's rounds (:mod:`precision_nb.engine.stats`)."""
-        base = self.blocks_by_process(baseline)
-        plan = self.blocks_by_process(label)
-        if len(base) > 1 and len(plan) > 1:
-            pairs = list(zip(base, plan, strict=False))
-            return stats.process_speedup(
-                pairs, sequential=self.sequential, stopped_by=self.stopped_by
-            )
-        return stats.paired_speedup(base[0], plan[0], stopped_by=self.stopped_by)
-
-    def method(self) -> dict[str, Any]:
-        """What the report's settings show about the method."""
-        steps = sorted(set(self.sizes))
-        out: dict[str, Any] = {
-            "method": self.config.describe(),
-            "rounds": len(self.sizes),
-            "steps per block": "/".join(map(str, steps)),
-            "processes": self.process_count,
-            "timing": "per optimizer step (CUDA events on CUDA, host clock elsewhere)",
-            "speedup": (
-                stats.process_method(self.process_count, stats.CONFIDENCE, self.sequential)
-                if self.processes
-                else stats.round_method(len(self.sizes))
-            ),
-        }
-        if self.stopped_by:
-            out["measurement stopped by"] = self.stopped_by
-        if self.seconds:
-            out["measurement time"] = f"{self.seconds:.1f} s"
-        if self.load is not None:
-            out["machine load"] = self.load.describe()
-        return out
 
 
 def _stable(times: Sequence[float], cfg: MeasureConfig) -> bool:

@@ -1,12 +1,16 @@
 """One run as a public entry receives it: :class:`RunRequest`, checked once, and :func:`prepare`.
 
-``fit``, ``compare``, ``fit_distributed`` and ``write_spec`` keep their keyword signatures; each
-turns its arguments into one frozen :class:`RunRequest` (``RunRequest.of``) and passes that on,
-so the arguments are checked in one place and never forwarded one by one; ``profile()`` and the
-panel build one too and call the same engine functions with it. A request holds what
-to train (a module with its batches, or a built-in workload and its preset), where (``device``),
-under which precision request(s), with which optimizer settings, loop settings (one
-:class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss.
+``fit``, ``compare``, ``profile``, ``fit_distributed`` and ``write_spec`` keep their keyword
+signatures; each turns its arguments into one frozen :class:`RunRequest` (``RunRequest.of``) and
+passes that on, so the arguments are checked in one place and never forwarded one by one; the
+panel and the command line build one too. A request holds what to train (a module with its
+batches, or a built-in workload and its preset), where (``device``), under which precision
+request(s) and compile modes, with which optimizer settings, loop settings (one
+:class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss, how a
+comparison is measured (:class:`~precision_nb.engine.measure_config.MeasureConfig`), which
+analyses follow it (``inspect``, ``numerics``) and over which ranks (``distributed``).
+:meth:`RunRequest.check` adds the checks that need the machine (the device, the compile modes,
+the first batch, the distributed plan), before anything runs.
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from precision_nb.core import validate
 from precision_nb.core.device import resolve_device
-from precision_nb.core.names import COMPILE_MODES, compile_name
+from precision_nb.core.distributed import Distributed
+from precision_nb.core.names import COMPILE_MODES, compile_list, compile_name, precision_list
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.validate import short_repr
+from precision_nb.engine.measure_config import MeasureConfig, check_rounds
 from precision_nb.engine.run_setup import seed_everything
 from precision_nb.engine.train_config import TrainConfig, make_train_config
 from precision_nb.engine.workloads import Workload, get_workload
@@ -36,8 +43,11 @@ ModelArg = nn.Module | Workload | str
 LossArg = Callable[..., torch.Tensor] | str | None
 
 
-def precision_config(value: PrecisionConfig | str | None, field_name: str = "precision") -> Any:
-    """A :class:`PrecisionConfig` from a config, a mode string or None (``auto``)."""
+def precision_config(
+    value: PrecisionConfig | str | None, field_name: str = "precision", lab: bool = False
+) -> Any:
+    """A :class:`PrecisionConfig` from a config, a mode string or None (``auto``); ``lab`` turns a
+    plain fp16 request into the CPU loss-scale lab's (the one place a request is coerced)."""
     if isinstance(value, PrecisionConfig):
         return value
     if value is not None and not isinstance(value, (str, torch.dtype)):
@@ -45,7 +55,10 @@ def precision_config(value: PrecisionConfig | str | None, field_name: str = "pre
             f"{field_name}: invalid value {short_repr(value)} ({type(value).__name__}); allowed: "
             "a PrecisionConfig, a mode name (auto, fp32, bf16, fp16) or None"
         )
-    return PrecisionConfig(mode=value if value is not None else "auto")
+    config = PrecisionConfig(mode=value if value is not None else "auto")
+    if lab and config.requested == "fp16":
+        return PrecisionConfig(mode=config.requested, loss_scale_lab=True)
+    return config
 
 
 def optimizer_config(value: OptimizerConfig | None) -> OptimizerConfig:
@@ -68,6 +81,10 @@ class RunRequest:
     ``loss_fn``: a callable, or ``"package.module:function"`` for a distributed run.
     ``compiles``: the compile modes ("off", "default", "reduce-overhead", "max-autotune"); a
     comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
+    ``measure``: how a comparison is measured (rounds, warm-up, processes, target, budget; more
+    rounds than ``train.steps`` are refused). ``inspect`` / ``numerics``: the analyses after a
+    comparison. ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request
+    (torchrun's ranks; eager only) or None.
     """
 
     model: ModelArg
@@ -79,6 +96,10 @@ class RunRequest:
     train: TrainConfig = field(default_factory=TrainConfig)
     loss_fn: LossArg = None
     compiles: tuple[str, ...] = ("off",)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    inspect: bool = False
+    numerics: bool = False
+    distributed: Distributed | None = None
 
     def __post_init__(self) -> None:
         compiles = self.compiles
@@ -119,6 +140,28 @@ class RunRequest:
                 "allowed: None, a callable (output, target) -> scalar loss tensor, or "
                 "'package.module:function' for a distributed run"
             )
+        self._check_measurement()
+
+    def _check_measurement(self) -> None:
+        if not isinstance(self.measure, MeasureConfig):
+            raise ValueError(
+                f"measure: invalid value {short_repr(self.measure)}; allowed: a MeasureConfig"
+            )
+        check_rounds(self.measure.rounds, self.train.steps)
+        validate.boolean("inspect", self.inspect)
+        validate.boolean("numerics", self.numerics)
+        if self.distributed is None:
+            return
+        if not isinstance(self.distributed, Distributed):
+            raise ValueError(
+                f"distributed: invalid value of type {type(self.distributed).__name__}; allowed: "
+                "precision_nb.Distributed(strategy=..., nproc=...) or None"
+            )
+        if self.compiles != ("off",):
+            raise ValueError(
+                f"compile: invalid value {','.join(self.compiles)!r} with a distributed run; "
+                "allowed: 'off' (distributed runs train eagerly)"
+            )
 
     @classmethod
     def of(
@@ -133,23 +176,41 @@ class RunRequest:
         train: TrainConfig | None = None,
         loss_fn: LossArg = None,
         compile: Any = "off",
+        loss_scale_lab: bool = False,
+        measure: MeasureConfig | None = None,
+        inspect: bool = False,
+        numerics: bool = False,
+        distributed: Distributed | None = None,
         **train_options: Any,
     ) -> RunRequest:
         """The request of a public call: ``precision`` is one request (a ``PrecisionConfig``, a
-        mode name or None) or a sequence of them; ``compile`` one mode or a sequence of them;
-        ``train_options`` are ``TrainConfig`` fields applied over ``train``."""
+        mode name or None), comma-separated names (``"fp32,bf16"``) or a sequence of them;
+        ``compile`` one mode, comma-separated modes or a sequence; ``loss_scale_lab`` turns the
+        plain fp16 requests into the CPU loss-scale lab's; ``train_options`` are ``TrainConfig``
+        fields applied over ``train``."""
+        validate.boolean("loss_scale_lab", loss_scale_lab)
+        if isinstance(precision, str) and "," in precision:
+            precision = precision_list(precision, "precision")
         many = isinstance(precision, Sequence) and not isinstance(precision, str)
+        if isinstance(compile, str) and "," in compile:
+            compile = compile_list(compile, "compile")
         modes = isinstance(compile, Sequence) and not isinstance(compile, str)
+        given = precision if many else [precision]
+        requests = [precision_config(p, lab=loss_scale_lab) for p in given]
         return cls(
             model=model,
             batches=batches,
             preset=preset,
             device=device,
-            precisions=tuple(precision) if many else (precision,),
+            precisions=tuple(requests),
             optimizer=optimizer_config(optimizer),
             train=make_train_config(train, train_options),
             loss_fn=loss_fn,
             compiles=tuple(compile) if modes else (compile,),
+            measure=MeasureConfig() if measure is None else measure,
+            inspect=inspect,
+            numerics=numerics,
+            distributed=distributed,
         )
 
     @property
@@ -178,6 +239,72 @@ class RunRequest:
     def prepare(self) -> tuple[nn.Module, Any, dict[str, Any]]:
         """Model, batches and workload info, built as :func:`prepare` builds them."""
         return prepare(self.model, self.batches, self.preset, self.device, self.train.seed)
+
+    def check(self) -> RunRequest:
+        """The checks that need the machine, before anything runs (returns ``self``).
+
+        ``ValueError`` for an unknown workload or preset, batches of your own model that cannot
+        be replayed or whose first batch is not a tensor, tuple or mapping, or a distributed
+        request this workload cannot split; ``RuntimeError`` for a device, a compile mode or a
+        distributed plan this machine cannot run (naming what is missing).
+        """
+        from precision_nb.core.compile_mode import resolve_compile
+        from precision_nb.engine.batches import BatchSource
+
+        where = resolve_device(self.device)  # RuntimeError for absent CUDA/MPS
+        if isinstance(self.model, nn.Module):
+            if self.batches is None:
+                raise ValueError(
+                    f"batches: invalid value None for model {type(self.model).__name__}; allowed: "
+                    "a list of batches, a DataLoader or a callable taking the microbatch index"
+                )
+            source = BatchSource(self.batches)  # ValueError for the wrong kind of source
+            if source.one_shot:
+                raise ValueError(
+                    f"batches has type {type(self.batches).__name__}, a one-shot iterator; "
+                    "a comparison replays the batches for every plan: pass a list, a DataLoader "
+                    "or a callable"
+                )
+            source.get(0)  # ValueError when the first batch is not a tensor, tuple or mapping
+        elif isinstance(self.model, str):
+            get_workload(self.model, self.preset)
+        elif not isinstance(self.model, Workload):
+            raise ValueError(
+                f"model: invalid value of type {type(self.model).__name__}; allowed: a "
+                "torch.nn.Module or a built-in workload name (mlp, transformer, cnn)"
+            )
+        for mode in self.compiles:  # refused now (no C++ compiler, no Triton), not after a warm-up
+            if mode != "off":
+                resolve_compile(mode, where.type)
+        if self.distributed is not None:
+            self.distributed_plans()
+        return self
+
+    def distributed_plans(self) -> dict[PrecisionConfig, Any]:
+        """Each precision request resolved on torchrun's ranks (request -> ``DistributedPlan``).
+
+        ``ValueError`` for a model object (it cannot reach the workers: use ``fit_distributed``
+        with a factory) or a global batch not divisible by the ranks; ``RuntimeError`` for a
+        machine that cannot run it (nccl without CUDA, more processes than GPUs, MPS).
+        """
+        from precision_nb.core.distributed import explain_distributed
+        from precision_nb.engine.distributed.parallel import check_divisible
+
+        dist = self.distributed
+        if not isinstance(self.model, str) or dist is None:
+            raise ValueError(
+                f"distributed: a profile of a model object ({type(self.model).__name__}) cannot "
+                "run on torchrun workers; allowed: a built-in workload name (mlp, transformer, "
+                "cnn), or fit_distributed(model, factory='package.module:factory') for your own "
+                "model"
+            )
+        info = get_workload(self.model, self.preset).info
+        where = f"workload {self.model!r} at {self.preset!r}"
+        check_divisible(info["batch_size"], dist.nproc, where, dist.nnodes)
+        return {
+            p: explain_distributed(dist, p, self.device, optimizer=self.optimizer)
+            for p in self.precisions
+        }
 
 
 def prepare(

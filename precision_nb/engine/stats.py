@@ -37,6 +37,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Coverage of every interval shown (CONFIDENCE); fewer paired rounds than MIN_ROUNDS in one
+# process give no interval (below 6 values the exact Wilcoxon signed-rank test cannot reach 95 %:
+# its most extreme outcome has probability 2/2^n); an interval over processes chosen by a
+# precision target starts looking at MIN_PROCESSES.
+from precision_nb.core.defaults import CONFIDENCE, MIN_PROCESSES, MIN_ROUNDS
+
 __all__ = [
     "CONFIDENCE",
     "LOOK_CONFIDENCE",
@@ -59,13 +65,6 @@ __all__ = [
     "verdict",
 ]
 
-#: Coverage of every interval shown.
-CONFIDENCE = 0.95
-#: Fewer paired rounds than this in one process give no interval: below 6 values the exact
-#: Wilcoxon signed-rank test cannot reach 95 % (its most extreme outcome has probability 2/2^n).
-MIN_ROUNDS = 6
-#: An interval over processes chosen by a precision target starts looking at this many.
-MIN_PROCESSES = 3
 #: The level of each look of the sequential (target-driven) procedure; the simulation in
 #: tests/engine/test_engine_calibration.py shows the whole procedure keeps >= 95 % coverage.
 LOOK_CONFIDENCE = 0.975

@@ -15,6 +15,9 @@ from precision_nb.views.report import profile as report
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
+#: The engine's comparison, replaced by a fake where a test needs no measurement.
+COMPARE = "precision_nb.engine.compare.run_comparison"
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURE_FILES = ("dashboard.png", "loss.png", "loss_scale.png", "throughput.png", "memory.png")
 # Two plans ran (fp32, bf16): their inspections, and the numerics of the MLP (ReLU: activation
@@ -156,7 +159,7 @@ def test_profile_into_an_existing_folder_keeps_other_files(
     (out / "notes.txt").write_text("mine")
     (out / "report.html").write_text("previous report")
     fake = make_comparison(fp32=make_result("fp32", "fp32"))
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--compare", "fp32", "--no-inspect", "--no-numerics",
         "--out", str(out),
@@ -244,7 +247,7 @@ def test_a_failed_run_leaves_the_folder_as_it_was(tmp_path, capsys, monkeypatch)
     def boom(request, **kwargs):
         raise RuntimeError("bf16: loss became NaN at step 3")
 
-    monkeypatch.setattr(report, "run_comparison", boom)
+    monkeypatch.setattr(COMPARE, boom)
     assert _profile("--preset", "tiny", "--out", str(out)) == 1
     assert "run failed: bf16: loss became NaN" in capsys.readouterr().err
     assert (out / "report.html").read_text() == "previous report"
@@ -317,7 +320,7 @@ def test_the_terminal_opens_with_one_verdict_line_per_plan_said_once(
             "bf16": {"verdict": verdict, "verdict_kind": "faster", "speedup_vs_fp32": 1.31},
         },
     )
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--no-inspect", "--no-numerics",
         "--out", str(tmp_path / "out"),

@@ -14,8 +14,10 @@ import pytest
 
 from precision_nb.cli.main import main
 from precision_nb.views.report import folder
-from precision_nb.views.report import profile as report
 from precision_nb.views.report.html import OUTPUT_FILES, write_report
+
+#: The engine's comparison, replaced by a fake where a test needs no measurement.
+COMPARE = "precision_nb.engine.compare.run_comparison"
 
 # The fake comparisons below have records only: no model to inspect or analyse.
 ARGS = (
@@ -51,7 +53,7 @@ def test_ctrl_c_during_the_run_leaves_out_as_it_was(tmp_path, old_report, monkey
     def interrupted(request, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "run_comparison", interrupted)
+    monkeypatch.setattr(COMPARE, interrupted)
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 130
     err = capsys.readouterr().err
@@ -62,7 +64,7 @@ def test_ctrl_c_during_the_run_leaves_out_as_it_was(tmp_path, old_report, monkey
 
 def test_a_stopped_comparison_writes_nothing(tmp_path, old_report, monkeypatch, capsys, fake):
     fake.stopped = True  # the engine turned Ctrl-C into a stop between steps
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 130
     assert _snapshot(tmp_path) == before
@@ -71,7 +73,7 @@ def test_a_stopped_comparison_writes_nothing(tmp_path, old_report, monkeypatch, 
 def test_ctrl_c_while_the_report_is_written_leaves_out_as_it_was(
     tmp_path, old_report, monkeypatch, fake
 ):
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     real = pathlib.Path.write_bytes
     written = []
 
@@ -97,7 +99,7 @@ def test_a_stop_that_arrives_while_writing_leaves_out_as_it_was(
 
     from precision_nb.cli import profile as cli_profile
 
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     real = pathlib.Path.write_bytes
     stops: list[threading.Event] = []
     real_stops = cli_profile._ctrl_c_stops
@@ -187,7 +189,7 @@ def test_a_kill_while_the_report_is_written_leaves_a_staging_folder_the_next_run
     def interrupted(request, **kwargs):  # even a next run that is itself interrupted
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "run_comparison", interrupted)
+    monkeypatch.setattr(COMPARE, interrupted)
     assert main([*ARGS, "--out", str(old_report)]) == 130
     assert _dirs(old_report) == []
     assert _snapshot(old_report) == before
@@ -197,13 +199,13 @@ def test_interrupting_a_new_folder_leaves_no_folder(tmp_path, monkeypatch):
     def interrupted(request, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report, "run_comparison", interrupted)
+    monkeypatch.setattr(COMPARE, interrupted)
     assert main([*ARGS, "--out", str(tmp_path / "new")]) == 130
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_move_puts_the_old_report_back(tmp_path, old_report, monkeypatch, fake):
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     real_replace = os.replace
     calls = []
 
@@ -223,7 +225,7 @@ def test_a_failed_move_puts_the_old_report_back(tmp_path, old_report, monkeypatc
 def test_disk_full_keeps_the_old_report_and_says_what_and_how_much(
     tmp_path, old_report, monkeypatch, capsys, fake, full_disk
 ):
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     full_disk(".png")
     before = _snapshot(tmp_path)
     assert main([*ARGS, "--out", str(old_report)]) == 1
@@ -242,7 +244,7 @@ def _dead_pid() -> int:
 
 
 def test_stale_partial_folders_are_removed_on_the_next_run(tmp_path, old_report, monkeypatch, fake):
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     dead = old_report / f".precision-nb.{_dead_pid()}.abc.partial"
     live = old_report / f".precision-nb.{os.getppid()}.def.partial"
     old = old_report / f".precision-nb.{os.getppid()}.ghi.partial"
@@ -262,7 +264,7 @@ def test_out_dot_with_a_read_only_parent_works(tmp_path, monkeypatch, fake, caps
     here = tmp_path / "here"
     here.mkdir()
     monkeypatch.chdir(here)
-    monkeypatch.setattr(report, "run_comparison", lambda request, **kwargs: fake)
+    monkeypatch.setattr(COMPARE, lambda request, **kwargs: fake)
     # The suite may run as root, where permission bits do not stop writes; ask os.access instead.
     monkeypatch.setattr(folder.os, "access", lambda path, mode: Path(path).resolve() != tmp_path)
     assert main([*ARGS, "--out", "."]) == 0

@@ -10,7 +10,8 @@ from engine_helpers import quiet
 
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.batches import BatchesExhausted
-from precision_nb.engine.compare import ComparisonError, compare, plan_figures
+from precision_nb.engine.compare import ComparisonError, compare
+from precision_nb.engine.comparison import plan_outcomes
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
 from precision_nb.engine.results import FitError, RunResult
 from precision_nb.engine.trainer import Trainer
@@ -54,25 +55,26 @@ def test_figures_derive_every_rate_from_one_median(batches, make_model):
     out = compare(
         ["fp32", "bf16"], model=make_model(), batches=batches, train=quiet(steps=12), measure=FAST
     )
-    for label, fig in out.figures.items():
-        result = out.results[label]
-        median = fig["median_step_time_s"]
+    for label, outcome in out.outcomes.items():
+        result, timing = out.results[label], outcome.timing
+        median = timing.median  # computed from the raw blocks on first use
         assert median == pytest.approx(out.measurement.plans[label].spread.median)
-        assert fig["samples_per_s"] == pytest.approx(result.workload["batch_size"] / median)
-        assert fig["flops_per_s"] == pytest.approx(result.workload["flops_per_step"] / median)
-        assert fig["rounds"] == 6 and fig["timed_steps"] == 12 and fig["processes"] == 1
-        assert fig["warmup_steps"] >= 2 and fig["warmup_rule"]
-    assert out.figures["fp32"]["verdict_kind"] == "baseline"
-    bf16 = out.figures["bf16"]
-    assert bf16["speedup_ci_low"] <= bf16["speedup_vs_fp32"] <= bf16["speedup_ci_high"]
-    assert bf16["verdict_kind"] in ("faster", "slower", "unresolved")
+        assert outcome.rates.samples_per_s == pytest.approx(result.workload["batch_size"] / median)
+        assert outcome.rates.flops_per_s == pytest.approx(
+            result.workload["flops_per_step"] / median
+        )
+        assert timing.rounds == 6 and timing.spread.n == 12 and timing.processes == 1
+        assert timing.warmup.steps >= 2 and timing.warmup.rule
+    assert out.outcomes["fp32"].verdict.kind == "baseline" and out.baseline == "fp32"
+    bf16 = out.outcomes["bf16"]
+    assert bf16.speedup.low <= bf16.speedup.estimate <= bf16.speedup.high
+    assert bf16.verdict.kind in ("faster", "slower", "unresolved")
     assert "rounds" in out.method and "steps per block" in out.method
-    detail = bf16["verdict_detail"]  # the one verdict object the views render
-    assert str(detail) == bf16["verdict"] and detail.kind == bf16["verdict_kind"]
-    assert (detail.low, detail.high) == (bf16["speedup_ci_low"], bf16["speedup_ci_high"])
+    detail = bf16.verdict  # the one verdict object the views render
+    assert (detail.low, detail.high) == (bf16.speedup.low, bf16.speedup.high)
     assert detail.level == "rounds" and "one process" in detail.method
     # a model object cannot be rebuilt in a fresh process: measured here only, and said so
-    assert detail.stopped_by == bf16["stopped_by"] == "one process, as asked (processes=1)"
+    assert detail.stopped_by == "one process, as asked (processes=1)"
     assert out.measurement.load is not None and "machine load" in out.method
 
 
@@ -100,9 +102,9 @@ def test_a_plan_failing_part_way_is_kept_with_its_rounds(make_model, batches):
     assert str(info.value.__cause__.__cause__) == "bf16 kernel failed"
     out = info.value.result  # raised after fp32 finished, with everything
     assert set(out.failures) == {"bf16"} and "round 3" in out.failures["bf16"]
-    assert out.figures["bf16"]["rounds"] == 2 and out.figures["fp32"]["rounds"] == 4
+    assert out.outcomes["bf16"].timing.rounds == 2 and out.outcomes["fp32"].timing.rounds == 4
     assert out.results["bf16"].steps == 4 and out.results["fp32"].steps == 8
-    assert out.figures["bf16"]["verdict_kind"] == "too_few"
+    assert out.outcomes["bf16"].verdict.kind == "too_few"
 
 
 def test_batches_running_out_in_the_warm_up_name_what_ran_out(make_model, batches):
@@ -112,7 +114,15 @@ def test_batches_running_out_in_the_warm_up_name_what_ran_out(make_model, batche
         return batches(index)
 
     with pytest.raises(ValueError, match="batches ran out during the warm-up of plan fp32 after 2"):
-        compare(["fp32"], model=make_model(), batches=short, train=quiet(steps=4), measure=FAST)
+        compare(["fp32"], model=make_model(), batches=short, train=quiet(steps=6), measure=FAST)
+
+
+def test_more_rounds_than_steps_are_refused_with_both_numbers(make_model, batches):
+    with pytest.raises(ValueError) as info:  # never quietly measured as fewer rounds
+        compare(["fp32"], model=make_model(), batches=batches, train=quiet(steps=4), measure=FAST)
+    message = str(info.value)
+    assert message.startswith("rounds: invalid value 6 with steps=4")
+    assert "rounds at most 4, or steps of at least 6" in message
 
 
 def _fake_result(label, peak):
@@ -133,15 +143,16 @@ def test_mfu_above_one_is_a_calibration_event_not_a_utilisation():
     m.plans["bf16"] = PlanTiming("bf16", Warmup(3, 0.1, "stable"), [[0.25, 0.25]] * 6)
     results = {"fp32": _fake_result("fp32", 4e9), "bf16": _fake_result("bf16", 1e9)}
     results["fp32"].workload.update(peak_flops_low=3e9, peak_flops_high=5e9)
-    figures, events = plan_figures(m, results, "fp32")
-    assert figures["fp32"]["mfu"] == pytest.approx(0.5)  # 2 GFLOP/s of 4
+    outcomes, events = plan_outcomes(m, results, "fp32")
+    fp32, bf16 = outcomes["fp32"].rates, outcomes["bf16"].rates
+    assert fp32.mfu == pytest.approx(0.5)  # 2 GFLOP/s of 4
     # its range: 2 GFLOP/s over the fastest and the slowest calibration repeat of the peak
-    assert (figures["fp32"]["mfu_low"], figures["fp32"]["mfu_high"]) == pytest.approx((0.4, 2 / 3))
-    assert figures["bf16"]["mfu"] is None  # 4 GFLOP/s of a 1 GFLOP/s peak: impossible
+    assert (fp32.mfu_low, fp32.mfu_high) == pytest.approx((0.4, 2 / 3))
+    assert bf16.mfu is None  # 4 GFLOP/s of a 1 GFLOP/s peak: impossible
     assert [e.kind for e in events] == ["calibration"] and events[0].data["run"] == "bf16"
-    assert figures["bf16"]["speedup_vs_fp32"] == pytest.approx(2.0)
-    assert figures["bf16"]["samples_per_s"] == pytest.approx(16.0)
-    assert figures["bf16"]["verdict"].startswith("bf16 is 2.00x the fp32 speed")
+    assert outcomes["bf16"].speedup.estimate == pytest.approx(2.0)
+    assert bf16.samples_per_s == pytest.approx(16.0)
+    assert str(outcomes["bf16"].verdict).startswith("bf16 is 2.00x the fp32 speed")
 
 
 def test_fp32_on_cuda_records_the_tf32_state(monkeypatch):
@@ -152,7 +163,7 @@ def test_fp32_on_cuda_records_the_tf32_state(monkeypatch):
     m.plans["fp32"] = PlanTiming("fp32", None, [[0.5]])
     result = _fake_result("fp32", None)
     result.device, result.plan = "cuda:0", SimpleNamespace(mode="fp32")
-    figures, events = plan_figures(m, {"fp32": result}, "fp32")
-    assert figures["fp32"]["tf32"]["cudnn_allow_tf32"] is True
+    outcomes, events = plan_outcomes(m, {"fp32": result}, "fp32")
+    assert outcomes["fp32"].tf32["cudnn_allow_tf32"] is True
     (event,) = [e for e in events if e.kind == "measurement"]
     assert "may run as TF32" in event.message and event.data["cudnn_allow_tf32"] is True

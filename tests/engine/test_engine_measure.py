@@ -40,7 +40,9 @@ class Scripted:
 
 def test_block_sizes_split_steps_evenly():
     assert M.block_sizes(10, 4) == [3, 3, 2, 2]
-    assert M.block_sizes(3, 8) == [1, 1, 1]
+    assert M.block_sizes(3, None) == [1, 1, 1]  # the default rounds: one per step at most
+    with pytest.raises(ValueError, match="rounds: invalid value 8 with steps=3"):
+        M.block_sizes(3, 8)  # rounds asked for are kept or refused, never lowered
     assert sum(M.block_sizes(97, 8)) == 97
 
 

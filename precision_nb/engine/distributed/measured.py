@@ -34,10 +34,18 @@ from precision_nb.engine.distributed.process import (
     stopped_not_failed,
 )
 from precision_nb.engine.distributed.results import DistributedResult, rank_lines
-from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
 from precision_nb.engine.measure import warmup_event as _warmup_event
+from precision_nb.engine.measure_config import MeasureConfig
+from precision_nb.engine.measurement import Measurement, PlanTiming, Warmup
 
-__all__ = ["MeasuredRuns", "measure_distributed", "merge_measurement", "slowest_per_step"]
+__all__ = [
+    "MeasuredRuns",
+    "compare_distributed",
+    "global_workload",
+    "measure_distributed",
+    "merge_measurement",
+    "slowest_per_step",
+]
 
 #: How a distributed step time is formed from the ranks' times (shown with the method).
 STEP_RULE = (
@@ -265,3 +273,74 @@ def _last(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
 
 def _first(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((item for item in items if item.get("kind") == kind), None)
+
+
+def global_workload(workload: Mapping[str, Any], nproc: int) -> dict[str, Any]:
+    """Rank 0's workload facts scaled to the whole run: each rank trains 1/nproc of the global
+    batch, so samples and FLOPs per step and the peak (one per rank) are nproc times a rank's;
+    the MFU (FLOP/s over peak) stays a rank's."""
+    out = dict(workload, nproc=nproc, rank_batch_size=workload.get("batch_size"))
+    for key in ("batch_size", "flops_per_step", "peak_flops_per_s"):
+        if isinstance(out.get(key), (int, float)):
+            out[key] = out[key] * nproc
+    if out.get("peak_source"):
+        out["peak_source"] = f"{out['peak_source']}; x{nproc} ranks"
+    return out
+
+
+class _PrintPhases:
+    """Prints each phase of a distributed measurement as rank 0 starts it."""
+
+    def on_phase(self, text: str) -> None:
+        print(f"precision_nb: distributed: {text}", flush=True)
+
+
+def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A distributed :class:`~precision_nb.engine.request.RunRequest` measured in one torchrun
+    launch, by the same planning and typed result as a comparison in this process.
+
+    Returns the ``Comparison`` (rank-merged records per plan: loss averaged over ranks, the
+    slowest rank's step time; speedups, verdicts, the final-loss drift: the parameters stay on
+    the ranks, sharded under FSDP2, so their drift is not measured) and label -> the plan's
+    ``DistributedResult``. With ``request.train.progress`` each phase is printed as it starts.
+    """
+    from precision_nb.engine.comparison import Comparison, Drift, plan_outcomes
+    from precision_nb.engine.planning import plan_runs
+
+    resolved = request.distributed_plans()
+    planning = plan_runs(request, explain=lambda precision, _mode: resolved[precision].precision)
+    rank_device = {r.label: resolved[r.precision].rank_device for r in planning.runs}
+    cfg, dist = request.train, request.distributed
+    if cfg.progress:
+        print(
+            f"precision_nb: {dist.strategy} x{dist.nproc}: one torchrun launch measures "
+            f"{', '.join(planning.labels)} ({cfg.steps} steps each after a warm-up)",
+            flush=True,
+        )
+    measured = measure_distributed(
+        request.model, plans=planning.precisions, distributed=dist, preset=request.preset,
+        device=request.device, optimizer=request.optimizer, measure=request.measure,
+        callbacks=[_PrintPhases()] if cfg.progress else [], stop=stop, steps=cfg.steps,
+        log_every=cfg.log_every, accumulation=cfg.accumulation,
+    )  # fmt: skip
+    out = Comparison(merged=dict(planning.merged), events=list(planning.events))
+    for label, result in measured.results.items():
+        out.results[label] = result.run_result(
+            label=label,
+            device=rank_device[label],
+            records=[{**r, "run": label} for r in result.records],
+            workload=global_workload(result.rank0.get("workload", {}), len(result.ranks)),
+        )
+    m = out.measurement = measured.measurement
+    out.stopped = measured.stopped
+    out.events.extend(m.events)
+    base = out.baseline = planning.baseline
+    ref = out.results[base].final_loss if base in out.results else None
+    drift = {
+        k: Drift(None if ref is None or r.final_loss is None else r.final_loss - ref)
+        for k, r in out.results.items()
+    }
+    out.outcomes, more = plan_outcomes(m, out.results, base, drift=drift)
+    out.events.extend(more)
+    out.method = {**m.method(), "distributed step time": STEP_RULE}
+    return out, measured.results

@@ -313,13 +313,13 @@ class PanelOutputs:
         *,
         word: str,
         seconds: float,
-        figures: Mapping[str, Mapping[str, Any]] | None = None,
+        outcomes: Mapping[str, Any] | None = None,
         method: Mapping[str, Any] | None = None,
         compiled: Mapping[str, Any] | None = None,
         load_note: str = "",
     ) -> None:
-        """The finished run's charts, status line, results and events; ``figures`` and
-        ``method``: a comparison's measured figures per plan and how they were measured;
+        """The finished run's charts, status line, results and events; ``outcomes`` and
+        ``method``: a comparison's typed outcome per plan and how it was measured;
         ``compiled``: its compiled plans' reports; ``load_note``: the busy machine's note."""
         self.live_charts.value = self.charts(frame.to_dict("records"))
         if frame.empty:
@@ -345,7 +345,7 @@ class PanelOutputs:
             )
         self.results_html.value = results_html(
             summary,
-            figures or {},
+            outcomes or {},
             measured=self.measured,
             method=method,
             # the table's memory note covers the chart: one note, not two

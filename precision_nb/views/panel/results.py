@@ -13,9 +13,12 @@ shows no interval, no verdict.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from precision_nb.views.report import tables as col
+from precision_nb.views.text import confidence_text, speedup_text
+from precision_nb.views.text import number as as_number
 
 __all__ = [
     "COMPARE_LIVE_NOTE",
@@ -24,7 +27,6 @@ __all__ = [
     "allocator_kinds",
     "note_html",
     "results_html",
-    "speedup_text",
     "table_html",
     "verdict_lines_html",
     "warmup_note_html",
@@ -35,14 +37,14 @@ SINGLE_RUN_NOTE = (
     "(Compare measures plans interleaved in rounds, with intervals)"
 )
 COMPARE_LIVE_NOTE = (
-    "live figures per logged interval; the measured speed (interleaved rounds, with 95 % "
-    "intervals) is in the Compare tab when the comparison ends"
+    f"live figures per logged interval; the measured speed (interleaved rounds, with "
+    f"{confidence_text()} intervals) is in the Compare tab when the comparison ends"
 )
-SPEEDUP_HEADER = "speedup vs fp32 (95 % CI)"
+SPEEDUP_HEADER = f"speedup vs fp32 ({confidence_text()} CI)"
 #: The memory kind that is the whole process's resident memory, not a plan's own.
 HOST_RSS = "host_rss"
 #: The All columns header of a peak that is host RSS only.
-PROCESS_MEMORY_COLUMN = "peak_memory_mib (host RSS: the whole process)"
+PROCESS_MEMORY_COLUMN = f"{col.PEAK_MIB} (host RSS: the whole process)"
 
 #: Colours of a verdict's mark, by the engine's ``verdict_kind`` (never by its wording).
 _KIND_STYLE = {
@@ -55,50 +57,27 @@ _KIND_STYLE = {
 _OTHER_STYLE = "background:#f8f8f8;color:#333;border-color:#bbb"
 
 
-def _number(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def speedup_text(row: Mapping[str, Any]) -> str:
-    """``"1.31× (1.22–1.40)"``; ``"1.00× (baseline)"`` for the baseline; ``"0.90× (no
-    interval)"`` where the measurement gives none (the verdict line says why)."""
-    estimate = _number(row.get("speedup_vs_fp32"))
-    if estimate is None:
-        return ""
-    if row.get("verdict_kind") == "baseline":
-        return f"{estimate:.2f}× (baseline)"
-    low, high = _number(row.get("speedup_ci_low")), _number(row.get("speedup_ci_high"))
-    if low is None or high is None:
-        return f"{estimate:.2f}× (no interval)"
-    return f"{estimate:.2f}× ({low:.2f}–{high:.2f})"
-
-
-def verdict_lines_html(labels: Sequence[str], figures: Mapping[str, Mapping[str, Any]]) -> str:
+def verdict_lines_html(labels: Sequence[str], outcomes: Mapping[str, Any]) -> str:
     """One line per plan with a verdict: the plan marked by the verdict's kind, then the
     engine's verdict text (and why the plan failed, where it did)."""
     lines = []
     for label in labels:
-        row = figures.get(label) or {}
-        text = str(row.get("verdict") or "")
-        failed = row.get("failed")
-        if not text and not failed:
+        outcome = outcomes.get(label)
+        verdict = getattr(outcome, "verdict", None)
+        failed = getattr(outcome, "failure", None)
+        if verdict is None and not failed:
             continue
-        kind = str(row.get("verdict_kind") or "")
+        kind = verdict.kind if verdict is not None else ""
         style = _KIND_STYLE.get(kind, _OTHER_STYLE)
         mark = (
             f"<span class='pnb-verdict-plan' style='{style};border:1px solid;border-radius:10px;"
             f"padding:0 8px;margin-right:8px;white-space:nowrap'>{html.escape(label)}</span>"
         )
         more = f" <i>failed: {html.escape(str(failed))}</i>" if failed else ""
+        text = html.escape(str(verdict or ""))
         lines.append(
             f"<div class='pnb-verdict' data-kind='{html.escape(kind, quote=True)}' "
-            f"style='margin:4px 0'>{mark}{html.escape(text)}{more}</div>"
+            f"style='margin:4px 0'>{mark}{text}{more}</div>"
         )
     return f"<div class='pnb-verdicts'>{''.join(lines)}</div>" if lines else ""
 
@@ -125,7 +104,7 @@ def _cell(value: Any) -> str:
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
-    number = _number(value)
+    number = as_number(value)
     if number is None:
         return "" if isinstance(value, float) else str(value)
     if isinstance(value, int):
@@ -134,7 +113,7 @@ def _cell(value: Any) -> str:
 
 
 def _ms(value: Any) -> str:
-    number = _number(value)
+    number = as_number(value)
     return "" if number is None else f"{1000 * number:.3g}"
 
 
@@ -166,7 +145,7 @@ def table_html(
     )
 
 
-def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
+def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, measured: bool) -> str:
     """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
     (the rest is under "All columns")."""
     present = {k for r in records for k, v in r.items() if _cell(v)}
@@ -174,7 +153,7 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
     rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
     columns: list[tuple[str, Any]] = [("plan", lambda r: str(r.get("run", "")))]
     if measured:
-        columns.append((SPEEDUP_HEADER, speedup_text))
+        columns.append((SPEEDUP_HEADER, lambda r: speedup_text(outcomes.get(str(r.get("run"))))))
     columns += [
         ("step ms, median (IQR)", _step_cell),
         (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
@@ -183,16 +162,16 @@ def _compact(records: list[dict[str, Any]], *, measured: bool) -> str:
         columns.append((f"peak MiB ({', '.join(allocator)})", _allocator_cell))
     columns += [
         ("final loss", lambda r: _cell(r.get("final_loss"))),
-        ("Δ loss vs fp32", lambda r: _cell(r.get("final_loss_diff_vs_fp32"))),
-        ("weights rel. diff vs fp32", lambda r: _cell(r.get("param_rel_diff_vs_fp32"))),
-        ("skipped steps", lambda r: _cell(r.get("skipped_steps"))),
+        ("Δ loss vs fp32", lambda r: _cell(r.get(col.LOSS_DIFF))),
+        ("weights rel. diff vs fp32", lambda r: _cell(r.get(col.PARAM_DIFF))),
+        ("skipped steps", lambda r: _cell(r.get(col.SKIPPED))),
     ]
     if measured:
         columns.append(("warm-up", _warmup_cell))
     wrap = []
-    if "also_requested_as" in present:
+    if col.ALSO_REQUESTED in present:
         wrap.append(len(columns))
-        columns.append(("also requested as", lambda r: str(r.get("also_requested_as") or "")))
+        columns.append(("also requested as", lambda r: str(r.get(col.ALSO_REQUESTED) or "")))
     rows = [[cell(r) for _name, cell in columns] for r in records]
     return table_html([name for name, _cell_of in columns], rows, wrap)
 
@@ -207,7 +186,7 @@ def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
 def _allocator_cell(row: Mapping[str, Any]) -> str:
     if row.get("memory_kind") == HOST_RSS:
         return ""
-    return _cell(row.get("peak_memory_mib"))
+    return _cell(row.get(col.PEAK_MIB))
 
 
 def _process_memory_note(records: Sequence[Mapping[str, Any]], *, charted: bool) -> str:
@@ -234,17 +213,17 @@ def note_html(text: str, css: str = "") -> str:
 
 
 def _step_cell(row: Mapping[str, Any]) -> str:
-    median, iqr = _ms(row.get("median_step_time_s")), _ms(row.get("step_time_iqr_s"))
+    median, iqr = _ms(row.get(col.MEDIAN_STEP)), _ms(row.get(col.STEP_IQR))
     return f"{median} ({iqr})" if median and iqr else median
 
 
 def _round(value: Any) -> Any:
-    number = _number(value)
+    number = as_number(value)
     return None if number is None else round(number)
 
 
 def _warmup_cell(row: Mapping[str, Any]) -> str:
-    steps, seconds = _number(row.get("warmup_steps")), _number(row.get("warmup_s"))
+    steps, seconds = as_number(row.get(col.WARMUP_STEPS)), as_number(row.get(col.WARMUP_S))
     if steps is None:
         return ""
     return f"{int(steps)} steps, {seconds or 0.0:.2f} s"
@@ -252,7 +231,7 @@ def _warmup_cell(row: Mapping[str, Any]) -> str:
 
 def results_html(
     summary: Any,
-    figures: Mapping[str, Mapping[str, Any]],
+    outcomes: Mapping[str, Any],
     *,
     measured: bool,
     method: Mapping[str, Any] | None = None,
@@ -262,19 +241,15 @@ def results_html(
 ) -> str:
     """The Compare tab: with ``measured`` (a comparison) the machine's load note first where it
     was busy (the verdicts refer to it), the verdict lines, how the speed was measured, then the
-    table; otherwise the table marked as single-run figures. ``figures``:
-    label -> the comparison's measured figures (``verdict``, ``verdict_kind``, the interval);
+    table; otherwise the table marked as single-run figures. ``outcomes``: label -> the
+    comparison's typed :class:`~precision_nb.engine.comparison.PlanOutcome` (verdict, speedup);
     ``charts``: HTML shown after the table (the comparison's overlaid charts); ``compiled``: the
     compiled plans' reports, shown after the verdicts (compile step, speed against eager,
     pay-back, agreement, graph breaks, in the engine's words)."""
     records = summary.to_dict("records")
-    for row in records:  # the verdict's kind says which speedup is the baseline's
-        row.update(
-            {k: v for k, v in (figures.get(str(row.get("run"))) or {}).items() if k not in row}
-        )
     labels = [str(r.get("run")) for r in records]
     if measured:
-        head = verdict_lines_html(labels, figures) + compiled_html(compiled) + _method_html(method)
+        head = verdict_lines_html(labels, outcomes) + compiled_html(compiled) + _method_html(method)
         if load_note:
             head = f"<div class='pnb-load-note'><b>{html.escape(load_note)}</b></div>" + head
     else:
@@ -290,7 +265,7 @@ def results_html(
     rest = (
         f"<details><summary>All columns</summary><div class='pnb-table-wrap'>{full}</div></details>"
     )
-    compact = _compact(records, measured=measured)
+    compact = _compact(records, outcomes, measured=measured)
     compact += _process_memory_note(records, charted=bool(charts))
     return head + compact + charts + rest
 
@@ -299,9 +274,9 @@ def _all_columns(summary: Any, records: Sequence[Mapping[str, Any]]) -> Any:
     """``summary`` as All columns shows it: a peak that is host RSS for every plan is headed as
     the whole process's memory."""
     kinds = {r.get("memory_kind") for r in records}
-    if kinds != {HOST_RSS} or "peak_memory_mib" not in summary:
+    if kinds != {HOST_RSS} or col.PEAK_MIB not in summary:
         return summary
-    return summary.rename(columns={"peak_memory_mib": PROCESS_MEMORY_COLUMN})
+    return summary.rename(columns={col.PEAK_MIB: PROCESS_MEMORY_COLUMN})
 
 
 def compiled_html(compiled: Mapping[str, Any] | None) -> str:

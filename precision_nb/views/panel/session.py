@@ -354,7 +354,7 @@ class RunSession:
             events,
             word=word,
             seconds=seconds,
-            figures=getattr(source, "figures", None) or {},
+            outcomes=getattr(source, "outcomes", None) or {},
             method=None if measurement is None else measurement.method(),
             compiled=getattr(source, "compiled", None) or {},
             load_note=measurement.load_note if measurement is not None else "",

@@ -2,9 +2,8 @@
 
 A card holds the plan's verdict with its interval, its memory by kind saved or added against the
 baseline, its numerics risk (share of gradients that flush to 0 in its format, skipped steps) and
-its drift from fp32. The verdict's words are the engine's (:mod:`precision_nb.engine.stats`),
-rendered by :func:`verdict_view` only; fields of the measurement this module does not know are
-shown as they come, never dropped.
+its drift from fp32, read from the comparison's typed outcomes. The verdict's words are the
+engine's (:mod:`precision_nb.engine.stats`), rendered by :func:`verdict_view` only.
 """
 
 from __future__ import annotations
@@ -15,14 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from precision_nb.engine.compare import Comparison
+from precision_nb.engine.comparison import Comparison, PlanOutcome
 from precision_nb.views.colors import colors_for_labels
 from precision_nb.views.report.hints import Hint
 from precision_nb.views.report.markup import fmt, size_text
 from precision_nb.views.report.sections import Section
 
 __all__ = [
-    "KNOWN_FIELDS",
     "PlanAnswer",
     "VerdictView",
     "answer_section",
@@ -34,76 +32,19 @@ __all__ = [
     "verdict_view",
 ]
 
-#: Fields of a plan's measured row (``Comparison.figures``) shown elsewhere (the summary table,
-#: the settings) or used for the verdict; any other field is shown on the card as it comes.
-KNOWN_FIELDS = frozenset(
-    {
-        "median_step_time_s",
-        "step_time_q1_s",
-        "step_time_q3_s",
-        "step_time_iqr_s",
-        "timed_steps",
-        "samples_per_s",
-        "tokens_per_s",
-        "flops_per_s",
-        "mfu",
-        "rounds",
-        "warmup_steps",
-        "warmup_s",
-        "warmup_rule",
-        "failed",
-        "tf32",
-        "speedup_vs_fp32",
-        "speedup_ci_low",
-        "speedup_ci_high",
-        "verdict",
-        "verdict_kind",
-        # the verdict's own parts (its text says them) and the summary table's columns
-        "verdict_detail",
-        "speedup_half_width",
-        "speedup_method",
-        "speedup_covers",
-        "stopped_by",
-        "processes",
-        "mfu_low",
-        "mfu_high",
-    }
-)
-
 
 @dataclass(frozen=True)
 class VerdictView:
-    """A plan's verdict as the engine worded it, its kind, and the measurement's other fields."""
+    """A plan's verdict as the engine worded it, and its kind."""
 
     text: str
     kind: str
-    extra: tuple[tuple[str, str], ...] = ()
 
 
-def verdict_view(row: Mapping[str, Any] | None) -> VerdictView | None:
-    """The one reader of a measured row's verdict (None when the row has none).
-
-    ``verdict`` may be the engine's text or its verdict object (shown by ``str``); fields outside
-    :data:`KNOWN_FIELDS` become ``(name, text)`` pairs in ``extra``.
-    """
-    if not row or not row.get("verdict"):
-        return None
-    verdict = row["verdict"]
-    kind = row.get("verdict_kind") or getattr(verdict, "kind", "") or ""
-    extra = tuple(
-        (str(key).replace("_", " "), _value_text(value))
-        for key, value in row.items()
-        if key not in KNOWN_FIELDS and value is not None and _value_text(value)
-    )
-    return VerdictView(str(verdict), str(kind), extra)
-
-
-def _value_text(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_value_text(v)}" for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_value_text(v) for v in value)
-    return fmt(value)
+def verdict_view(outcome: PlanOutcome | None) -> VerdictView | None:
+    """The one reader of a plan's verdict (None when the plan has none)."""
+    verdict = outcome.verdict if outcome is not None else None
+    return None if verdict is None else VerdictView(str(verdict), verdict.kind)
 
 
 @dataclass(frozen=True)
@@ -125,32 +66,30 @@ class PlanAnswer:
 
 def answers(
     comparison: Comparison,
-    table: Any,
     *,
     inspections: Mapping[str, Any] | None = None,
     numerics: Any = None,
 ) -> list[PlanAnswer]:
-    """One :class:`PlanAnswer` per plan of ``comparison`` (its summary ``table`` beside it)."""
-    rows = {str(r["run"]): r for r in table.to_dict("records")}
-    labels = list(comparison.results) or list(rows)
+    """One :class:`PlanAnswer` per plan of ``comparison``."""
+    labels = list(comparison.results)
     colors = colors_for_labels(labels)
-    base = next((k for k in labels if rows.get(k, {}).get("mode") == "fp32"), None)
+    base = next((k for k in labels if comparison.results[k].plan.mode == "fp32"), None)
     memory = _memory_by_kind(inspections or {})
     merged = merge_notes(comparison)
     out = []
     for label in labels:
-        row = rows.get(label, {})
+        outcome = comparison.outcome(label)
         out.append(
             PlanAnswer(
                 label=label,
                 color=colors[label],
-                verdict=verdict_view(comparison.figures.get(label)),
+                verdict=verdict_view(outcome),
                 memory=_memory_lines(label, base, memory),
-                numerics=_numerics_lines(row, numerics),
-                drift=_drift_line(label, base, row),
+                numerics=_numerics_lines(comparison.results[label], numerics),
+                drift=_drift_line(label, base, outcome),
                 merged=tuple((req, text) for req, run, text in merged if run == label),
-                failed=str(comparison.failures.get(label) or ""),
-                compile=_compile_lines(getattr(comparison, "compiled", {}).get(label)),
+                failed=str(outcome.failure or ""),
+                compile=_compile_lines(outcome.compiled),
             )
         )
     return out
@@ -239,8 +178,9 @@ def _variant_of(label_mode: str, use_scaler: bool, rows: Sequence[Mapping[str, A
     return label_mode if label_mode in variants else ""
 
 
-def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
-    mode = str(row.get("mode") or "")
+def _numerics_lines(result: Any, numerics: Any) -> tuple[str, ...]:
+    plan = result.plan
+    mode = str(plan.mode)
     lines = []
     if numerics is None:
         lines.append("gradient underflow not analysed (the numerics analysis was left out)")
@@ -248,7 +188,7 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
         lines.append("gradients stay in fp32 (the reference)")
     else:
         grads = [r for r in numerics.result.gradients if r.get("status") == "ok"]
-        variant = _variant_of(mode, bool(row.get("use_scaler")), grads)
+        variant = _variant_of(mode, bool(plan.use_scaler), grads)
         chosen = [r for r in grads if r.get("variant") == variant]
         live = sum(int(r.get("live") or 0) for r in chosen)
         if variant and live:
@@ -259,11 +199,10 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
             )
         else:
             lines.append(f"gradient underflow in {mode}: not in the analysis")
-    skipped = row.get("skipped_steps")
-    if row.get("use_scaler"):
-        steps = row.get("steps")
-        of = f" of {int(steps)} counted" if isinstance(steps, (int, float)) else ""
-        lines.append(f"skipped steps (overflow): {fmt(skipped)}{of}")
+    if plan.use_scaler:
+        lines.append(
+            f"skipped steps (overflow): {fmt(result.skipped_total)} of {result.steps} counted"
+        )
     else:
         lines.append("skipped steps: none by design (no grad scaler skips a step)")
     return tuple(lines)
@@ -272,12 +211,14 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- drift
 
 
-def _drift_line(label: str, base: str | None, row: Mapping[str, Any]) -> str:
+def _drift_line(label: str, base: str | None, outcome: PlanOutcome) -> str:
     if base is None:
         return "no fp32 plan to compare with"
     if label == base:
         return "the reference"
-    loss, params = row.get("final_loss_diff_vs_fp32"), row.get("param_rel_diff_vs_fp32")
+    drift = outcome.drift
+    loss = drift.final_loss_diff if drift else None
+    params = drift.param_rel_diff if drift else None
     parts = []
     if _finite(loss):
         parts.append(f"final loss {loss:+.4g} against {base}")
@@ -335,8 +276,7 @@ def cards_html(plans: Sequence[PlanAnswer]) -> str:
         head = f'<h3>{e(a.label)}</h3><p class="verdict">'
         head += e(a.verdict.text) if a.verdict else "No interleaved measurement: no verdict."
         head += "</p>"
-        items = list(a.verdict.extra) if a.verdict else []
-        items += [("memory", line) for line in a.memory]
+        items = [("memory", line) for line in a.memory]
         items += [("numerics", line) for line in a.numerics]
         items.append(("drift from fp32", a.drift))
         items += [("torch.compile", line) for line in a.compile]
@@ -386,9 +326,6 @@ def terminal_lines(plans: Sequence[PlanAnswer]) -> list[str]:
     lines = []
     for a in plans:
         text = a.verdict.text if a.verdict else "no interleaved measurement: no verdict"
-        extra = (
-            "; ".join(f"{name}: {value}" for name, value in a.verdict.extra) if a.verdict else ""
-        )
-        lines.append(f"{a.label:<{width}}  {text}" + (f" [{extra}]" if extra else ""))
+        lines.append(f"{a.label:<{width}}  {text}")
     lines += [f"merged: {note}" for a in plans for _, note in a.merged]
     return lines

@@ -42,6 +42,7 @@ from precision_nb.views.report.figure_base import (
 )
 from precision_nb.views.report.inspection_figures import draw_memory_breakdown
 from precision_nb.views.report.tables import RecordSource
+from precision_nb.views.text import speedup_text
 
 __all__ = [
     "MEMORY_KIND_LABELS",
@@ -166,13 +167,13 @@ def draw_throughput(
     frame: Any,
     labels: Sequence[str],
     colors: Mapping[str, str],
-    measured: Mapping[str, Mapping[str, Any]] | None = None,
+    measured: Mapping[str, Any] | None = None,
 ) -> str | None:
     """Throughput per logged step, tokens/s when every run has it, else samples/s.
 
-    With ``measured`` (a Comparison's ``figures``) the dotted line is the steady-state rate of
-    the interleaved measurement and the legend carries each speedup with its interval; otherwise
-    it is the median of the logged points. Returns the column plotted, or None.
+    With ``measured`` (a Comparison's typed ``outcomes``) the dotted line is the steady-state
+    rate of the interleaved measurement and the legend carries each speedup with its interval;
+    otherwise it is the median of the logged points. Returns the column plotted, or None.
     """
     column = throughput_column(frame)
     unit = "tokens/s" if column == "tokens_per_s" else "samples/s"
@@ -183,13 +184,13 @@ def draw_throughput(
             values = numeric(rows[column])
             if values.notna().sum() == 0:
                 continue
-            fig_row = (measured or {}).get(label) or {}
-            steady = to_float(fig_row.get(column))
+            outcome = (measured or {}).get(label)
+            steady = to_float(getattr(outcome.rates, column)) if outcome is not None else None
             ax.plot(
                 rows["step"],
                 values,
                 color=colors[label],
-                label=label + _speedup_text(fig_row),
+                label=label + _speedup_text(outcome),
                 linewidth=1.4,
             )
             median = steady if steady is not None else float(values.median())
@@ -272,18 +273,18 @@ def throughput_figure(source: RecordSource, *, colors: Mapping[str, str] | None 
     """Throughput per step (tokens/s for token workloads, else samples/s)."""
     p = prepare(source, colors)
     fig = new_figure()
-    draw_throughput(fig.add_subplot(), p.frame, p.labels, p.colors, p.comparison.figures or None)
+    draw_throughput(fig.add_subplot(), p.frame, p.labels, p.colors, p.comparison.outcomes or None)
     return fig
 
 
-def _speedup_text(row: Mapping[str, Any]) -> str:
-    """ " 1.31x fp32 [1.22-1.40]" from a plan's measured figures ("" without a speedup)."""
-    speedup = to_float(row.get("speedup_vs_fp32"))
-    if speedup is None or row.get("verdict_kind") == "baseline":
+def _speedup_text(outcome: Any) -> str:
+    """ " 1.31× (1.22–1.40)" from a plan's typed outcome ("" without a speedup, or for the
+    baseline)."""
+    verdict = getattr(outcome, "verdict", None)
+    if verdict is None or verdict.kind == "baseline":
         return ""
-    low, high = to_float(row.get("speedup_ci_low")), to_float(row.get("speedup_ci_high"))
-    interval = f" [{low:.2f}-{high:.2f}]" if low is not None and high is not None else ""
-    return f" {speedup:.2f}x fp32{interval}"
+    text = speedup_text(outcome)
+    return f" {text}" if text else ""
 
 
 def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = None) -> Figure:
@@ -333,7 +334,7 @@ def dashboard_figure(
         ax_loss = fig.add_subplot(grid[0, :])
     ax_tput, ax_mem = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
     draw_loss(ax_loss, p.frame, p.labels, p.colors)
-    draw_throughput(ax_tput, p.frame, p.labels, p.colors, p.comparison.figures or None)
+    draw_throughput(ax_tput, p.frame, p.labels, p.colors, p.comparison.outcomes or None)
     if inspections:
         draw_memory_breakdown(ax_mem, inspections, legend_outside=False)
     else:

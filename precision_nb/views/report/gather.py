@@ -27,8 +27,8 @@ STEP_RULE = (
 
 def gathered_comparison(result: Any) -> tuple[str, Any]:
     """(label, a ``Comparison`` holding the run's rank-merged records) for the report."""
-    from precision_nb.engine.compare import Comparison
-    from precision_nb.views.report.profile_distributed import global_workload
+    from precision_nb.engine.comparison import Comparison, Drift, PlanOutcome
+    from precision_nb.engine.distributed.measured import global_workload
 
     dplan = result.plan
     label = str(dplan.precision.plan.mode)
@@ -39,7 +39,7 @@ def gathered_comparison(result: Any) -> tuple[str, Any]:
         records=[{**r, "run": label} for r in result.records],
         workload=global_workload(result.rank0.get("workload", {}), len(result.ranks)),
     )
-    comparison.drift[label] = {"final_loss_diff": None, "param_rel_diff": None}
+    comparison.outcomes[label] = PlanOutcome(label, comparison.results[label], drift=Drift())
     comparison.method = {"distributed step time": STEP_RULE}
     comparison.stopped = result.stopped
     return label, comparison

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
+from precision_nb.views.report import tables as col
 from precision_nb.views.report.hint import Hint, capabilities_of
 from precision_nb.views.report.hint import is_mixed as _is_mixed
 from precision_nb.views.report.hint import is_number as _ok
@@ -69,36 +70,33 @@ def hints_by_run(hint_list: Sequence[Hint], labels: Sequence[str]) -> dict[str, 
 
 def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Comparison) -> list[Hint]:
     """The verdict of each mixed plan: from the interleaved measurement where there is one."""
-    figures = source.figures
     out = []
     for label, row in rows.items():
         if not _is_mixed(row):
             continue
-        measured = figures.get(label)
-        if measured and measured.get("verdict"):
-            kind = measured.get("verdict_kind", "")
+        verdict = source.outcome(label).verdict
+        if verdict is not None:
             advice = {
                 "unresolved": "Run more rounds (--steps) or a larger model or batch.",
                 "too_few": f"Run at least {_MIN_ROUNDS} rounds (more --steps).",
-            }.get(kind, "")
-            detail = measured.get("verdict_detail")  # the verdict's own advice names its level
-            advice = (detail.advice if detail is not None else "") or advice
+            }.get(verdict.kind, "")
+            advice = verdict.advice or advice  # the verdict's own advice names its level
             out.append(
                 Hint(
                     label,
                     "payoff",
-                    str(measured["verdict"]),
-                    "speedup_vs_fp32 with speedup_ci_low / speedup_ci_high (paired per-round "
+                    str(verdict),
+                    f"{col.SPEEDUP} with {col.CI_LOW} / {col.CI_HIGH} (paired per-round "
                     "ratios; what the interval covers: the verdict)",
                     "throughput.png",
                     advice,
                 )
             )
             continue
-        speedup = row.get("speedup_vs_fp32")
+        speedup = row.get(col.SPEEDUP)
         if not _ok(speedup):
             continue
-        times = f"median step time {row['median_step_time_s'] * 1e3:.2f} ms"
+        times = f"median step time {row[col.MEDIAN_STEP] * 1e3:.2f} ms"
         out.append(
             Hint(
                 label,
@@ -106,7 +104,7 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Comparison) -> list[H
                 f"single-run figure: {row['mode']} ran at {speedup:.2f}x the fp32 speed ({times}); "
                 "runs measured one after the other carry no interval, so this says nothing "
                 "about which is faster.",
-                "speedup_vs_fp32 = fp32 / this median step time (logged intervals)",
+                f"{col.SPEEDUP} = fp32 / this median step time (logged intervals)",
                 "throughput.png",
                 "Use compare() or precision-nb profile for an interleaved measurement.",
             )
@@ -132,10 +130,7 @@ def _tf32_note(row: Mapping[str, Any], source: Comparison, results: Mapping[str,
     cc = caps.compute_capability if caps is not None else None
     if cc is not None and tuple(cc) < (8, 0):
         return ""  # no TF32 before Ampere
-    flags = next(
-        (f["tf32"] for f in source.figures.values() if f.get("tf32")),
-        None,
-    )
+    flags = next((o.tf32 for o in source.outcomes.values() if o.tf32), None)
     if flags is None:
         return (
             " On CUDA, cuDNN convolutions run an fp32 baseline as TF32 unless "
@@ -250,18 +245,19 @@ def _overhead(
 
 def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison) -> list[Hint]:
     """Step times that spread widely make every speedup above uncertain; say so."""
-    figures = source.figures
+    measured = bool(source.outcomes)
     noisy: list[str] = []
     noisy_labels: list[str] = []
     for label in rows:
-        measured = figures.get(label) or {}
-        median, iqr = measured.get("median_step_time_s"), measured.get("step_time_iqr_s")
+        timing = source.outcome(label).timing
+        median = timing.median if timing is not None else None
+        iqr = timing.spread.iqr if timing is not None else None
         if _ok(median) and _ok(iqr) and median > 0:
             if iqr / median > NOISY_IQR:
                 noisy.append(f"{label} IQR {iqr / median:.0%}")
                 noisy_labels.append(label)
             continue
-        if figures or "step_time_s" not in frame:
+        if measured or "step_time_s" not in frame:
             continue
         times = frame.loc[frame["run"] == label, "step_time_s"].dropna().astype(float)
         if len(times) < 4:
@@ -279,8 +275,8 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison
             "noise",
             "Step times varied widely (" + ", ".join(noisy) + " of the median): the machine was "
             "busy, so the intervals above are wide.",
-            "step_time_iqr_s / median_step_time_s (steady state)"
-            if figures
+            f"{col.STEP_IQR} / {col.MEDIAN_STEP} (steady state)"
+            if measured
             else "step_time_s spread (p90 - p10) / median (logged intervals)",
             "throughput.png",
             "More --steps (more rounds) or a quieter machine narrow the intervals.",

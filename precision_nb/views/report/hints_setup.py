@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.optim import PLAIN_ADAMW_COST
+from precision_nb.views.report import tables as col
 from precision_nb.views.report.hint import Hint, capabilities_of
 from precision_nb.views.report.hint import is_mixed as _is_mixed
 from precision_nb.views.report.hint import who as _who
@@ -146,7 +147,7 @@ def _bf16_emulated(rows: Rows, results: Results) -> list[Hint]:
 def _skips(rows: Rows, results: Results) -> list[Hint]:
     out = []
     for label, row in rows.items():
-        skipped = int(row.get("skipped_steps") or 0)
+        skipped = int(row.get(col.SKIPPED) or 0)
         if not row.get("use_scaler") or skipped == 0:
             continue
         result = results.get(label)

@@ -104,7 +104,7 @@ def report_sections(
     if pngs is None:
         figures = make_figures(comparison, inspections=inspections)
         pngs = {stem: F.figure_to_png(fig) for stem, fig in figures.items()}
-    plans = answers(comparison, table, inspections=inspections, numerics=numerics)
+    plans = answers(comparison, inspections=inspections, numerics=numerics)
     colors = F.plan_colors(list(comparison.results) or table["run"].tolist())
     sections = [
         answer_section(plans, comparison.load_note),

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from precision_nb.views.text import fmt, size_text
 
 __all__ = [
     "CSS",
@@ -49,31 +50,6 @@ grid-template-columns:max-content 1fr;gap:.15em .6em;font-size:.9em}.card dt{col
 details{margin:.5em 0}summary{cursor:pointer;color:#245}summary h2{display:inline;border:0}
 pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap;font-size:.85em}
 """
-
-
-def fmt(value: Any) -> str:
-    """A value as table text: None and NaN empty, booleans yes/no, floats to 4 significant
-    digits (scientific beyond 1e5 or below 1e-3)."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-            return f"{value:.3g}"
-        return f"{value:.4g}"
-    return str(value)
-
-
-def size_text(nbytes: float, *, signed: bool = False) -> str:
-    """Bytes in the largest binary unit that keeps the number >= 1 (B, KiB, MiB, GiB)."""
-    sign = "+" if signed and nbytes > 0 else ""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{sign}{nbytes / scale:.2f} {unit}"
-    return f"{sign}{nbytes:.0f} B"
 
 
 def swatch(color: str) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from precision_nb.core.cpu_features import read_cpu_features
 from precision_nb.engine.compare import Comparison
+from precision_nb.views.report import tables as col
 from precision_nb.views.report.answer import PlanAnswer, answers, cards_html, other_hints
 from precision_nb.views.report.figure_base import figure_to_png
 from precision_nb.views.report.hint import capabilities_of
@@ -34,18 +35,18 @@ __all__ = ["Profile", "measurement_settings"]
 #: Summary columns shown in a notebook (every column is in summary.csv).
 NOTEBOOK_COLUMNS = (
     "run",
-    "median_step_time_s",
-    "step_time_iqr_s",
-    "speedup_vs_fp32",
-    "speedup_ci_low",
-    "speedup_ci_high",
+    col.MEDIAN_STEP,
+    col.STEP_IQR,
+    col.SPEEDUP,
+    col.CI_LOW,
+    col.CI_HIGH,
     "rounds",
-    "warmup_steps",
-    "warmup_s",
+    col.WARMUP_STEPS,
+    col.WARMUP_S,
     "samples_per_s",
     "mfu",
     "final_loss",
-    "peak_memory_mib",
+    col.PEAK_MIB,
 )
 
 
@@ -83,9 +84,7 @@ class Profile:
 
     def answers(self) -> list[PlanAnswer]:
         """One :class:`~precision_nb.views.report.answer.PlanAnswer` per plan (verdict first)."""
-        return answers(
-            self.comparison, self.summary, inspections=self.inspections, numerics=self.numerics
-        )
+        return answers(self.comparison, inspections=self.inspections, numerics=self.numerics)
 
     def save(self, path: str | Path, *, stop: Any = None) -> dict[str, Path]:
         """Write the report folder the CLI writes (created if missing; a file there is refused).
@@ -188,8 +187,8 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
                 else caps.device_name
             )
             break
-    for label, row in comparison.figures.items():
-        tf32 = row.get("tf32")
+    for label, outcome in comparison.outcomes.items():
+        tf32 = outcome.tf32
         if tf32:
             out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
     if comparison.peak_ratios:

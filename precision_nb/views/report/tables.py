@@ -7,24 +7,27 @@ normalised once by :func:`~precision_nb.views.report.source.as_comparison`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 import pandas as pd
 
-from precision_nb.engine.compare import Comparison
+from precision_nb.engine.comparison import Comparison, PlanOutcome
 from precision_nb.engine.results import RunResult
 from precision_nb.views.report.source import as_comparison
 
 __all__ = [
     "MEASURED_COLUMNS",
     "PLAN_FIELDS",
+    "RESULT_COLUMNS",
     "SUMMARY_COLUMNS",
     "RecordSource",
     "results_of",
     "scale_histories",
     "summary",
+    "measured_row",
     "to_frame",
 ]
 
@@ -32,66 +35,114 @@ RecordSource = Union[Sequence[Mapping[str, Any]], "pd.DataFrame", Any]
 
 PLAN_FIELDS = ("mode", "dtype", "use_scaler", "autocast_enabled", "device_type")
 
+# The summary's result columns other views show by name: their strings live in this module only.
+SPEEDUP, CI_LOW, CI_HIGH = "speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high"
+MEDIAN_STEP, STEP_IQR = "median_step_time_s", "step_time_iqr_s"
+LOSS_DIFF, PARAM_DIFF = "final_loss_diff_vs_fp32", "param_rel_diff_vs_fp32"
+PEAK_MIB, SKIPPED, ALSO_REQUESTED = "peak_memory_mib", "skipped_steps", "also_requested_as"
+WARMUP_STEPS, WARMUP_S = "warmup_steps", "warmup_s"
+
 SUMMARY_COLUMNS = (
     "run",
     "final_loss",
-    "final_loss_diff_vs_fp32",
-    "param_rel_diff_vs_fp32",
-    "median_step_time_s",
-    "step_time_iqr_s",
+    LOSS_DIFF,
+    PARAM_DIFF,
+    MEDIAN_STEP,
+    STEP_IQR,
     "samples_per_s",
     "tokens_per_s",
-    "speedup_vs_fp32",
-    "speedup_ci_low",
-    "speedup_ci_high",
+    SPEEDUP,
+    CI_LOW,
+    CI_HIGH,
     "speedup_half_width",
     "rounds",
     "processes",
     "verdict",
     "stopped_by",
-    "warmup_steps",
-    "warmup_s",
+    WARMUP_STEPS,
+    WARMUP_S,
     "warmup_rule",
-    "peak_memory_mib",
+    PEAK_MIB,
     "memory_kind",
     "mfu",
     "mfu_low",
     "mfu_high",
     "mfu_peak_source",
     "flops_per_s",
-    "skipped_steps",
+    SKIPPED,
     "steps",
     "fused_adamw",
     *PLAN_FIELDS,
     "device",
     "loss_scale_lab",
-    "also_requested_as",
+    ALSO_REQUESTED,
     "failed",
 )
 
-#: Columns taken from a Comparison's interleaved measurement (``comparison.figures``) when present.
+#: Columns taken from a Comparison's typed outcomes (its interleaved measurement) when present.
 MEASURED_COLUMNS = (
-    "median_step_time_s",
-    "step_time_iqr_s",
+    MEDIAN_STEP,
+    STEP_IQR,
     "samples_per_s",
     "tokens_per_s",
     "flops_per_s",
     "mfu",
     "mfu_low",
     "mfu_high",
-    "speedup_vs_fp32",
-    "speedup_ci_low",
-    "speedup_ci_high",
+    SPEEDUP,
+    CI_LOW,
+    CI_HIGH,
     "speedup_half_width",
     "rounds",
     "processes",
     "verdict",
     "stopped_by",
-    "warmup_steps",
-    "warmup_s",
+    WARMUP_STEPS,
+    WARMUP_S,
     "warmup_rule",
     "failed",
 )
+
+#: The summary's columns no run record has: they exist only here, where the table is built from
+#: the typed result (tests/test_structure.py fails on one read anywhere else in the package).
+RESULT_COLUMNS = tuple(
+    c
+    for c in SUMMARY_COLUMNS
+    if c not in ("run", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "flops_per_s",
+                 "mfu_peak_source", "memory_kind", "steps", "fused_adamw", "device",
+                 "loss_scale_lab", "rounds", "processes", "failed", *PLAN_FIELDS)
+)  # fmt: skip
+
+
+def measured_row(outcome: PlanOutcome) -> dict[str, Any]:
+    """The summary's measured columns of one plan's typed outcome (empty when not measured)."""
+    t = outcome.timing
+    if t is None:
+        return {}
+    warm, rates, speed, v = t.warmup, outcome.rates, outcome.speedup, outcome.verdict
+    row: dict[str, Any] = {
+        MEDIAN_STEP: t.median,
+        STEP_IQR: t.spread.iqr,
+        **dataclasses.asdict(rates),
+        "rounds": t.rounds,
+        "processes": t.processes,
+        WARMUP_STEPS: warm.steps if warm else 0,
+        WARMUP_S: warm.seconds if warm else 0.0,
+        "warmup_rule": warm.rule if warm else "",
+        "failed": outcome.failure,
+    }
+    if speed is not None and v is not None:
+        row.update(
+            {
+                SPEEDUP: speed.estimate,
+                CI_LOW: speed.low,
+                CI_HIGH: speed.high,
+                "speedup_half_width": v.half_width,
+                "stopped_by": v.stopped_by,
+                "verdict": str(v),
+            }
+        )
+    return row
 
 
 def results_of(source: RecordSource) -> dict[str, RunResult]:
@@ -173,8 +224,8 @@ def summary(
       loss difference is this run's final loss minus the baseline's and the parameter difference
       is left empty (it needs the weights).
     - Speed columns (:data:`MEASURED_COLUMNS`) of a Comparison come from its interleaved
-      measurement (``figures``): steady-state median step time and IQR, samples/tokens/FLOP per
-      second and MFU from that same median, ``speedup_vs_fp32`` = median of per-round paired
+      measurement (its typed outcomes): steady-state median step time and IQR, samples/tokens/FLOP
+      per second and MFU from that same median, ``speedup_vs_fp32`` = median of per-round paired
       ratios with its interval (``speedup_ci_low`` / ``_high``, empty with too few ``rounds``),
       the ``verdict`` in words, and the warm-up (``warmup_steps``, ``warmup_s``, ``warmup_rule``).
       For a single run or bare records they are medians over the logged intervals (single-run
@@ -190,7 +241,6 @@ def summary(
     if drift is None:
         drift = comparison.drift or None  # empty: not measured (a single run, bare records)
     merged = comparison.merged if merged is None else merged
-    figures = comparison.figures
     if frame.empty or "run" not in frame:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     labels = list(dict.fromkeys(frame["run"].tolist()))
@@ -225,29 +275,29 @@ def summary(
         row = {
             "run": label,
             "final_loss": final_loss,
-            "final_loss_diff_vs_fp32": loss_diff,
-            "param_rel_diff_vs_fp32": param_diff,
-            "median_step_time_s": step_time,
+            LOSS_DIFF: loss_diff,
+            PARAM_DIFF: param_diff,
+            MEDIAN_STEP: step_time,
             "samples_per_s": _median(r, "samples_per_s"),
             "tokens_per_s": _median(r, "tokens_per_s"),
-            "speedup_vs_fp32": base_time / step_time if base and step_time > 0 else math.nan,
-            "peak_memory_mib": float(peak) / 2**20 if not math.isnan(_num(peak)) else math.nan,
+            SPEEDUP: base_time / step_time if base and step_time > 0 else math.nan,
+            PEAK_MIB: float(peak) / 2**20 if not math.isnan(_num(peak)) else math.nan,
             "memory_kind": _last(r, "memory_kind"),
             "mfu": _median(r, "mfu"),
             "mfu_peak_source": _last(r, "mfu_peak_source"),
             "flops_per_s": _median(r, "flops_per_s"),
-            "skipped_steps": _int(_last(r, "skipped_total")),
+            SKIPPED: _int(_last(r, "skipped_total")),
             "steps": _int(_last(r, "step")),
             "fused_adamw": bool(fused) if fused is not None else None,
             **{f: _last(r, f) for f in PLAN_FIELDS},
             "device": _last(r, "device"),
             "loss_scale_lab": bool(_last(r, "loss_scale_lab") or False),
-            "also_requested_as": ", ".join(
+            ALSO_REQUESTED: ", ".join(
                 req for req, target in merged.items() if target == label and req != label
             ),
             "failed": None,
         }
-        measured = figures.get(label)
+        measured = measured_row(comparison.outcome(label))
         if measured:
             row.update({c: _num_or_value(measured.get(c)) for c in MEASURED_COLUMNS})
         _drop_impossible_mfu(row, calibrated=label in miscalibrated)

@@ -117,14 +117,10 @@ def test_a_compile_that_fails_is_shown_and_the_other_plans_are_measured(monkeypa
 
 
 def test_a_profiles_inspection_of_the_compiled_plan_is_the_eager_step_said_so(compared):
-    from precision_nb.views.report.profile import validate_request
-    from precision_nb.views.report.profile_compute import inspect_plans
+    from precision_nb.engine.analyses import ModelSource, inspect_targets, targets_of
 
-    request = validate_request(
-        workload=make_model(), batches=batches, device="cpu", out=None, modes=("bf16",),
-        compile="off,default",
-    )  # fmt: skip
-    data = inspect_plans(request, compared)
+    source = ModelSource(make_model(), batches)
+    data = inspect_targets(source, targets_of(compared.results, compared.failures))
     first = data["bf16+compile"].flags[0]
     assert first.kind == "compiled" and "EAGER bf16 step" in first.message
     assert data["bf16+compile"].label == "bf16+compile"

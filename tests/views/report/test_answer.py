@@ -16,7 +16,6 @@ from precision_nb.views.report.answer import (
     verdict_view,
 )
 from precision_nb.views.report.hint import Hint
-from precision_nb.views.report.tables import summary
 
 VERDICT = "bf16 is 1.31x the fp32 speed (95 % CI 1.22-1.40, 8 rounds)."
 
@@ -48,10 +47,6 @@ def comparison(make_result, make_comparison):
                 "verdict_kind": "faster",
                 "speedup_vs_fp32": 1.31,
                 "median_step_time_s": 0.01,
-                # fields a newer engine may add: shown as they come
-                "interval_method": "order statistics over processes",
-                "stopped_by": "target precision",
-                "machine_load": {"load_1m": 0.4, "stolen_pct": 0.0},
             },
         },
     )
@@ -72,25 +67,17 @@ def plans(comparison):
         for v, u in (("bf16", 0), ("fp16", 40), ("fp16 x2^16", 2))
     ] + [{"status": "ok", "variant": "bf16", "live": 1000, "underflow": 10}]
     numerics = SimpleNamespace(result=SimpleNamespace(gradients=grads))
-    return answers(comparison, summary(comparison), inspections=inspections, numerics=numerics)
+    return answers(comparison, inspections=inspections, numerics=numerics)
 
 
-class _Verdict:
-    kind = "slower"
+def test_the_verdict_is_the_engines_text_and_kind():
+    from precision_nb.engine.comparison import PlanOutcome
+    from precision_nb.engine.stats import Verdict
 
-    def __str__(self) -> str:
-        return "x is 0.80x: slower."
-
-
-def test_the_verdict_is_the_engines_text_and_unknown_fields_are_shown():
-    row = {"verdict": VERDICT, "verdict_kind": "faster", "rounds": 8, "warmup_cap": 3}
-    view = verdict_view(row)
-    assert view.text == VERDICT and view.kind == "faster"
-    assert view.extra == (("warmup cap", "3"),)  # rounds is known (summary table); this is not
-    # A verdict object (the engine's ``Verdict``) is shown by its own ``str``, its kind kept.
-    view = verdict_view({"verdict": _Verdict()})
-    assert (view.text, view.kind) == ("x is 0.80x: slower.", "slower")
-    assert verdict_view({}) is None and verdict_view(None) is None
+    verdict = Verdict("slower", "x is 0.80x: slower.", "Measure longer.")
+    view = verdict_view(PlanOutcome("x", verdict=verdict))
+    assert (view.text, view.kind) == ("x is 0.80x: slower. Measure longer.", "slower")
+    assert verdict_view(PlanOutcome("x")) is None and verdict_view(None) is None
 
 
 def test_one_answer_per_plan_with_memory_numerics_and_drift(plans):
@@ -98,8 +85,6 @@ def test_one_answer_per_plan_with_memory_numerics_and_drift(plans):
     assert list(by) == ["fp32", "bf16", "fp16"]
     bf16 = by["bf16"]
     assert bf16.verdict.text == VERDICT
-    assert ("interval method", "order statistics over processes") in bf16.verdict.extra
-    assert ("machine load", "load_1m=0.4, stolen_pct=0") in bf16.verdict.extra
     assert bf16.memory[0].startswith("+500 B against fp32 (6.84 KiB -> 7.32 KiB")
     assert "autocast weight copies (bf16): +1.95 KiB added" in bf16.memory
     assert "activations saved (bf16): -1.46 KiB saved" in bf16.memory
@@ -123,7 +108,7 @@ def test_cards_and_terminal_lines_say_the_verdict_once(plans):
     assert 'class="saved"' in page and 'class="added"' in page
     lines = terminal_lines(plans)
     assert lines[0] == "fp32  fp32 is the baseline."
-    assert lines[1].startswith(f"bf16  {VERDICT} [interval method: order statistics")
+    assert lines[1] == f"bf16  {VERDICT}"
     assert lines[2].startswith("fp16  no interleaved measurement: no verdict")
     assert (
         lines[3]

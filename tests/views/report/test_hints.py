@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from conftest import with_outcomes
+
 from precision_nb.core.capabilities import Capabilities
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.engine.compare import Comparison
@@ -59,13 +61,15 @@ def test_single_run_speedups_claim_nothing(make_records):
 
 
 def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
-    source = Comparison(
-        results={
-            "fp32": _result(make_records("fp32", "fp32")),
-            "bf16": _result(make_records("bf16", "bf16")),
-        },
-        peak_ratios={"bfloat16": PeakRatio(2.5, 2.5, 2.5, "measured")},
-        figures={
+    source = with_outcomes(
+        Comparison(
+            results={
+                "fp32": _result(make_records("fp32", "fp32")),
+                "bf16": _result(make_records("bf16", "bf16")),
+            },
+            peak_ratios={"bfloat16": PeakRatio(2.5, 2.5, 2.5, "measured")},
+        ),
+        {
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
             "bf16": {
                 "verdict": "bf16 vs fp32: no difference this machine can resolve (±12 %)",
@@ -283,10 +287,12 @@ def _peak_source(make_records, *, device, source, tf32=None, cc=None):
     }
     caps = Capabilities("a GPU", True, True, "supported", compute_capability=cc)
     explanation = SimpleNamespace(capabilities=caps)
-    return Comparison(
-        results={m: _result(r, explanation=explanation) for m, r in records.items()},
-        peak_ratios={"bfloat16": PeakRatio(14.77, 14.77, 14.77, "datasheet")},
-        figures={"fp32": {"tf32": tf32}} if tf32 is not None else {},
+    return with_outcomes(
+        Comparison(
+            results={m: _result(r, explanation=explanation) for m, r in records.items()},
+            peak_ratios={"bfloat16": PeakRatio(14.77, 14.77, 14.77, "datasheet")},
+        ),
+        {"fp32": {"tf32": tf32}} if tf32 is not None else {},
     )
 
 

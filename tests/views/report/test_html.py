@@ -161,20 +161,23 @@ def test_sections_are_frozen_values_and_a_file_name_is_never_used_twice(comparis
         files_of([summary, summary])
 
 
-def test_parse_modes():
-    assert profile_mod.parse_modes("fp32, BF16,float16") == ("fp32", "bf16", "fp16")
-    assert profile_mod.parse_modes(["fp16", "half"]) == ("fp16",)
+def test_a_profile_request_is_one_run_request_with_the_profiles_defaults():
+    from precision_nb.core import defaults
+
+    request = profile_mod.profile_request(compare="fp32, BF16,float16")
+    assert (request.model, request.preset) == (defaults.DEFAULT_WORKLOAD, defaults.DEFAULT_PRESET)
+    assert [p.requested for p in request.precisions] == ["fp32", "bf16", "fp16"]
+    assert request.train.steps == defaults.DEFAULT_STEPS and request.measure.rounds is None
+    assert request.inspect and request.numerics and request.measure.target == 0.05
     with pytest.raises(ValueError, match="at least one precision request"):
-        profile_mod.parse_modes(" , ")
+        profile_mod.profile_request(compare=" , ")
     with pytest.raises(ValueError, match="fp8"):
-        profile_mod.parse_modes("fp8")
+        profile_mod.profile_request(compare="fp8")
 
 
-def test_validate_request_defaults_to_the_engine_default_workload(tmp_path):
-    from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
-
-    request = profile_mod.validate_request(out=tmp_path / "o")
-    assert (request.workload, request.preset) == (DEFAULT_WORKLOAD, DEFAULT_PRESET)
-    assert request.modes == ("fp32", "bf16", "fp16")
-    assert request.steps is None
+def test_rounds_above_the_steps_are_refused_naming_both(tmp_path):
+    with pytest.raises(ValueError) as info:  # profile(steps=4, rounds=6) measured 4 rounds once
+        profile_mod.profile("mlp", preset="tiny", steps=4, rounds=6, out=tmp_path / "o")
+    assert "rounds: invalid value 6 with steps=4" in str(info.value)
+    assert "rounds at most 4, or steps of at least 6" in str(info.value)
     assert not (tmp_path / "o").exists()

@@ -58,12 +58,12 @@ def test_notebook_view_shows_the_inspection_and_the_window(lab):
 
 
 def test_a_section_that_fails_is_left_out_with_an_event(monkeypatch):
-    from precision_nb.views.report import profile_compute
+    from precision_nb.engine import analyses
 
-    def boom(request, comparison):
+    def boom(source, device, run):
         raise RuntimeError("out of memory in the instrumented step")
 
-    monkeypatch.setattr(profile_compute, "analyze_numerics", boom)
+    monkeypatch.setattr(analyses, "analyse_numerics", boom)
     result = profile(
         "mlp", preset="tiny", compare="fp32", device="cpu", steps=1, rounds=1, progress=False,
         inspect=False,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from conftest import with_outcomes
 
 from precision_nb.engine.compare import Comparison
+from precision_nb.engine.comparison import Rates
 from precision_nb.engine.metrics import PeakRatio
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.html import OUTPUT_FILES
@@ -17,12 +21,14 @@ def _comparison(make_result):
         label: make_result(label, label, step_time_s=t)
         for label, t in (("fp32", 0.01), ("bf16", 0.005))
     }
-    return Comparison(
-        results=results,
-        model_info={"class": "MLP", "params": 1234},
-        peak_ratios={"bfloat16": PeakRatio(3.0, 3.0, 3.0, "measured")},
-        method={"method": "warm-up until ...", "rounds": 8, "steps per block": "6"},
-        figures={
+    return with_outcomes(
+        Comparison(
+            results=results,
+            model_info={"class": "MLP", "params": 1234},
+            peak_ratios={"bfloat16": PeakRatio(3.0, 3.0, 3.0, "measured")},
+            method={"method": "warm-up until ...", "rounds": 8, "steps per block": "6"},
+        ),
+        {
             "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline"},
             "bf16": {
                 "verdict": "bf16 is 2.00x the fp32 speed (95 % CI 1.90-2.10, 8 rounds).",
@@ -101,10 +107,11 @@ def test_throughput_figure_shows_the_measured_rate_and_interval(make_result):
     from precision_nb.views.report.figures import throughput_figure
 
     comparison = _comparison(make_result)
-    comparison.figures["bf16"]["samples_per_s"] = 12345.0
+    bf16 = comparison.outcomes["bf16"]
+    comparison.outcomes["bf16"] = dataclasses.replace(bf16, rates=Rates(samples_per_s=12345.0))
     ax = throughput_figure(comparison).axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
-    assert "bf16 2.00x fp32 [1.90-2.10]" in labels and "fp32" in labels
+    assert "bf16 2.00× (1.90–2.10)" in labels and "fp32" in labels
     flat = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert 12345.0 in flat
     assert "warm-up excluded" in ax.get_title()

@@ -1,0 +1,316 @@
+"""A comparison's typed result: :class:`Comparison`, with one :class:`PlanOutcome` per plan.
+
+A plan's outcome holds its run result, its :class:`Timing` (the raw step-time blocks of every
+process; median and quartiles are computed from them on first use, as
+``torch.utils.benchmark.Measurement`` does), its :class:`Rates`, its speedup against the baseline
+with the :class:`~precision_nb.engine.stats.Verdict` that words it, its :class:`Drift` from the
+fp32 run, the TF32 state of a CUDA fp32 baseline, its inspection, its compiled-plan report and
+why it failed, if it did. :func:`plan_outcomes` computes them from a measurement; the views read
+these attributes and build their tables at the edge (the summary's columns are named in
+:mod:`precision_nb.views.report.tables` only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from precision_nb.core.events import Event
+from precision_nb.engine import stats
+from precision_nb.engine.measurement import Measurement, Warmup
+from precision_nb.engine.metrics import PeakRatio, tf32_state
+from precision_nb.engine.results import FitError, RunResult
+
+__all__ = [
+    "Comparison",
+    "ComparisonError",
+    "ComparisonValueError",
+    "Drift",
+    "PlanOutcome",
+    "Rates",
+    "Timing",
+    "plan_outcomes",
+]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One plan's measured step times: ``blocks[p][r]`` the times of round r in process p (this
+    process first), its warm-up, and the processes that measured. Statistics are computed from
+    the raw blocks when first asked for, then kept."""
+
+    blocks: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    warmup: Warmup | None = None
+    processes: int = 1
+
+    @classmethod
+    def of(cls, measurement: Measurement, label: str) -> Timing:
+        blocks = measurement.blocks_by_process(label)
+        return cls(
+            tuple(tuple(tuple(b) for b in proc) for proc in blocks),
+            measurement.plans[label].warmup,
+            measurement.process_count,
+        )
+
+    @cached_property
+    def times(self) -> tuple[float, ...]:
+        """Every measured step time, all processes pooled."""
+        return tuple(t for proc in self.blocks for b in proc for t in b)
+
+    @cached_property
+    def spread(self) -> stats.Spread:
+        """Median and quartiles of the pooled step times."""
+        return stats.spread(self.times)
+
+    @property
+    def median(self) -> float:
+        return self.spread.median if self.spread.n else math.nan
+
+    @property
+    def rounds(self) -> int:
+        """Rounds completed in this process."""
+        return sum(1 for b in self.blocks[0] if b) if self.blocks else 0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Samples, tokens and FLOP per second from the median step time, and the MFU with the range
+    its peak's calibration repeats allow (None where unknown, or an MFU above 1 left out)."""
+
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    flops_per_s: float | None = None
+    mfu: float | None = None
+    mfu_low: float | None = None
+    mfu_high: float | None = None
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far a plan ended from the fp32 run: final-loss difference, relative L2 of weights."""
+
+    final_loss_diff: float | None = None
+    param_rel_diff: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """Everything measured and worked out for one plan; see the module docstring."""
+
+    label: str
+    result: RunResult | None = None
+    timing: Timing | None = None
+    speedup: stats.Speedup | None = None
+    verdict: stats.Verdict | None = None
+    rates: Rates = field(default_factory=Rates)
+    drift: Drift | None = None
+    #: The TF32 flags a CUDA fp32 plan ran under (None elsewhere).
+    tf32: Mapping[str, Any] | None = None
+    #: The plan's ``InspectionData`` (memory by kind and dtype, op dtypes), once inspected.
+    inspection: Any = None
+    #: A compiled plan's ``CompiledPlanReport`` (None for an eager plan).
+    compiled: Any = None
+    #: Why the plan stopped part-way (it is reported with the rounds it completed).
+    failure: str | None = None
+
+
+@dataclass
+class Comparison:
+    """Results per label, one typed outcome per plan, merged requests and events (run order)."""
+
+    results: dict[str, RunResult] = field(default_factory=dict)
+    outcomes: dict[str, PlanOutcome] = field(default_factory=dict)
+    merged: dict[str, str] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    stopped: bool = False
+    #: The interleaved measurement (per-round step times, warm-ups, round orders).
+    measurement: Measurement | None = None
+    #: The label every speedup is measured against (None without an fp32 plan).
+    baseline: str | None = None
+    #: How the figures were measured (warm-up rule, rounds, steps per block).
+    method: dict[str, Any] = field(default_factory=dict)
+    #: The model measured: ``class`` (qualified name) and ``params`` (parameter count).
+    model_info: dict[str, Any] = field(default_factory=dict)
+    #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
+    peak_ratios: dict[str, PeakRatio] = field(default_factory=dict)
+
+    def outcome(self, label: str) -> PlanOutcome:
+        """The outcome of ``label`` (an empty one, holding only its run, when not measured)."""
+        found = self.outcomes.get(label)
+        return found if found is not None else PlanOutcome(label, self.results.get(label))
+
+    @property
+    def drift(self) -> dict[str, dict[str, float | None]]:
+        """Label -> ``final_loss_diff`` and ``param_rel_diff`` against the fp32 run."""
+        return {
+            k: {
+                "final_loss_diff": o.drift.final_loss_diff,
+                "param_rel_diff": o.drift.param_rel_diff,
+            }
+            for k, o in self.outcomes.items()
+            if o.drift is not None
+        }
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """Label -> why a plan stopped part-way."""
+        return {k: o.failure for k, o in self.outcomes.items() if o.failure}
+
+    @property
+    def compiled(self) -> dict[str, Any]:
+        """Compiled label -> its ``CompiledPlanReport`` (compile step, speed, pay-back...)."""
+        return {k: o.compiled for k, o in self.outcomes.items() if o.compiled is not None}
+
+    @property
+    def inspections(self) -> dict[str, Any]:
+        """Label -> the plan's inspection, for the plans inspected."""
+        return {k: o.inspection for k, o in self.outcomes.items() if o.inspection is not None}
+
+    @property
+    def load_note(self) -> str:
+        """The measurement's busy-machine note ("" when quiet or not measured)."""
+        return self.measurement.load_note if self.measurement is not None else ""
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every record of every run, in run order (the ``run`` key tells them apart)."""
+        return [r for res in self.results.values() for r in res.records]
+
+
+class ComparisonError(FitError):
+    """A plan of a comparison failed; ``.result`` is the whole :class:`Comparison` (the other
+    plans finished, ``failures`` says which plan stopped where). The first plan's failure is the
+    ``__cause__``."""
+
+    result: Comparison
+
+
+class ComparisonValueError(ComparisonError, ValueError):
+    """A comparison whose first failing plan failed on a bad value (a ``ValueError``)."""
+
+
+ComparisonError.value_error = ComparisonValueError
+
+
+def _tokens_per_sample(result: RunResult | None) -> float | None:
+    """Tokens per sample from the records (both rates share one interval, so this is exact)."""
+    for record in result.records if result is not None else ():
+        tokens, samples = record.get("tokens_per_s"), record.get("samples_per_s")
+        if tokens and samples:
+            return float(tokens) / float(samples)
+    return None
+
+
+def _per_s(amount: float | None, median: float) -> float | None:
+    return float(amount) / median if amount and median > 0 else None
+
+
+def _rates(label: str, result: RunResult | None, median: float, events: list[Event]) -> Rates:
+    """Rates from the median step time; an MFU above 1 becomes a ``calibration`` event."""
+    info = result.workload if result is not None else {}
+    per_step = (info.get("batch_size") or 0) * (info.get("accumulation") or 1)
+    tps = _tokens_per_sample(result)
+    flops_per_s = _per_s(info.get("flops_per_step"), median)
+    peak = info.get("peak_flops_per_s")
+    mfu = flops_per_s / peak if flops_per_s and peak else None
+    low, high = info.get("peak_flops_low"), info.get("peak_flops_high")
+    mfu_range = (
+        (flops_per_s / high, flops_per_s / low) if flops_per_s and low and high else (mfu, mfu)
+    )
+    if mfu is not None and mfu > 1:
+        events.append(
+            Event(
+                "calibration",
+                f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "  # type: ignore[operator]
+                f"({info.get('peak_source')}): a calibration error (the peak was measured "
+                "while the machine was busy, or the FLOP count is off); MFU is not shown",
+                {"run": label, "mfu": mfu, "source": info.get("peak_source")},
+            )
+        )
+        mfu, mfu_range = None, (None, None)
+    return Rates(
+        _per_s(per_step, median),
+        _per_s(per_step * tps, median) if tps else None,
+        flops_per_s,
+        mfu,
+        *mfu_range,
+    )
+
+
+def _tf32(label: str, result: RunResult | None, events: list[Event]) -> dict[str, Any] | None:
+    """The TF32 flags of a CUDA fp32 plan (an event when they let it run as TF32)."""
+    plan = getattr(result, "plan", None)
+    if (
+        not str(getattr(result, "device", "")).startswith("cuda")
+        or getattr(plan, "mode", "") != "fp32"
+    ):
+        return None
+    tf32 = tf32_state()
+    if tf32["cuda_matmul_allow_tf32"] or tf32["cudnn_allow_tf32"]:
+        events.append(
+            Event(
+                "measurement",
+                f"{label}: the fp32 baseline may run as TF32 on tensor cores "
+                f"(matmul allow_tf32={tf32['cuda_matmul_allow_tf32']}, float32 matmul "
+                f"precision {tf32['float32_matmul_precision']!r}, cudnn allow_tf32="
+                f"{tf32['cudnn_allow_tf32']}: convolutions default to TF32 on Ampere and "
+                "newer); speedups are against that baseline",
+                {"run": label, **tf32},
+            )
+        )
+    return tf32
+
+
+def plan_outcomes(
+    measurement: Measurement,
+    results: Mapping[str, RunResult],
+    baseline: str | None,
+    *,
+    drift: Mapping[str, Drift] | None = None,
+    compiled: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, PlanOutcome], list[Event]]:
+    """Per plan: its timing, rates, speedup with interval and verdict, drift, compile report.
+
+    Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time
+    (all processes pooled), so they cannot disagree with the speedup. An MFU above 1 means the
+    peak was measured too low: it is recorded as a ``calibration`` event and left out.
+    """
+    events: list[Event] = []
+    out: dict[str, PlanOutcome] = {}
+    busy = measurement.load_note
+    for label, timing in measurement.plans.items():
+        result = results.get(label)
+        t = Timing.of(measurement, label)
+        speed = verdict = None
+        if baseline is not None and baseline in measurement.plans:
+            speed = measurement.speedup(label, baseline)
+            verdict = (
+                stats.Verdict(
+                    "baseline",
+                    f"{label} is the baseline.",
+                    label=label,
+                    baseline=label,
+                    stopped_by=speed.stopped_by,
+                    busy=busy,
+                )  # fmt: skip
+                if label == baseline
+                else stats.verdict(
+                    label, speed, baseline=baseline, spread_of_plan=t.spread, busy=busy
+                )
+            )
+        out[label] = PlanOutcome(
+            label,
+            result,
+            t,
+            speed,
+            verdict,
+            _rates(label, result, t.median, events),
+            (drift or {}).get(label),
+            _tf32(label, result, events),
+            compiled=(compiled or {}).get(label),
+            failure=timing.failed,
+        )
+    return out, events

@@ -38,6 +38,7 @@ from precision_nb.engine.metrics import compute_dtype, peak_ratios
 from precision_nb.engine.planning import Planning, plan_runs
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.time_split import split_comparison
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
@@ -67,6 +68,7 @@ def compare(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     measure: MeasureConfig | None = None,
     compile: Any = "off",
+    time_split: bool = False,
     **train_options: Any,
 ) -> Comparison:
     """Train each requested precision on identical weights and data; see module docstring.
@@ -81,14 +83,17 @@ def compare(
     still finish; then a :class:`ComparisonError` is raised with the whole comparison as
     ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
     ``__cause__``. ``compile``: one mode or several ("off", "default", "reduce-overhead",
-    "max-autotune"); every precision is measured under every mode.
+    "max-autotune"); every precision is measured under every mode. ``time_split``: after the
+    timed rounds, a few profiled steps per plan split its step time by op family
+    (``Comparison.time_split``; :mod:`precision_nb.engine.time_split`).
     """
     if model is not None and batches is None:
         raise ValueError("batches is None; pass batches together with your own model")
     request = RunRequest.of(
         model if model is not None else workload, batches, preset=preset, device=device,
         precision=modes, loss_scale_lab=loss_scale_lab, optimizer=optimizer, train=train,
-        loss_fn=loss_fn, compile=compile, measure=measure, **train_options,
+        loss_fn=loss_fn, compile=compile, measure=measure, time_split=time_split,
+        **train_options,
     )  # fmt: skip
     return run_comparison(request, callbacks=callbacks, stop=stop)
 
@@ -177,6 +182,8 @@ def run_comparison(
         measurement, out.results, ref, drift=drift, compiled=compiled
     )
     out.events.extend(more)
+    if request.time_split:  # after the timed rounds, on the plans' own trainers
+        out.events.extend(split_comparison(out, trainers, failures))
     out.method = measurement.method()
     if cfg.measure_peak:
         dtypes = tuple({compute_dtype(r.plan) for r in out.results.values()} - {torch.float32})

@@ -83,7 +83,9 @@ class RunRequest:
     comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
     ``measure``: how a comparison is measured (rounds, warm-up, processes, target, budget; more
     rounds than ``train.steps`` are refused). ``inspect`` / ``numerics``: the analyses after a
-    comparison. ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request
+    comparison; ``time_split``: a few profiled steps per plan after the timed rounds, the step
+    time by op family (:mod:`precision_nb.engine.time_split`). ``distributed``: a
+    :class:`~precision_nb.core.distributed.Distributed` request
     (torchrun's ranks; eager only) or None.
     """
 
@@ -100,6 +102,7 @@ class RunRequest:
     inspect: bool = False
     numerics: bool = False
     distributed: Distributed | None = None
+    time_split: bool = False
 
     def __post_init__(self) -> None:
         compiles = self.compiles
@@ -150,6 +153,7 @@ class RunRequest:
         check_rounds(self.measure.rounds, self.train.steps)
         validate.boolean("inspect", self.inspect)
         validate.boolean("numerics", self.numerics)
+        validate.boolean("time_split", self.time_split)
         if self.distributed is None:
             return
         if not isinstance(self.distributed, Distributed):
@@ -181,6 +185,7 @@ class RunRequest:
         inspect: bool = False,
         numerics: bool = False,
         distributed: Distributed | None = None,
+        time_split: bool = False,
         **train_options: Any,
     ) -> RunRequest:
         """The request of a public call: ``precision`` is one request (a ``PrecisionConfig``, a
@@ -211,6 +216,7 @@ class RunRequest:
             inspect=inspect,
             numerics=numerics,
             distributed=distributed,
+            time_split=time_split,
         )
 
     @property

@@ -10,12 +10,15 @@ each advice with its figure (:mod:`~precision_nb.engine.time_split.advice`).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.cpu_features import read_cpu_features
+from precision_nb.core.events import Event
 from precision_nb.engine.adamw_timing import time_adamw
 from precision_nb.engine.time_split.advice import Advice, advise, wants_adamw_timing
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
@@ -32,6 +35,7 @@ from precision_nb.engine.time_split.profiling import (
 from precision_nb.engine.time_split.reconcile import FamilyChange, PlanDifference, difference
 
 __all__ = [
+    "DISTRIBUTED",
     "FAMILIES",
     "STEP_MARK",
     "Advice",
@@ -47,9 +51,14 @@ __all__ = [
     "difference",
     "missing",
     "profiler_busy",
+    "split_comparison",
+    "split_missing",
     "split_plans",
     "split_trainer",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -166,3 +175,65 @@ def analyse_time(
             split, diffs.get(label), emulated=emulated_bf16(trainer), fused=fused, adamw=timing
         )
     return TimeAnalysis(splits, diffs, advice, baseline, cfg, time.perf_counter() - t0)
+
+
+def split_comparison(
+    comparison: Any,
+    trainers: Mapping[str, Any],
+    failures: Mapping[str, Any] | None = None,
+    config: SplitConfig | None = None,
+) -> list[Event]:
+    """:func:`analyse_time` for a comparison whose timed rounds are over: sets
+    ``comparison.time_split`` and each outcome's ``time_split``, ``difference`` and ``advice``;
+    returns the events to add (the split's cost; a ``warning`` when it was left out, the
+    measurement kept either way)."""
+    outcomes = comparison.outcomes
+    medians = {k: o.timing.median if o.timing else None for k, o in outcomes.items()}
+    speedups = {k: o.speedup for k, o in outcomes.items()}
+    failed = {k: str(v) for k, v in (failures or {}).items()}
+    try:
+        found = analyse_time(
+            {k: t for k, t in trainers.items() if k in comparison.results}, medians, speedups,
+            comparison.baseline, failures=failed, config=config,
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as exc:
+        message = f"the time split was left out: {type(exc).__name__}: {exc}"
+        log.warning(message)
+        return [Event("warning", message, {"section": "time_split"})]
+    _attach(comparison, found)
+    gone = [f"{k}: {s.missing}" for k, s in found.splits.items() if not s.available]
+    events = [
+        Event(
+            "measurement",
+            f"time split: {found.config.steps} profiled steps per plan after the timed rounds, "
+            f"{found.seconds:.1f} s in all",
+            {"seconds": found.seconds, "steps": found.config.steps},
+        )
+    ]
+    events += [Event("warning", f"no time split for {g}", {"section": "time_split"}) for g in gone]
+    return events
+
+
+#: Why a distributed run has no split (said in its section).
+DISTRIBUTED = (
+    "not profiled for a distributed run: the plans train inside torchrun's ranks, and the "
+    "profiled steps would have to run in every rank and come back with the records; the "
+    "communication family (c10d, nccl, gloo) is recognised in a trace, but no rank records one yet"
+)
+
+
+def _attach(comparison: Any, found: TimeAnalysis) -> None:
+    comparison.time_split = found
+    outcomes = comparison.outcomes
+    for label, split in found.splits.items():
+        if label in outcomes:
+            outcomes[label] = dataclasses.replace(
+                outcomes[label], time_split=split, difference=found.differences.get(label),
+                advice=found.advice.get(label, ()),
+            )  # fmt: skip
+
+
+def split_missing(comparison: Any, why: str) -> None:
+    """Every plan of ``comparison`` without a split, saying ``why`` (e.g. :data:`DISTRIBUTED`)."""
+    splits = {label: missing(label, why) for label in comparison.results}
+    _attach(comparison, TimeAnalysis(splits, baseline=comparison.baseline))

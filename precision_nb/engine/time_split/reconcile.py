@@ -56,6 +56,11 @@ def ms(seconds: float) -> str:
     return f"{value:.2g} ms"
 
 
+def times(ratio: float) -> str:
+    """A ratio as ``2.6×``, ``14×`` or ``470×`` (never in scientific notation)."""
+    return f"{ratio:.2g}×" if ratio < 10 else f"{ratio:.0f}×"
+
+
 @dataclass(frozen=True)
 class FamilyChange:
     """One family, baseline against plan: seconds per step in each, the change (plan minus
@@ -145,7 +150,7 @@ def sentence(
 def _gain(c: FamilyChange) -> str:
     text = f"saved {ms(-c.change_s)} {WHERE[c.family]}"
     if c.times_faster is not None:
-        text += f" ({c.times_faster:.2g}× faster there)"
+        text += f" ({times(c.times_faster)} faster there)"
     return text
 
 
@@ -153,7 +158,7 @@ def _loss(c: FamilyChange) -> str:
     if c.baseline_s <= 0:
         return f"added {ms(c.change_s)} of {WHAT[c.family]}"
     ratio = c.times_faster
-    slower = f" ({1 / ratio:.2g}× slower there)" if ratio else ""
+    slower = f" ({times(1 / ratio)} slower there)" if ratio else ""
     return f"spent {ms(c.change_s)} more {WHERE[c.family]}{slower}"
 
 

@@ -250,7 +250,8 @@ class RunSession:
             for name in selection.compare_plans
         ]
         request = self.request(selection, modes, compiles=compare_compiles(selection))
-        return run_comparison(request, callbacks=[live], stop=stop)
+        # the step by op family, after the timed rounds: the Compare tab's "why faster or not"
+        return run_comparison(request.replace(time_split=True), callbacks=[live], stop=stop)
 
     # ------------------------------------------------------------------ during the run
 

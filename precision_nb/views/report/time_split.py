@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+from collections.abc import Mapping
 from typing import Any
 
 from precision_nb.engine.time_split import FAMILIES, TimeAnalysis, TimeSplit
@@ -19,7 +20,14 @@ from precision_nb.engine.time_split.reconcile import ms, times
 from precision_nb.views.report.markup import table_html
 from precision_nb.views.report.sections import ReportFile, Section
 
-__all__ = ["CSV_NAME", "TITLE", "time_split_html", "time_split_lines", "time_split_section"]
+__all__ = [
+    "CSV_NAME",
+    "TITLE",
+    "outcomes_html",
+    "time_split_html",
+    "time_split_lines",
+    "time_split_section",
+]
 
 TITLE = "Why faster or not: the step by op family"
 CSV_NAME = "time_by_family.csv"
@@ -88,7 +96,7 @@ def _card(label: str, analysis: TimeAnalysis, level: int) -> str:
     head = f"<h{level}>{e(label)}</h{level}>"
     if not split.available:
         body = f"<p>No split: {e(split.missing)}</p>"
-        return f'<div class="card" data-plan="{e(label)}">{head}{body}</div>'
+        return f'<div class="card time-split" data-plan="{e(label)}">{head}{body}</div>'
     parts = [head]
     if diff is not None and diff.missing is None:
         parts.append(f'<p class="verdict">{e(diff.sentence)}</p>')
@@ -105,13 +113,27 @@ def _card(label: str, analysis: TimeAnalysis, level: int) -> str:
         parts.append(f"<p><b>What would make it faster</b></p><ul>{items}</ul>")
     facts = "".join(f"<li>{e(f)}</li>" for f in _facts(split))
     parts.append(f'<ul class="measure">{facts}</ul>')
-    return f'<div class="card" data-plan="{e(label)}">{"".join(parts)}</div>'
+    return f'<div class="card time-split" data-plan="{e(label)}">{"".join(parts)}</div>'
 
 
 def time_split_html(analysis: TimeAnalysis, *, level: int = 3) -> str:
     """The cards of every plan (``level``: the heading level of a plan's name)."""
     cards = "".join(_card(label, analysis, level) for label in analysis.splits)
     return f'<p class="measure">{html.escape(METHOD)}</p><div class="cards">{cards}</div>'
+
+
+def outcomes_html(outcomes: Mapping[str, Any], *, level: int = 4) -> str:
+    """The cards from a comparison's typed outcomes (each holding its split, its difference and
+    its advice); "" when no plan was split."""
+    splits = {k: o.time_split for k, o in outcomes.items() if o.time_split is not None}
+    if not splits:
+        return ""
+    diffs = {k: o.difference for k, o in outcomes.items() if o.difference is not None}
+    base = next((k for k in splits if k not in diffs), None)
+    advice = {k: tuple(o.advice) for k, o in outcomes.items()}
+    analysis = TimeAnalysis(splits, diffs, advice, base)
+    title = f"<h{level}>{html.escape(TITLE)}</h{level}>"
+    return title + time_split_html(analysis, level=level + 1)
 
 
 def time_split_lines(analysis: TimeAnalysis) -> list[str]:

@@ -117,12 +117,15 @@ def test_the_trainer_is_left_as_it_was() -> None:
     opt_step = copy.deepcopy(trainer.optimizer.state_dict()["state"][0]["step"])
     counters = (trainer.counters.steps, trainer.counters.attempts)
     rng = torch.get_rng_state()
+    precision = dict(vars(trainer.precision))
     split = split_trainer(trainer, config=SplitConfig(steps=1, unprofiled=1))
     assert split.available and split.steps == 1
     assert torch.equal(before[name], trainer.model.state_dict()[name])
     assert torch.equal(opt_step, trainer.optimizer.state_dict()["state"][0]["step"])
     assert (trainer.counters.steps, trainer.counters.attempts) == counters
     assert torch.equal(rng, torch.get_rng_state())
+    now = vars(trainer.precision)  # the same scaler object, the same settings
+    assert set(now) == set(precision) and all(now[k] is v for k, v in precision.items())
 
 
 def test_a_busy_profiler_leaves_a_missing_split_that_says_why() -> None:

@@ -161,12 +161,15 @@ def analyse_time(
     diffs: dict[str, PlanDifference] = {}
     advice: dict[str, tuple[Advice, ...]] = {}
     for label, split in splits.items():
-        trainer = trainers[label]
+        trainer = trainers.get(label)  # None: a plan that failed before it had a trainer
         if base is not None and label != baseline:
             diffs[label] = difference(
                 base, split, speedups.get(label), tolerance=cfg.tolerance,
-                optimizer=_optimizer_words(trainer),
+                optimizer=_optimizer_words(trainer) if trainer is not None else None,
             )  # fmt: skip
+        if trainer is None or not split.available:
+            advice[label] = ()
+            continue
         fused = bool(getattr(trainer.optimizer_outcome, "used", False))
         timing = None
         if wants_adamw_timing(split, fused):

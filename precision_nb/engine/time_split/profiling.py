@@ -33,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from precision_nb.core import validate
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.callbacks import Callbacks
+from precision_nb.engine.inspect.autocast_probe import cpp_output_to_debug_log
 from precision_nb.engine.results import FitError
 from precision_nb.engine.session import FitSession
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK, StepSplit, steps_of
@@ -187,7 +188,9 @@ def _snapshot(trainer: Any) -> dict[str, Any]:
         "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
         "counters": dataclasses.replace(trainer.counters),
         "rng": ckpt.rng_state(),
-        "scaler": trainer.precision.state_dict(),
+        # the precision's per-fit state (its grad scaler object, floor settings) as it is: the
+        # short fit replaces the scaler, and the old object is put back untouched
+        "precision": dict(vars(trainer.precision)),
         "last": trainer.last_result,
     }
 
@@ -198,7 +201,9 @@ def _restore(trainer: Any, saved: dict[str, Any]) -> None:
     for name in ("steps", "attempts", "microbatches"):
         setattr(trainer.counters, name, getattr(saved["counters"], name))
     ckpt.restore_rng(saved["rng"])
-    trainer.precision.load_state_dict(saved["scaler"] or None)
+    state = vars(trainer.precision)
+    state.clear()
+    state.update(saved["precision"])
     trainer.last_result = saved["last"]
 
 
@@ -263,12 +268,17 @@ def _profiled(
     n, u = cfg.steps, cfg.unprofiled
     session = _session(trainer, 1 + 2 * u + n)
     session.advance(1 + u)
-    with profile(activities=activities, record_shapes=True) as prof:
-        session.timer.marker = lambda: _mark(device)
-        try:
-            session.advance(n)
-        finally:
-            session.timer.marker = None
+    prof = profile(activities=activities, record_shapes=True)
+    # the profiler's C++ side prints at its start and stop (and once from a thread): not for users
+    with cpp_output_to_debug_log("starting torch.profiler"):
+        prof.start()
+    session.timer.marker = lambda: _mark(device)
+    try:
+        session.advance(n)
+    finally:
+        session.timer.marker = None
+        with cpp_output_to_debug_log("stopping torch.profiler"):
+            prof.stop()
     session.advance(u)
     result = session.finish()
     times = list(result.step_times_s)
@@ -368,9 +378,11 @@ def split_plans(
     ``failures``: label -> why a plan failed (it gets no split, and the split says so)."""
     medians, failed = dict(measured_s or {}), dict(failures or {})
     out: dict[str, TimeSplit] = {}
-    for label, trainer in trainers.items():
+    for label in [*trainers, *(k for k in failed if k not in trainers)]:
         if label in failed:
             out[label] = missing(label, f"the plan failed, so it has no split: {failed[label]}")
             continue
-        out[label] = split_trainer(trainer, label, measured_s=medians.get(label), config=config)
+        out[label] = split_trainer(
+            trainers[label], label, measured_s=medians.get(label), config=config
+        )
     return out

@@ -30,7 +30,7 @@ from precision_nb.views.report.markup import img_html
 from precision_nb.views.report.numerics import Numerics
 from precision_nb.views.report.profile_distributed import distributed_html
 from precision_nb.views.report.time_split import TITLE as TIME_TITLE
-from precision_nb.views.report.time_split import time_split_html
+from precision_nb.views.report.time_split import time_split_html, time_split_lines
 
 __all__ = ["Profile", "measurement_settings"]
 
@@ -163,6 +163,8 @@ class Profile:
         lines = [f"Profile of {', '.join(self.comparison.results) or 'no run'}"]
         lines += [f"  {self.load_note}"] if self.load_note else []
         lines += [f"  {v}" for v in self.verdicts.values()]
+        if self.time_split is not None:
+            lines += [f"  {x}" for x in time_split_lines(self.time_split)]
         if self.out_dir is not None:
             lines.append(f"  saved in {self.out_dir}")
         return "\n".join(lines)

@@ -212,7 +212,7 @@ def typed_outcome(label: str, result: Any = None, row: dict[str, Any] | None = N
     """A :class:`~precision_nb.engine.comparison.PlanOutcome` from a plain description of what a
     measurement found (``verdict`` text and ``verdict_kind``, ``speedup_vs_fp32`` with its
     ``speedup_ci_low`` / ``_high``, ``median_step_time_s`` / ``step_time_iqr_s``, ``tf32``,
-    ``rounds``, ``warmup_steps``, ``samples_per_s``, ``drift``): tests state results, the
+    ``rounds``, ``warmup_steps``, ``samples_per_s``, ``drift``, ``failed``): tests state results, the
     engine's outcome type carries them."""
     from precision_nb.engine.comparison import Drift, PlanOutcome, Rates, Timing
     from precision_nb.engine.measurement import Warmup
@@ -249,6 +249,7 @@ def typed_outcome(label: str, result: Any = None, row: dict[str, Any] | None = N
         Rates(samples_per_s=row.get("samples_per_s")),
         None if drift is None else Drift(drift.get("final_loss_diff"), drift.get("param_rel_diff")),
         row.get("tf32"),
+        failure=row.get("failed"),
     )
 
 
@@ -263,7 +264,7 @@ def with_outcomes(comparison: Any, found: dict[str, dict[str, Any]]) -> Any:
 def make_comparison() -> Callable[..., Any]:
     """``make_comparison(fp32=result, bf16=result, drift=..., figures=..., ...)``: a
     ``Comparison`` of the given results (keyword names that are Comparison fields set those;
-    ``figures`` / ``drift``: label -> what the measurement found, see :func:`typed_outcome`)."""
+    ``figures`` / ``drift`` / ``failures``: label -> what the measurement found, see :func:`typed_outcome`)."""
     from dataclasses import fields
 
     from precision_nb.engine.compare import Comparison
@@ -273,10 +274,11 @@ def make_comparison() -> Callable[..., Any]:
     def make(**kwargs: Any) -> Any:
         found = kwargs.pop("figures", None) or {}
         drift = kwargs.pop("drift", None) or {}
+        failed = kwargs.pop("failures", None) or {}
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         out = Comparison(results=dict(kwargs), **own)
-        for label in dict.fromkeys([*found, *drift]):
-            row = {**found.get(label, {}), "drift": drift.get(label)}
+        for label in dict.fromkeys([*found, *drift, *failed]):
+            row = {**found.get(label, {}), "drift": drift.get(label), "failed": failed.get(label)}
             out.outcomes[label] = typed_outcome(label, out.results.get(label), row)
         return out
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,4 +207,95 @@ def test_the_private_name_check_sees_imports_and_module_attributes(tmp_path):
     assert found == [
         "mod.py:1 imports precision_nb.views.report.markup._secret",
         "mod.py:3 reads st._helper",
+    ]
+
+
+# ----------------------------------------------------------------------------- result columns
+
+#: The module where a comparison's typed result becomes the summary table: the only one that
+#: may spell the summary's result columns.
+EDGE = PACKAGE / "views" / "report" / "tables.py"
+#: Summary columns that are also something else (record keys, TrainConfig fields, the per-rank
+#: table's columns, plain words): other modules spell them for those meanings.
+SHARED = frozenset(
+    {
+        "run", "final_loss", "samples_per_s", "tokens_per_s", "flops_per_s", "mfu",
+        "mfu_peak_source", "memory_kind", "steps", "fused_adamw", "device", "loss_scale_lab",
+        "rounds", "processes", "failed", "verdict", "stopped_by", "median_step_time_s",
+        "step_time_iqr_s", "warmup_steps", "warmup_s", "mode", "dtype", "use_scaler",
+        "autocast_enabled", "device_type",
+    }
+)  # fmt: skip
+
+
+def result_columns(edge: Path = EDGE) -> set[str]:
+    """The summary's columns as the edge module spells them (``SUMMARY_COLUMNS``, its names
+    resolved through the module's string constants), less the :data:`SHARED` ones."""
+    tree = ast.parse(edge.read_text(encoding="utf-8"))
+    constants: dict[str, str] = {}
+    columns: list[ast.expr] = []
+    for node in tree.body:
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            pairs = (
+                zip(target.elts, node.value.elts, strict=False)
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                else [(target, node.value)]
+            )
+            for name, value in pairs:
+                if isinstance(name, ast.Name) and isinstance(value, ast.Constant):
+                    if isinstance(value.value, str):
+                        constants[name.id] = value.value
+                if isinstance(name, ast.Name) and name.id == "SUMMARY_COLUMNS":
+                    columns = list(getattr(value, "elts", []))
+    names = {
+        c.value if isinstance(c, ast.Constant) else constants.get(getattr(c, "id", ""), "")
+        for c in columns
+    }
+    return {n for n in names if isinstance(n, str) and n} - SHARED
+
+
+def column_uses(path: Path, columns: set[str]) -> list[str]:
+    """Where ``path`` spells a result column in a string (a key, a list of columns, a text)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path.name
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for column in sorted(columns):
+                if re.search(rf"\b{re.escape(column)}\b", node.value):
+                    found.append((node.lineno, f"{name}:{node.lineno} spells {column!r}"))
+    return [text for _line, text in sorted(found)]
+
+
+def test_result_columns_are_spelled_only_where_the_summary_is_built():
+    columns = result_columns()
+    assert {"speedup_vs_fp32", "speedup_ci_low", "param_rel_diff_vs_fp32"} <= columns
+    found = [
+        use
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != EDGE
+        for use in column_uses(path, columns)
+    ]
+    assert not found, (
+        "result columns read outside views/report/tables.py (read the typed outcome, or the "
+        "edge module's constant):\n" + "\n".join(found)
+    )
+
+
+def test_the_column_check_sees_keys_lists_and_texts(tmp_path):
+    path = tmp_path / "view.py"
+    path.write_text(
+        "def show(row, outcome):\n"
+        "    a = row['speedup_vs_fp32']\n"
+        "    b = [c for c in ('run', 'speedup_ci_low')]\n"
+        "    return f'{a} over speedup_ci_high', outcome.speedup, row.get('run')\n",
+        encoding="utf-8",
+    )
+    found = column_uses(path, result_columns())
+    assert found == [
+        "view.py:2 spells 'speedup_vs_fp32'",
+        "view.py:3 spells 'speedup_ci_low'",
+        "view.py:4 spells 'speedup_ci_high'",
     ]

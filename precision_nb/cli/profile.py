@@ -26,20 +26,23 @@ from precision_nb.cli.main import (
     fused_arg,
     paragraphs,
 )
+from precision_nb.core.defaults import (
+    CONFIDENCE,
+    DEFAULT_BUDGET_S,
+    DEFAULT_COMPARE,
+    DEFAULT_PRESET,
+    DEFAULT_ROUNDS,
+    DEFAULT_STEPS,
+    DEFAULT_TARGET,
+    DEFAULT_WORKLOAD,
+    MIN_ROUNDS,
+    PRESET_NAMES,
+    WORKLOAD_NAMES,
+)
 
-DEFAULT_COMPARE = "fp32,bf16,fp16"
 DEFAULT_OUT = "profile-out"
-# The engine's names and defaults, listed here so flags are checked before torch loads (a test
-# keeps them equal to engine.workloads and views.report.profile).
-WORKLOAD_NAMES = ("mlp", "transformer", "lm", "cnn")
-PRESET_NAMES = ("tiny", "small", "medium", "large")
-DEFAULT_WORKLOAD = "mlp"
-DEFAULT_PRESET = "small"
-DEFAULT_STEPS = 48
-DEFAULT_ROUNDS = 8
-DEFAULT_TARGET = 0.05
-DEFAULT_BUDGET_S = 40.0
-MIN_ROUNDS = 6  # engine.stats.MIN_ROUNDS: rounds a 95 % interval needs in one process
+#: How the command line says the confidence of an interval ("95 %").
+PCT = f"{CONFIDENCE:.0%}".replace("%", " %%")
 STRATEGIES = ("ddp", "fsdp2")
 COMM_HOOKS = ("none", "fp16", "bf16")
 
@@ -52,7 +55,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=paragraphs(
             "Train a built-in workload (or your own model, --model) under each requested "
             "precision plan from the same initial weights: a warm-up per plan, then the plans "
-            "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with 95 % "
+            "interleaved in rounds. Writes metrics.csv, summary.csv (speedups with "
+            f"{PCT.replace('%%', '%')} "
             "intervals), PNG figures and a self-contained report.html into --out. Requests that "
             "resolve to the same plan run once.",
             "The report is staged inside --out and moved into place only when complete: Ctrl-C "
@@ -77,8 +81,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=DEFAULT_ROUNDS,
-        help="interleaved rounds the measured steps are split over, in each process",
+        default=None,
+        help=f"interleaved rounds the measured steps are split over, in each process; more than "
+        f"--steps are refused (default: {DEFAULT_ROUNDS}, or one per step when fewer steps are "
+        "measured)",
     )
     parser.add_argument(
         "--processes",
@@ -111,7 +117,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--compare",
-        default=DEFAULT_COMPARE,
+        default=",".join(DEFAULT_COMPARE),
         metavar="MODES",
         help="comma-separated precision requests (auto, fp32, bf16, fp16)",
     )
@@ -204,7 +210,11 @@ def check_flags(args: argparse.Namespace) -> None:
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
-    from precision_nb.engine.measure import check_options
+    from precision_nb.engine.measure_config import check_options, check_rounds
+
+    if args.rounds is not None:
+        positive_int("--rounds", args.rounds)
+        check_rounds(args.rounds, args.steps, ("--rounds", "--steps"))
 
     args.processes = _optional_number("--processes", args.processes, int)
     args.target = _optional_number("--target", args.target, float)
@@ -264,39 +274,34 @@ def _run(args: argparse.Namespace) -> int:
         check_flags(args)
     except (ValueError, OSError) as err:
         return error("profile", err)
-    from precision_nb.views.report.profile import ReportWriteError, run_profile, validate_request
+    from precision_nb.views.report.profile import (
+        ReportWriteError,
+        output_folder,
+        profile_request,
+        run_profile,
+    )
 
     try:
         model, batches = _user_model(args)
-        request = validate_request(
-            workload=args.workload if model is None else model,
-            batches=batches,
-            rounds=args.rounds,
-            preset=args.preset,
-            modes=args.compare,
-            device=args.device,
-            steps=args.steps,
-            accumulation=args.accumulation,
-            fused=FUSED[args.fused],
-            loss_scale_lab=args.loss_scale_lab,
-            out=args.out,
-            inspect=not args.no_inspect,
-            numerics=not args.no_numerics,
+        request = profile_request(
+            args.workload if model is None else model, batches, None, args.compare,
+            rounds=args.rounds, preset=args.preset, device=args.device, steps=args.steps,
+            accumulation=args.accumulation, fused=FUSED[args.fused],
+            loss_scale_lab=args.loss_scale_lab, progress=not args.no_progress,
+            inspect=not args.no_inspect, numerics=not args.no_numerics,
             time_split=not args.no_time_split,
-            distributed=_distributed(args),
-            processes=args.processes,
-            target=args.target,
-            budget_s=args.budget,
-            rebuild=_rebuild(args),
-            compile=args.compile,
-        )
+            distributed=_distributed(args), processes=args.processes, target=args.target,
+            budget_s=args.budget, rebuild=_rebuild(args), compile=args.compile,
+        )  # fmt: skip
+        out = output_folder(args.out)
     except (ValueError, RuntimeError) as err:
         return error("profile", err)
-    if args.rounds < MIN_ROUNDS and args.processes == 1:
+    rounds = len(_blocks(request))
+    if rounds < MIN_ROUNDS and args.processes == 1:
         print(
-            f"precision-nb profile: --rounds {args.rounds} in one process is below the "
-            f"{MIN_ROUNDS} rounds a 95 % interval needs: the verdicts give the raw per-round "
-            "ratios instead",
+            f"precision-nb profile: {rounds} rounds in one process are below the {MIN_ROUNDS} "
+            f"rounds a {PCT.replace('%%', '%')} interval needs: the verdicts give the raw "
+            "per-round ratios instead",
             file=sys.stderr,
         )
 
@@ -306,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
         with _ctrl_c_stops(stop):
             output = run_profile(
                 request,
-                progress=not args.no_progress,
+                out=out,
                 settings={"command": command.strip()},
                 stop=stop,
                 wording=cli_text,
@@ -343,6 +348,13 @@ def _optional_number(flag: str, value: Any, kind: type) -> Any:
     except ValueError:
         allowed = "an integer" if kind is int else "a number"
         raise ValueError(f"{flag}: invalid value {value!r}; allowed: {allowed} or none") from None
+
+
+def _blocks(request: Any) -> list[int]:
+    """The steps of each round a request measures (one entry per round)."""
+    from precision_nb.engine.measure_config import block_sizes
+
+    return block_sizes(request.train.steps, request.measure.rounds)
 
 
 def _rebuild(args: argparse.Namespace) -> tuple[str, str] | None:

@@ -25,6 +25,12 @@ from precision_nb.core.cluster import (
     expected_comm_bytes,
     ring_seconds,
 )
+from precision_nb.core.distributed_reasons import (
+    HOOK_REASONS,
+    fsdp_dtypes,
+    nodes_reason,
+    strategy_reason,
+)
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.render import decision_lines
 from precision_nb.core.resolution import Decision, Explanation, explain_precision
@@ -242,62 +248,6 @@ def _caps(hardware: Any) -> tuple[Capabilities, ClusterPreset | None]:
         ) from None
 
 
-def _fsdp_dtypes(
-    req: Distributed, plan_mode: str, scaler: bool
-) -> tuple[list[Decision], tuple[str, str, str | None, list[str]]]:
-    decisions: list[Decision] = []
-    warnings: list[str] = []
-    if req.param_dtype is None:
-        param = plan_mode
-        why = (
-            f"derived from the {plan_mode} plan: parameters are all-gathered and computed in "
-            f"{plan_mode} (half the all-gather bytes and unsharded-parameter memory of fp32), "
-            "while the sharded fp32 master parameters stay with the optimizer"
-            if plan_mode != "fp32"
-            else "derived from the fp32 plan: parameters gathered and computed in fp32"
-        )
-    else:
-        param, why = req.param_dtype, f"param_dtype={req.param_dtype} as requested"
-        if req.param_dtype != plan_mode:
-            warnings.append(
-                f"param_dtype {req.param_dtype} differs from the {plan_mode} plan: FSDP2 casts "
-                f"the gathered parameters to {req.param_dtype} whatever autocast does"
-            )
-    decisions.append(Decision("param_dtype", param, why))
-    if req.reduce_dtype is None:
-        reduce = "fp32"
-        why = (
-            "gradient reductions in low precision lose accuracy as more ranks are summed; "
-            "set reduce_dtype='bf16' to halve the reduce-scatter bytes"
-        )
-    else:
-        reduce = req.reduce_dtype
-        why = f"reduce_dtype={reduce} as requested"
-        if reduce != "fp32":
-            why += f": half the reduce-scatter bytes of fp32, summed in {reduce} across ranks"
-    decisions.append(Decision("reduce_dtype", reduce, why))
-    if param == "fp16" and not scaler:
-        warnings.append("fp16 parameters without a grad scaler: small gradients may underflow")
-    output = req.output_dtype
-    why = (
-        f"output_dtype={output} as requested: the module outputs are cast to it"
-        if output
-        else "not cast: outputs keep the compute dtype (the engine computes the loss in fp32)"
-    )
-    decisions.append(Decision("output_dtype", output or "unchanged", why))
-    return decisions, (param, reduce, output, warnings)
-
-
-_HOOK_REASONS = {
-    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32), an exact "
-    "average; comm_hook='bf16' halves the bytes sent",
-    "bf16": "torch's bf16_compress_hook: gradients cast to bf16 for the all-reduce, then back: "
-    "half the bytes; the average keeps 8 significant bits",
-    "fp16": "torch's fp16_compress_hook: half the bytes; values beyond fp16's range (65504) "
-    "become inf (a grad scaler then skips the step)",
-}
-
-
 def explain_distributed(
     distributed: Distributed | None = None,
     precision: Any = None,
@@ -328,7 +278,7 @@ def explain_distributed(
             f"device: {expl.device} has no torch.distributed backend (gloo runs on CPU, nccl on "
             "CUDA); use device='cpu' for a distributed run here"
         )
-    decisions = [Decision("strategy", req.strategy, _strategy_reason(req.strategy))]
+    decisions = [Decision("strategy", req.strategy, strategy_reason(req.strategy))]
     warnings: list[str] = []
     # backend
     if req.backend == "auto":
@@ -369,7 +319,7 @@ def explain_distributed(
             warnings.append(f"{here} processes share {cores} cores: step times measure contention")
     decisions.append(Decision("nproc", str(req.nproc), why))
     if req.nnodes > 1:
-        decisions.append(Decision("nnodes", str(req.nnodes), _nodes_reason(req)))
+        decisions.append(Decision("nnodes", str(req.nnodes), nodes_reason(req)))
     decisions.append(
         Decision(
             "rank device",
@@ -388,12 +338,12 @@ def explain_distributed(
     )
     param = reduce = output = hook = None
     if req.strategy == "fsdp2":
-        fsdp, (param, reduce, output, extra) = _fsdp_dtypes(req, plan.mode, plan.use_scaler)
+        fsdp, (param, reduce, output, extra) = fsdp_dtypes(req, plan.mode, plan.use_scaler)
         decisions += fsdp
         warnings += extra
     else:
         hook = req.comm_hook
-        decisions.append(Decision("comm_hook", hook, _HOOK_REASONS[hook]))
+        decisions.append(Decision("comm_hook", hook, HOOK_REASONS[hook]))
     decisions.append(_rendezvous(req))
     return DistributedPlan(
         request=req,
@@ -413,19 +363,6 @@ def explain_distributed(
     )
 
 
-def _nodes_reason(req: Distributed) -> str:
-    each = f"{req.nnodes} torchrun agents of {req.nproc} process(es) each, {req.world_size} ranks"
-    if req.node_rank is None:
-        return (
-            f"{each}; every node runs on this machine, each its own agent joining the c10d "
-            "rendezvous (the multi-node path rehearsed on one machine)"
-        )
-    return (
-        f"{each}; this machine is node {req.node_rank}: its agent joins the other nodes at the "
-        "rendezvous, started there with the same run file"
-    )
-
-
 def _rendezvous(req: Distributed) -> Decision:
     port = "<free port>" if req.rdzv_port is None else str(req.rdzv_port)
     where = f"[{req.rdzv_host}]" if ":" in req.rdzv_host else req.rdzv_host
@@ -441,18 +378,6 @@ def _rendezvous(req: Distributed) -> Decision:
             f"all {req.nnodes} nodes (rdzv_timeout_s)"
         )
     return Decision("rendezvous", f"{where}:{port}", why)
-
-
-def _strategy_reason(strategy: str) -> str:
-    if strategy == "ddp":
-        return (
-            "DDP: every rank holds the full model, gradients are all-reduced after backward "
-            "(memory per rank as on one device)"
-        )
-    return (
-        "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded across ranks; "
-        "parameters all-gathered for forward and backward, gradients reduce-scattered"
-    )
 
 
 __all__ = [

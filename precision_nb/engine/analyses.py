@@ -31,6 +31,7 @@ __all__ = [
     "ModelSource",
     "analyse",
     "analyse_numerics",
+    "cache_key",
     "inspect_targets",
     "scaled_run",
     "targets_of",
@@ -112,7 +113,7 @@ def inspect_targets(
     cache = {} if cache is None else cache
     out: dict[str, InspectionData] = {}
     for t in targets:
-        key = (t.plan, t.device, t.capabilities, _model_key(source))
+        key = cache_key(source, t)
         if key not in cache:
             cache[key] = run_inspection(
                 source.model, source.batches, t.plan, preset=source.preset,
@@ -125,8 +126,11 @@ def inspect_targets(
     return out
 
 
-def _model_key(source: ModelSource) -> Any:
-    return (source.model, source.preset) if isinstance(source.model, str) else id(source.model)
+def cache_key(source: ModelSource, target: AnalysisTarget | None) -> Any:
+    """What an inspection of ``target`` depends on: its plan, device, simulated capabilities and
+    the model (a workload by name and preset, a module by identity); the model alone for None."""
+    model = (source.model, source.preset) if isinstance(source.model, str) else id(source.model)
+    return model if target is None else (target.plan, target.device, target.capabilities, model)
 
 
 def scaled_run(results: Mapping[str, RunResult], label: str | None = None) -> RunResult | None:

@@ -10,7 +10,8 @@ request(s) and compile modes, with which optimizer settings, loop settings (one
 comparison is measured (:class:`~precision_nb.engine.measure_config.MeasureConfig`), which
 analyses follow it (``inspect``, ``numerics``) and over which ranks (``distributed``).
 :meth:`RunRequest.check` adds the checks that need the machine (the device, the compile modes,
-the first batch, the distributed plan), before anything runs.
+the first batch) before anything runs; a distributed request's plans are resolved by
+:func:`~precision_nb.engine.distributed.measured.distributed_plans`.
 """
 
 from __future__ import annotations
@@ -250,9 +251,8 @@ class RunRequest:
         """The checks that need the machine, before anything runs (returns ``self``).
 
         ``ValueError`` for an unknown workload or preset, batches of your own model that cannot
-        be replayed or whose first batch is not a tensor, tuple or mapping, or a distributed
-        request this workload cannot split; ``RuntimeError`` for a device, a compile mode or a
-        distributed plan this machine cannot run (naming what is missing).
+        be replayed or whose first batch is not a tensor, tuple or mapping; ``RuntimeError`` for
+        a device or a compile mode this machine cannot run (naming what is missing).
         """
         from precision_nb.core.compile_mode import resolve_compile
         from precision_nb.engine.batches import BatchSource
@@ -282,35 +282,7 @@ class RunRequest:
         for mode in self.compiles:  # refused now (no C++ compiler, no Triton), not after a warm-up
             if mode != "off":
                 resolve_compile(mode, where.type)
-        if self.distributed is not None:
-            self.distributed_plans()
         return self
-
-    def distributed_plans(self) -> dict[PrecisionConfig, Any]:
-        """Each precision request resolved on torchrun's ranks (request -> ``DistributedPlan``).
-
-        ``ValueError`` for a model object (it cannot reach the workers: use ``fit_distributed``
-        with a factory) or a global batch not divisible by the ranks; ``RuntimeError`` for a
-        machine that cannot run it (nccl without CUDA, more processes than GPUs, MPS).
-        """
-        from precision_nb.core.distributed import explain_distributed
-        from precision_nb.engine.distributed.parallel import check_divisible
-
-        dist = self.distributed
-        if not isinstance(self.model, str) or dist is None:
-            raise ValueError(
-                f"distributed: a profile of a model object ({type(self.model).__name__}) cannot "
-                "run on torchrun workers; allowed: a built-in workload name (mlp, transformer, "
-                "cnn), or fit_distributed(model, factory='package.module:factory') for your own "
-                "model"
-            )
-        info = get_workload(self.model, self.preset).info
-        where = f"workload {self.model!r} at {self.preset!r}"
-        check_divisible(info["batch_size"], dist.nproc, where, dist.nnodes)
-        return {
-            p: explain_distributed(dist, p, self.device, optimizer=self.optimizer)
-            for p in self.precisions
-        }
 
 
 def prepare(

@@ -19,14 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# The presets, and the workload ``precision-nb profile`` uses when none is named: the one list
+# of defaults, read by the command line before torch loads.
+from precision_nb.core.defaults import DEFAULT_WORKLOAD
+from precision_nb.core.defaults import PRESET_NAMES as PRESETS
 from precision_nb.core.validate import short_repr
-
-PRESETS: tuple[str, ...] = ("tiny", "small", "medium", "large")
-
-#: The workload ``precision-nb profile`` uses when none is named: large enough that matmuls
-#: dominate the step on 2 CPU cores, small enough that fp32 + bf16 finish well under a minute.
-DEFAULT_WORKLOAD = "mlp"
-DEFAULT_PRESET = "small"
 
 _POOL_BATCHES = 8  # distinct batches per workload; step i uses batch i % pool
 

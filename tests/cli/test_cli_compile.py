@@ -138,10 +138,13 @@ def test_profile_measures_each_request_eager_and_compiled(capsys, tmp_path):
 def test_profile_compile_argument_spellings():
     import pytest
 
-    from precision_nb.views.report.profile import parse_compiles
+    from precision_nb.engine.request import RunRequest
 
-    assert parse_compiles("off, default") == ("off", "default")
-    assert parse_compiles(["OFF", True]) == ("off", "default")
-    assert parse_compiles(None) == ("off",) and parse_compiles("max-autotune") == ("max-autotune",)
+    def compiles(value):
+        return RunRequest.of("mlp", compile=value).compiles
+
+    assert compiles("off, default") == ("off", "default")
+    assert compiles(["OFF", True]) == ("off", "default")
+    assert compiles(None) == ("off",) and compiles("max-autotune") == ("max-autotune",)
     with pytest.raises(ValueError, match="compile: invalid value 'fast'"):
-        parse_compiles(["off", "fast"])
+        compiles(["off", "fast"])

@@ -142,22 +142,17 @@ def test_profile_help_names_the_defaults_it_runs_with():
     text = " ".join(_help("profile").split())
     assert "(default: mlp)" in text
     assert "(default: small)" in text
-    from precision_nb.views.report import profile as report
+    from precision_nb.core import defaults
 
-    assert f"(default: {report.DEFAULT_STEPS})" in text
-    assert f"(default: {report.DEFAULT_ROUNDS})" in text
+    assert f"(default: {defaults.DEFAULT_STEPS})" in text
+    assert f"(default: {defaults.DEFAULT_ROUNDS}, or one per step" in text
 
 
 def test_profile_defaults_are_the_engines():
     from precision_nb.cli import profile as cli_profile
     from precision_nb.core.capabilities import PRESETS as HARDWARE
     from precision_nb.engine import workloads
-    from precision_nb.views.report import profile as report
 
-    assert cli_profile.DEFAULT_WORKLOAD == workloads.DEFAULT_WORKLOAD
-    assert cli_profile.DEFAULT_PRESET == workloads.DEFAULT_PRESET
-    assert cli_profile.DEFAULT_STEPS == report.DEFAULT_STEPS
-    assert cli_profile.DEFAULT_ROUNDS == report.DEFAULT_ROUNDS
     assert set(cli_profile.WORKLOAD_NAMES) == set(workloads.WORKLOADS) | set(workloads._ALIASES)
     assert cli_profile.PRESET_NAMES == workloads.PRESETS
     from precision_nb.core import distributed

@@ -11,7 +11,6 @@ import pytest
 
 from precision_nb.cli.main import main
 from precision_nb.views.report import folder
-from precision_nb.views.report import profile as report
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
 
@@ -378,7 +377,7 @@ def test_too_few_rounds_in_one_process_say_so_and_give_the_raw_ratios(tmp_path, 
     )  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0
-    assert "--rounds 4 in one process is below the 6 rounds a 95 % interval needs" in captured.err
+    assert "4 rounds in one process are below the 6 rounds a 95 % interval needs" in captured.err
     by_run = {r["run"]: r for r in _rows(out / "summary.csv")}
     verdict = by_run["bf16"]["verdict"]
     assert (
@@ -387,14 +386,11 @@ def test_too_few_rounds_in_one_process_say_so_and_give_the_raw_ratios(tmp_path, 
     assert by_run["bf16"]["speedup_ci_low"] == "" and by_run["bf16"]["processes"] == "1"
 
 
-def test_measurement_defaults_are_the_engines():
-    from precision_nb.cli import profile as cli_profile
-    from precision_nb.engine import stats
-
-    assert cli_profile.DEFAULT_TARGET == report.DEFAULT_TARGET
-    assert cli_profile.DEFAULT_BUDGET_S == report.DEFAULT_BUDGET_S
-    assert cli_profile.MIN_ROUNDS == stats.MIN_ROUNDS
-    assert report.DEFAULT_PROCESSES is None  # the command line's default: processes added
+def test_more_rounds_than_steps_are_refused_before_torch_loads(capsys):
+    code = main(["profile", "--steps", "4", "--rounds", "6", "--out", "unused"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--rounds: invalid value 6 with --steps=4" in err
+    assert "--rounds at most 4, or --steps of at least 6" in err
 
 
 def test_the_report_a_command_writes_names_flags_not_python_arguments(tmp_path):

@@ -88,17 +88,16 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
     tmp_path, capsys, monkeypatch, make_result, make_comparison
 ):
     from precision_nb.engine.compare import ComparisonError
-    from precision_nb.views.report import profile as report
 
     comparison = make_comparison(
         fp32=make_result("fp32", "fp32"),
         failures={"bf16": "failed in round 3: RuntimeError: bf16 kernel failed"},
     )
 
-    def partial(request, *args):
+    def partial(request, **kwargs):
         raise ComparisonError("plan bf16 failed: bf16 kernel failed", comparison)
 
-    monkeypatch.setattr(report, "_compare", partial)
+    monkeypatch.setattr("precision_nb.engine.compare.run_comparison", partial)
     out = tmp_path / "out"
     # The fake comparison has records only: no model to inspect or analyse.
     args = ["--preset", "tiny", "--no-inspect", "--no-numerics", "--out", str(out)]
@@ -112,13 +111,12 @@ def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, c
     from types import SimpleNamespace
 
     from precision_nb.engine.compare import ComparisonError
-    from precision_nb.views.report import profile as report
 
-    def failing(request, *args):
+    def failing(request, **kwargs):
         nothing = SimpleNamespace(results={}, failures={"fp32": "failed in round 1"})
         raise ComparisonError("plan fp32 failed: every plan failed", nothing)
 
-    monkeypatch.setattr(report, "_compare", failing)
+    monkeypatch.setattr("precision_nb.engine.compare.run_comparison", failing)
     assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
     assert "run failed: plan fp32 failed: every plan failed" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

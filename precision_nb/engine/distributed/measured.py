@@ -27,6 +27,7 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.distributed.launcher import plan_spec, write_spec
+from precision_nb.engine.distributed.parallel import check_divisible
 from precision_nb.engine.distributed.process import (
     failure,
     read_ranks,
@@ -37,10 +38,12 @@ from precision_nb.engine.distributed.results import DistributedResult, rank_line
 from precision_nb.engine.measure import warmup_event as _warmup_event
 from precision_nb.engine.measure_config import MeasureConfig
 from precision_nb.engine.measurement import Measurement, PlanTiming, Warmup
+from precision_nb.engine.workloads import get_workload
 
 __all__ = [
     "MeasuredRuns",
     "compare_distributed",
+    "distributed_plans",
     "global_workload",
     "measure_distributed",
     "merge_measurement",
@@ -295,6 +298,30 @@ class _PrintPhases:
         print(f"precision_nb: distributed: {text}", flush=True)
 
 
+def distributed_plans(request: Any) -> dict[PrecisionConfig, Any]:
+    """Each precision request resolved on torchrun's ranks (request -> ``DistributedPlan``).
+
+    ``ValueError`` for a model object (it cannot reach the workers: use ``fit_distributed``
+    with a factory) or a global batch not divisible by the ranks; ``RuntimeError`` for a
+    machine that cannot run it (nccl without CUDA, more processes than GPUs, MPS).
+    """
+    dist = request.distributed
+    if not isinstance(request.model, str) or dist is None:
+        raise ValueError(
+            f"distributed: a profile of a model object ({type(request.model).__name__}) cannot "
+            "run on torchrun workers; allowed: a built-in workload name (mlp, transformer, "
+            "cnn), or fit_distributed(model, factory='package.module:factory') for your own "
+            "model"
+        )
+    info = get_workload(request.model, request.preset).info
+    where = f"workload {request.model!r} at {request.preset!r}"
+    check_divisible(info["batch_size"], dist.nproc, where, dist.nnodes)
+    return {
+        p: explain_distributed(dist, p, request.device, optimizer=request.optimizer)
+        for p in request.precisions
+    }
+
+
 def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[str, Any]]:
     """A distributed :class:`~precision_nb.engine.request.RunRequest` measured in one torchrun
     launch, by the same planning and typed result as a comparison in this process.
@@ -307,7 +334,7 @@ def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[st
     from precision_nb.engine.comparison import Comparison, Drift, plan_outcomes
     from precision_nb.engine.planning import plan_runs
 
-    resolved = request.distributed_plans()
+    resolved = distributed_plans(request)
     planning = plan_runs(request, explain=lambda precision, _mode: resolved[precision].precision)
     rank_device = {r.label: resolved[r.precision].rank_device for r in planning.runs}
     cfg, dist = request.train, request.distributed

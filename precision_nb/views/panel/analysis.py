@@ -11,7 +11,9 @@ loss-scale window) for the model, always on a copy and outside the timed steps. 
   goes.
 
 Results are cached per (plan, device, model), so reopening a view costs nothing. What they cost
-here is learnt from the ones run so far (a first guess before any).
+here is learnt from the ones run so far (a first guess before any). What is inspected and how the
+numerics are analysed is the engine's one rule (:mod:`precision_nb.engine.analyses`), the same
+as ``profile``'s.
 """
 
 from __future__ import annotations
@@ -20,41 +22,33 @@ import html
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as widgets
 
 from precision_nb.core.resolution import Explanation
+from precision_nb.engine.analyses import AnalysisTarget, ModelSource, analyse_numerics, cache_key
+from precision_nb.engine.analyses import inspect_targets as inspect_all
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.views.panel.analysis_html import memory_chart_svg, numerics_html, ops_html
 from precision_nb.views.panel.selection import SIM_PREFIX
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AnalysisViews", "Target", "selected_target"]
+__all__ = ["AnalysisViews", "selected_target"]
 
-
-@dataclass(frozen=True)
-class Target:
-    """A plan to inspect: its label, the plan, the device it runs on, whether simulated."""
-
-    label: str
-    plan: Any
-    device: str
-    simulated: bool = False
-    capabilities: Any = None
+Target = AnalysisTarget
 
 
 def selected_target(explanation: Explanation | None, device: str) -> Target | None:
-    """The :class:`Target` of the selected plan (``device``: the selection's device, a simulated
-    one as ``sim:<preset>``); None when the selection cannot be resolved."""
+    """The target of the selected plan (``device``: the selection's device, a simulated one as
+    ``sim:<preset>``: its capabilities preset); None when the selection cannot be resolved."""
     if explanation is None:
         return None
     plan = explanation.plan
     sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
     label = run_label(plan.mode, lab_applies(explanation))
-    return Target(label, plan, str(explanation.device), explanation.simulated, sim)
+    return Target(label, plan, str(explanation.device), sim)
 
 
 class AnalysisViews:
@@ -119,12 +113,15 @@ class AnalysisViews:
             out.setdefault(target.label, target)
         return list(out.values())
 
+    def _source(self) -> ModelSource:
+        model, batches, loss_fn, preset = self._model_source()
+        return ModelSource(model, batches, loss_fn, preset)
+
     def _key(self, target: Target) -> Any:
-        return (target.plan, target.device, target.capabilities, self._model_key())
+        return cache_key(self._source(), target)
 
     def _model_key(self) -> Any:
-        model, _batches, _loss, preset = self._model_source()
-        return (model, preset) if isinstance(model, str) else id(model)
+        return cache_key(self._source(), None)
 
     def missing(self) -> int:
         """How many inspections and analyses the views lack now (each costs about ``cost_s``)."""
@@ -161,37 +158,22 @@ class AnalysisViews:
 
     def compute(self) -> float:
         """Inspect every target not cached, analyse the numerics, show them; returns seconds."""
-        from precision_nb.engine.inspect import run_inspection
-        from precision_nb.views.report.numerics import numerics
+        from precision_nb.views.report.numerics import Numerics
 
         start = time.perf_counter()
-        model, batches, loss_fn, preset = self._model_source()
-        done = 0
-        self.shown = {}
-        for target in self.targets():
-            key = self._key(target)
-            if key not in self.inspections:
-                t0 = time.perf_counter()
-                self.inspections[key] = run_inspection(
-                    model,
-                    batches,
-                    target.plan,
-                    preset=preset,
-                    loss_fn=loss_fn,
-                    device=target.device,
-                    capabilities=target.capabilities,
-                )
-                self._learn(time.perf_counter() - t0)
-                done += 1
-            self.shown[target.label] = self.inspections[key]
+        source = self._source()
+        targets = self.targets()
+        missing = sum(1 for t in targets if self._key(t) not in self.inspections)
+        self.shown = inspect_all(source, targets, self.inspections)
+        if missing:
+            self._learn((time.perf_counter() - start) / missing)
         nkey = self._numerics_key()
         if nkey not in self.numerics_cache:
             t0 = time.perf_counter()
             selected = self._selected()
-            device = "cpu" if selected is None or selected.simulated else selected.device
-            self.numerics_cache[nkey] = numerics(
-                model, batches, loss_fn, device=device, preset=preset, run=self._numerics_run()
-            )
+            device = "cpu" if selected is None or selected.capabilities else selected.device
+            run = self._numerics_run()
+            self.numerics_cache[nkey] = Numerics(analyse_numerics(source, device, run), run)
             self._learn(time.perf_counter() - t0)
         self.numerics = self.numerics_cache[nkey]
         self.render()

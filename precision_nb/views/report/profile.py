@@ -126,7 +126,12 @@ def profile_request(
         progress=progress,
         log_every=log_every,
     )  # fmt: skip
-    return request.check()
+    request.check()
+    if distributed is not None:  # resolved on torchrun's ranks now, not after a warm-up
+        from precision_nb.engine.distributed.measured import distributed_plans
+
+        distributed_plans(request)
+    return request
 
 
 def output_folder(out: str | Path | None) -> Path | None:

@@ -11,7 +11,7 @@ import pytest
 from precision_nb.views.panel import Panel
 from precision_nb.views.panel.layout import tab_name
 from precision_nb.views.panel.live_charts import live_charts_html
-from precision_nb.views.panel.results import speedup_text
+from precision_nb.views.text import speedup_text
 
 TIMEOUT = 120
 
@@ -27,24 +27,24 @@ def compared() -> Panel:
 
 def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared: Panel) -> None:
     table = compared.widgets.results_html.value
-    figures = compared.result.figures["bf16"]
+    bf16 = compared.result.outcomes["bf16"]
     assert "speedup vs fp32 (95 % CI)" in table and "benchmark" in table
-    low, high = figures["speedup_ci_low"], figures["speedup_ci_high"]
+    low, high = bf16.speedup.low, bf16.speedup.high
     assert low is not None and high is not None  # 6 rounds: an interval exists
-    shown = f"{figures['speedup_vs_fp32']:.2f}× ({low:.2f}–{high:.2f})"
+    shown = f"{bf16.speedup.estimate:.2f}× ({low:.2f}–{high:.2f})"
     assert shown in table
     assert "1.00× (baseline)" in table
-    verdict = figures["verdict"].split(" (")[0]
+    verdict = str(bf16.verdict).split(" (")[0]
     assert verdict.replace("'", "&#x27;") in table or verdict in table
 
 
 def test_compare_tab_opens_with_the_engines_verdict_of_each_plan(compared: Panel) -> None:
     table = compared.widgets.results_html.value
-    figures = compared.result.figures
+    outcomes = compared.result.outcomes
     lines = re.findall(r"<div class='pnb-verdict' data-kind='([^']*)'[^>]*>(.*?)</div>", table)
-    assert [kind for kind, _ in lines] == [figures[p]["verdict_kind"] for p in ("fp32", "bf16")]
+    assert [kind for kind, _ in lines] == [outcomes[p].verdict.kind for p in ("fp32", "bf16")]
     for (_kind, line), plan in zip(lines, ("fp32", "bf16"), strict=True):
-        assert html.escape(figures[plan]["verdict"]) in line  # the engine's words, whole
+        assert html.escape(str(outcomes[plan].verdict)) in line  # the engine's words, whole
     # the verdicts come first: before how it was measured and before the table
     assert table.index("pnb-verdicts") < table.index("pnb-method") < table.index("<table")
     for key, value in compared.result.measurement.method().items():
@@ -107,21 +107,23 @@ def test_a_single_run_marks_its_figures_as_single_run() -> None:
 
 
 @pytest.mark.parametrize(
-    ("row", "text"),
+    ("speed", "kind", "text"),
     [
-        (
-            {"speedup_vs_fp32": 1.31, "speedup_ci_low": 1.22, "speedup_ci_high": 1.4},
-            "1.31× (1.22–1.40)",
-        ),
-        ({"speedup_vs_fp32": 0.9, "speedup_ci_low": None, "rounds": 3}, "0.90× (no interval)"),
-        ({"speedup_vs_fp32": 1.0, "verdict_kind": "baseline"}, "1.00× (baseline)"),
+        ((1.31, 1.22, 1.4), "faster", "1.31× (1.22–1.40)"),
+        ((0.9, None, None), "too_few", "0.90× (no interval)"),
+        ((1.0, None, None), "baseline", "1.00× (baseline)"),
         # the baseline is told by the verdict's kind, never by its words
-        ({"speedup_vs_fp32": 1.0, "verdict": "fp32 is the baseline."}, "1.00× (no interval)"),
-        ({"speedup_vs_fp32": None}, ""),
+        ((1.0, None, None), "", "1.00× (no interval)"),
+        (None, "", ""),
     ],
 )  # fmt: skip
-def test_speedup_text(row: dict, text: str) -> None:
-    assert speedup_text(row) == text
+def test_speedup_text(speed, kind: str, text: str) -> None:
+    from precision_nb.engine.comparison import PlanOutcome
+    from precision_nb.engine.stats import Speedup, Verdict
+
+    speedup = None if speed is None else Speedup(*speed, rounds=8, ratios=())
+    verdict = Verdict(kind, "fp32 is the baseline.") if kind or speed else None
+    assert speedup_text(PlanOutcome("x", speedup=speedup, verdict=verdict)) == text
 
 
 def test_loss_scale_chart_shades_the_safe_window_when_given() -> None:

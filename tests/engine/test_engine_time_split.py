@@ -102,7 +102,7 @@ def test_time_known_by_construction_lands_in_its_family(
     dtype = torch.bfloat16 if mode == "bf16" and model is OneMatmul else torch.float32
     made = model(dtype) if model is OneMatmul else model()
     trainer = _trainer(made, torch.randn(*shape).to(dtype), mode)
-    split = split_trainer(trainer, config=SplitConfig(steps=5, unprofiled=1))
+    split = split_trainer(trainer, config=SplitConfig(steps=7, unprofiled=1))
     assert split.available, split.missing
     assert split.share(family) >= 0.80, {f: round(split.share(f), 3) for f in FAMILIES}
     assert sum(split.families.values()) == pytest.approx(split.step_s, rel=1e-6)
@@ -368,3 +368,23 @@ def test_each_advice_comes_with_its_figure_and_only_above_its_threshold() -> Non
     slow_fused = AdamWTiming("cpu", 2, 100, 7, 10, 3e-3, 1e-4, 4e-3, 1e-4, 0.8, 0.7, 0.9)
     assert not [a for a in advise(split, fused=False, adamw=slow_fused) if a.kind == "optimizer"]
     assert advise(TimeSplit("x", missing="no profiler")) == ()
+
+
+def test_collectives_of_a_real_ddp_step_are_communication(tmp_path) -> None:
+    dist = torch.distributed
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
+        x = torch.randn(32, 64)
+        model(x).sum().backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.profiler.record_function(STEP_MARK):
+                model(x).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    (split,) = steps_of(prof.events())
+    assert split.families["communication"] > 0
+    assert {"c10d::allreduce_"} <= set(split.ops["communication"])

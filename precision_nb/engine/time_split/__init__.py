@@ -173,7 +173,10 @@ def analyse_time(
         fused = bool(getattr(trainer.optimizer_outcome, "used", False))
         timing = None
         if wants_adamw_timing(split, fused):
-            timing = time_adamw(trainer.model, trainer.device, trainer.optimizer_config)
+            # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
+            timing = time_adamw(
+                trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
+            )
         advice[label] = advise(
             split, diffs.get(label), emulated=emulated_bf16(trainer), fused=fused, adamw=timing
         )

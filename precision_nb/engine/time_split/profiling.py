@@ -48,7 +48,7 @@ class SplitConfig:
     the reconstructed speedup must meet the calibrated interval."""
 
     steps: int = 3
-    unprofiled: int = 2
+    unprofiled: int = 1
     tolerance: float = 0.10
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,13 @@ def test_a_busy_profiler_leaves_a_missing_split_that_says_why() -> None:
     assert not profiler_busy()
     assert not split.available and "another profiler" in split.missing
     assert split.measured_s == 0.01 and split.families == {}
+
+
+def test_a_device_the_profiler_cannot_see_leaves_a_split_that_says_why() -> None:
+    trainer = types.SimpleNamespace(label="bf16", device=torch.device("meta"))
+    split = split_trainer(trainer, measured_s=0.02)
+    assert not split.available and split.measured_s == 0.02
+    assert split.missing == "the profiler cannot see work on meta; supported: cpu, cuda, mps"
 
 
 def test_a_failed_plan_has_no_split_and_the_difference_says_so() -> None:

@@ -396,3 +396,19 @@ def test_collectives_of_a_real_ddp_step_are_communication(tmp_path) -> None:
     (split,) = steps_of(prof.events())
     assert split.families["communication"] > 0
     assert {"c10d::allreduce_"} <= set(split.ops["communication"])
+
+
+def test_a_distributed_comparison_says_why_it_has_no_split() -> None:
+    from precision_nb.engine.comparison import Comparison, PlanOutcome
+    from precision_nb.engine.time_split import DISTRIBUTED, split_missing
+
+    runs = {"fp32": None, "bf16": None}
+    comparison = Comparison(results=runs, outcomes={k: PlanOutcome(k) for k in runs})
+    comparison.baseline = "fp32"
+    split_missing(comparison, DISTRIBUTED)
+    for label in runs:
+        split = comparison.outcomes[label].time_split
+        assert split is comparison.time_split.splits[label]
+        assert not split.available and "torchrun's ranks" in split.missing
+    rows = comparison.time_split.rows()
+    assert [r["run"] for r in rows] == ["fp32", "bf16"] and all(r["missing"] for r in rows)

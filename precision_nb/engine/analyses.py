@@ -155,7 +155,7 @@ def analyse_numerics(source: ModelSource, device: Any, run: RunResult | None) ->
 
 def analyse(request: Any, comparison: Any) -> Analyses:
     """Inspect each plan and analyse the numerics of ``comparison``, as ``request`` asks
-    (``inspect``, ``numerics``; a distributed comparison has per-rank memory from its run, so it
+    (``request.analyses``; a distributed comparison has per-rank memory from its run, so it
     is not inspected here)."""
     source = ModelSource.of(request)
     results = comparison.results
@@ -164,12 +164,12 @@ def analyse(request: Any, comparison: Any) -> Analyses:
     jobs = (
         (
             "inspection",
-            request.inspect and request.distributed is None,
+            "inspect" in request.analyses and request.distributed is None,
             lambda: inspect_targets(source, targets_of(results, comparison.failures)),
         ),
         (
             "numerics",
-            request.numerics,
+            "numerics" in request.analyses,
             lambda: analyse_numerics(source, devices[0] if devices else request.device, run),
         ),
     )

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.engine.callbacks import Callbacks
@@ -92,7 +93,8 @@ def compare(
     request = RunRequest.of(
         model if model is not None else workload, batches, preset=preset, device=device,
         precision=modes, loss_scale_lab=loss_scale_lab, optimizer=optimizer, train=train,
-        loss_fn=loss_fn, compile=compile, measure=measure, time_split=time_split,
+        loss_fn=loss_fn, compile=compile, measure=measure,
+        analyses=("time_split",) if validate.boolean("time_split", time_split) else (),
         **train_options,
     )  # fmt: skip
     return run_comparison(request, callbacks=callbacks, stop=stop)
@@ -182,7 +184,7 @@ def run_comparison(
         measurement, out.results, ref, drift=drift, compiled=compiled
     )
     out.events.extend(more)
-    if request.time_split:  # after the timed rounds, on the plans' own trainers
+    if "time_split" in request.analyses:  # after the timed rounds, on the plans' own trainers
         out.events.extend(split_comparison(out, trainers, failures))
     out.method = measurement.method()
     if cfg.measure_peak:

@@ -8,7 +8,7 @@ batches, or a built-in workload and its preset), where (``device``), under which
 request(s) and compile modes, with which optimizer settings, loop settings (one
 :class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss, how a
 comparison is measured (:class:`~precision_nb.engine.measure_config.MeasureConfig`), which
-analyses follow it (``inspect``, ``numerics``) and over which ranks (``distributed``).
+analyses follow it (``analyses``) and over which ranks (``distributed``).
 :meth:`RunRequest.check` adds the checks that need the machine (the device, the compile modes,
 the first batch) before anything runs; a distributed request's plans are resolved by
 :func:`~precision_nb.engine.distributed.measured.distributed_plans`.
@@ -36,7 +36,10 @@ from precision_nb.engine.run_setup import seed_everything
 from precision_nb.engine.train_config import TrainConfig, make_train_config
 from precision_nb.engine.workloads import Workload, get_workload
 
-__all__ = ["RunRequest", "optimizer_config", "precision_config", "prepare"]
+__all__ = ["ANALYSES", "RunRequest", "optimizer_config", "precision_config", "prepare"]
+
+#: The analyses a comparison can be followed by (:mod:`precision_nb.engine.analyses`).
+ANALYSES = ("inspect", "numerics", "time_split")
 
 #: What a model argument may be: a module (with batches), a workload, or a workload's name.
 ModelArg = nn.Module | Workload | str
@@ -83,11 +86,12 @@ class RunRequest:
     ``compiles``: the compile modes ("off", "default", "reduce-overhead", "max-autotune"); a
     comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
     ``measure``: how a comparison is measured (rounds, warm-up, processes, target, budget; more
-    rounds than ``train.steps`` are refused). ``inspect`` / ``numerics``: the analyses after a
-    comparison; ``time_split``: a few profiled steps per plan after the timed rounds, the step
-    time by op family (:mod:`precision_nb.engine.time_split`). ``distributed``: a
-    :class:`~precision_nb.core.distributed.Distributed` request
-    (torchrun's ranks; eager only) or None.
+    rounds than ``train.steps`` are refused). ``analyses``: what follows a comparison, of
+    :data:`ANALYSES` ("inspect": each plan's inspection, "numerics": the numerics analysis,
+    "time_split": a few profiled steps per plan after the timed rounds, the step time by op
+    family: :mod:`precision_nb.engine.time_split`).
+    ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request (torchrun's
+    ranks; eager only) or None.
     """
 
     model: ModelArg
@@ -100,10 +104,8 @@ class RunRequest:
     loss_fn: LossArg = None
     compiles: tuple[str, ...] = ("off",)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    inspect: bool = False
-    numerics: bool = False
+    analyses: tuple[str, ...] = ()
     distributed: Distributed | None = None
-    time_split: bool = False
 
     def __post_init__(self) -> None:
         compiles = self.compiles
@@ -152,9 +154,12 @@ class RunRequest:
                 f"measure: invalid value {short_repr(self.measure)}; allowed: a MeasureConfig"
             )
         check_rounds(self.measure.rounds, self.train.steps)
-        validate.boolean("inspect", self.inspect)
-        validate.boolean("numerics", self.numerics)
-        validate.boolean("time_split", self.time_split)
+        unknown = [a for a in self.analyses if a not in ANALYSES]
+        if not isinstance(self.analyses, tuple) or unknown:
+            raise ValueError(
+                f"analyses: invalid value {short_repr(self.analyses)}; allowed: a tuple of "
+                f"{', '.join(ANALYSES)}"
+            )
         if self.distributed is None:
             return
         if not isinstance(self.distributed, Distributed):
@@ -183,10 +188,8 @@ class RunRequest:
         compile: Any = "off",
         loss_scale_lab: bool = False,
         measure: MeasureConfig | None = None,
-        inspect: bool = False,
-        numerics: bool = False,
+        analyses: Sequence[str] = (),
         distributed: Distributed | None = None,
-        time_split: bool = False,
         **train_options: Any,
     ) -> RunRequest:
         """The request of a public call: ``precision`` is one request (a ``PrecisionConfig``, a
@@ -214,10 +217,8 @@ class RunRequest:
             loss_fn=loss_fn,
             compiles=tuple(compile) if modes else (compile,),
             measure=MeasureConfig() if measure is None else measure,
-            inspect=inspect,
-            numerics=numerics,
+            analyses=tuple(analyses),
             distributed=distributed,
-            time_split=time_split,
         )
 
     @property

@@ -19,6 +19,7 @@ __all__ = [
     "fmt",
     "interval_text",
     "number",
+    "ratio_text",
     "size_text",
     "speedup_text",
 ]
@@ -74,6 +75,14 @@ def interval_text(low: Any, high: Any) -> str:
     return "" if lo is None or hi is None else f"{lo:.2f}–{hi:.2f}"
 
 
+def ratio_text(estimate: Any, low: Any = None, high: Any = None) -> str:
+    """``"1.31× (1.22–1.40)"``, ``"0.90× (no interval)"`` without ends; "" without an estimate."""
+    value = number(estimate)
+    if value is None:
+        return ""
+    return f"{value:.2f}{TIMES} ({interval_text(low, high) or 'no interval'})"
+
+
 def speedup_text(outcome: Any) -> str:
     """A plan's speedup from its typed outcome: ``"1.31× (1.22–1.40)"``; ``"1.00× (baseline)"``
     for the baseline; ``"0.90× (no interval)"`` where the measurement gives none (the verdict
@@ -85,5 +94,4 @@ def speedup_text(outcome: Any) -> str:
     verdict = getattr(outcome, "verdict", None)
     if getattr(verdict, "kind", "") == "baseline":
         return f"{estimate:.2f}{TIMES} (baseline)"
-    interval = interval_text(speed.low, speed.high)
-    return f"{estimate:.2f}{TIMES} ({interval or 'no interval'})"
+    return ratio_text(estimate, speed.low, speed.high)

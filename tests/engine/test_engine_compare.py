@@ -62,7 +62,7 @@ def test_lab_label_only_where_the_lab_applies(make_model, batches):
 
 
 def test_bad_comparisons(make_model):
-    with pytest.raises(ValueError, match="modes is empty"):
+    with pytest.raises(ValueError, match="no precision requested"):
         compare(())
     with pytest.raises(ValueError, match="one-shot iterator"):
         compare(("fp32",), model=make_model(), batches=iter([torch.ones(2, 8)]))

@@ -182,9 +182,9 @@ def test_each_plan_is_measured_in_fresh_processes_too():
     for label in ("fp32", "bf16"):
         assert [len(b) for b in fresh.plans[label].blocks] == [2, 2]
         assert fresh.plans[label].warmup.steps >= 2
-    row = out.figures["bf16"]
-    assert row["processes"] == 2 and row["speedup_covers"] == "processes"
-    assert row["stopped_by"].startswith("2 processes, as asked")
+    bf16 = out.outcomes["bf16"]
+    assert bf16.timing.processes == 2 and bf16.verdict.level == "processes"
+    assert bf16.verdict.stopped_by.startswith("2 processes, as asked")
     assert out.results["bf16"].steps == 4  # this process's run is the one the report shows
 
 

@@ -369,7 +369,7 @@ def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[st
     }
     out.outcomes, more = plan_outcomes(m, out.results, base, drift=drift)
     out.events.extend(more)
-    if request.time_split:
+    if "time_split" in request.analyses:
         from precision_nb.engine.time_split import DISTRIBUTED, split_missing
 
         split_missing(out, DISTRIBUTED)

@@ -251,7 +251,8 @@ class RunSession:
         ]
         request = self.request(selection, modes, compiles=compare_compiles(selection))
         # the step by op family, after the timed rounds: the Compare tab's "why faster or not"
-        return run_comparison(request.replace(time_split=True), callbacks=[live], stop=stop)
+        wanted = request.replace(analyses=(*request.analyses, "time_split"))
+        return run_comparison(wanted, callbacks=[live], stop=stop)
 
     # ------------------------------------------------------------------ during the run
 

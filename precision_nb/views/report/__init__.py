@@ -22,13 +22,10 @@ _NAMES = {
     "DEFAULT_STEPS": "profile",
     "PROFILE_POINTS": "profile",
     "ProfileOutput": "profile",
-    "ProfileRequest": "profile",
     "check_output_folder": "profile",
-    "parse_modes": "profile",
     "profile": "profile",
-    "run_comparison": "profile",
+    "profile_request": "profile",
     "run_profile": "profile",
-    "validate_request": "profile",
 }
 
 

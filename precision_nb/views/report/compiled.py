@@ -16,6 +16,7 @@ from typing import Any
 
 from precision_nb.views.report.markup import table_html
 from precision_nb.views.report.sections import ReportFile, Section
+from precision_nb.views.text import confidence_text, ratio_text
 
 __all__ = ["COLUMNS", "SHOWN", "TITLE", "compiled_rows", "compiled_section"]
 
@@ -38,7 +39,7 @@ SHOWN: dict[str, str] = {
     "compile_cache": "cache",
     "recompiles": "recompilations",
     "graph_breaks": "graph breaks",
-    "speed": "speed vs eager (95 % CI)",
+    "speed": f"speed vs eager ({confidence_text()} CI)",
     "pays_back": "pays back after (steps; range over the CI)",
     "agrees_with_eager": "trains what eager trains",
     "compile_failed": "compile failed",
@@ -53,10 +54,7 @@ def compiled_rows(compiled: Mapping[str, Any]) -> list[dict[str, Any]]:
 def _speed(row: Mapping[str, Any]) -> str:
     estimate, low, high = (row.get(k) for k in ("speedup_vs_eager", "speedup_vs_eager_low",
                                                  "speedup_vs_eager_high"))  # fmt: skip
-    if estimate is None:
-        return ""
-    interval = f" ({low:.2f}-{high:.2f})" if low is not None and high is not None else ""
-    return f"{estimate:.2f}x{interval}"
+    return ratio_text(estimate, low, high)
 
 
 def _csv(name: str, rows: list[dict[str, Any]], columns: list[str]) -> ReportFile:

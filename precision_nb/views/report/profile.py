@@ -93,10 +93,16 @@ def profile_request(
     is one torchrun launch: its interval covers the rounds of that launch (the launch is its one
     process level), so it gets neither processes nor a budget.
     """
+    from precision_nb.core import validate
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.measure_config import MeasureConfig
     from precision_nb.engine.request import RunRequest
 
+    validate.boolean("inspect", inspect)
+    validate.boolean("numerics", numerics)
+    validate.boolean("time_split", time_split)
+    wanted = (("inspect", inspect), ("numerics", numerics), ("time_split", time_split))
+    analyses = [name for name, on in wanted if on]
     steps = DEFAULT_STEPS if steps is None else steps
     one_launch = distributed is not None
     measure = MeasureConfig(
@@ -121,9 +127,8 @@ def profile_request(
         DEFAULT_WORKLOAD if model is None else model, batches,
         preset=DEFAULT_PRESET if preset is None else str(preset).strip().lower(), device=device,
         precision=compare, loss_scale_lab=loss_scale_lab, optimizer=OptimizerConfig(fused=fused),
-        loss_fn=loss_fn, compile=compile, measure=measure, inspect=inspect, numerics=numerics,
-        distributed=distributed, time_split=time_split, steps=steps, accumulation=accumulation,
-        progress=progress,
+        loss_fn=loss_fn, compile=compile, measure=measure, analyses=analyses,
+        distributed=distributed, steps=steps, accumulation=accumulation, progress=progress,
         log_every=log_every,
     )  # fmt: skip
     request.check()

@@ -21,7 +21,6 @@ from precision_nb.views.report.source import as_comparison
 __all__ = [
     "MEASURED_COLUMNS",
     "PLAN_FIELDS",
-    "RESULT_COLUMNS",
     "SUMMARY_COLUMNS",
     "RecordSource",
     "results_of",
@@ -35,7 +34,8 @@ RecordSource = Union[Sequence[Mapping[str, Any]], "pd.DataFrame", Any]
 
 PLAN_FIELDS = ("mode", "dtype", "use_scaler", "autocast_enabled", "device_type")
 
-# The summary's result columns other views show by name: their strings live in this module only.
+# The summary's result columns other views show by name: their strings live in this module only
+# (tests/test_structure.py fails on one spelled anywhere else in the package).
 SPEEDUP, CI_LOW, CI_HIGH = "speedup_vs_fp32", "speedup_ci_low", "speedup_ci_high"
 MEDIAN_STEP, STEP_IQR = "median_step_time_s", "step_time_iqr_s"
 LOSS_DIFF, PARAM_DIFF = "final_loss_diff_vs_fp32", "param_rel_diff_vs_fp32"
@@ -102,16 +102,6 @@ MEASURED_COLUMNS = (
     "warmup_rule",
     "failed",
 )
-
-#: The summary's columns no run record has: they exist only here, where the table is built from
-#: the typed result (tests/test_structure.py fails on one read anywhere else in the package).
-RESULT_COLUMNS = tuple(
-    c
-    for c in SUMMARY_COLUMNS
-    if c not in ("run", "final_loss", "samples_per_s", "tokens_per_s", "mfu", "flops_per_s",
-                 "mfu_peak_source", "memory_kind", "steps", "fused_adamw", "device",
-                 "loss_scale_lab", "rounds", "processes", "failed", *PLAN_FIELDS)
-)  # fmt: skip
 
 
 def measured_row(outcome: PlanOutcome) -> dict[str, Any]:

@@ -165,10 +165,10 @@ def test_an_fsdp2_profile_is_measured_with_an_interval() -> None:
         numerics=False,
         progress=False,
     )
-    figures = p.comparison.figures
-    assert figures["bf16"]["rounds"] == 6 and figures["bf16"]["warmup_steps"] >= 1
-    assert figures["bf16"]["speedup_ci_low"] is not None
-    assert figures["bf16"]["verdict_kind"] in ("faster", "slower", "unresolved")
+    bf16 = p.comparison.outcomes["bf16"]
+    assert bf16.timing.rounds == 6 and bf16.timing.warmup.steps >= 1
+    assert bf16.speedup.low is not None
+    assert bf16.verdict.kind in ("faster", "slower", "unresolved")
     assert "slowest rank" in p.comparison.method["distributed step time"]
     bf16 = p.distributed["bf16"]
     assert bf16.ranks[0].sharding["dtensor_parameters"] > 0

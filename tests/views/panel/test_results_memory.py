@@ -4,8 +4,11 @@ named as such and kept out of the short table, which points to the Memory tab.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import pytest
+from typed_outcomes import typed_outcome
 
 from precision_nb.views.panel.live_charts import PROCESS_MEMORY_NOTE, live_charts_html
 from precision_nb.views.panel.results import (
@@ -27,14 +30,16 @@ def _summary(kind: str) -> pd.DataFrame:
     )
 
 
-def _figures() -> dict[str, dict]:
-    return {
+def _figures() -> dict[str, Any]:
+    """Each plan's typed outcome, as a comparison would give it."""
+    found = {
         "fp32": {"verdict": "fp32 is the baseline.", "verdict_kind": "baseline",
                  "speedup_vs_fp32": 1.0},
         "bf16": {"verdict": "bf16 is 1.31x the fp32 speed (95 % CI 1.22-1.40, 8 rounds).",
                  "verdict_kind": "faster", "speedup_vs_fp32": 1.31, "speedup_ci_low": 1.22,
                  "speedup_ci_high": 1.4},
     }  # fmt: skip
+    return {label: typed_outcome(label, None, row) for label, row in found.items()}
 
 
 def _records(kind: str) -> list[dict]:

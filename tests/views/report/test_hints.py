@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from conftest import with_outcomes
+from typed_outcomes import with_outcomes
 
 from precision_nb.core.capabilities import Capabilities
 from precision_nb.core.plan import PrecisionPlan

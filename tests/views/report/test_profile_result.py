@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import with_outcomes
+from typed_outcomes import with_outcomes
 
 from precision_nb.engine.compare import Comparison
 from precision_nb.engine.comparison import Rates

@@ -44,7 +44,7 @@ def test_the_section_tables_each_compiled_plan_and_writes_its_csvs():
     section = compiled_section(_reports(0.010))
     assert section.key == "compile" and section.title == TITLE
     assert "fp32+compile" in section.html and "compile step (s)" in section.html
-    assert "2.00x (" in section.html  # the speed against eager with its interval
+    assert "2.00× (" in section.html  # the speed against eager with its interval
     assert "Tensor.item() call" in section.html and "m.py:3" in section.html
     assert "EAGER fp32 step" in section.html  # what the inspection cannot see
     files = {f.name: f.data for f in section.files}

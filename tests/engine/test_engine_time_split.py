@@ -244,6 +244,18 @@ def test_families_on_a_hand_built_step() -> None:
     (mm,) = split.matmuls
     assert (mm.op, mm.m, mm.k, mm.n, mm.dtype) == ("addmm", 64, 20, 30, "c10::BFloat16")
     assert mm.seconds == pytest.approx(41e-6)
+    # a plan without autocast: the same casts, none of them autocast's
+    assert [c.autocast for c in split_step(mark, autocast=False).casts] == [False] * 3
+
+
+def test_a_matmul_autocast_calls_again_is_read_at_the_inner_call() -> None:
+    inner = Ev("aten::addmm", 30.0, input_dtypes=["c10::BFloat16"] * 3,
+               input_shapes=[[8], [4, 16], [16, 8]])  # fmt: skip
+    outer = Ev("aten::addmm", 2.0, [cast(16 * 8, seq=3), inner],
+               input_dtypes=["float"] * 3, input_shapes=[[8], [4, 16], [16, 8]])  # fmt: skip
+    (mm,) = split_step(Ev(STEP_MARK, 1.0, [outer])).matmuls
+    assert (mm.m, mm.k, mm.n, mm.dtype) == (4, 16, 8, "c10::BFloat16")
+    assert mm.seconds == pytest.approx(30e-6)  # the matmul, not the casts before it
 
 
 def test_device_view_counts_kernels_and_the_idle_gpu() -> None:

@@ -101,7 +101,7 @@ def cast_copy(event: Any) -> tuple[str, str, int] | None:
         return None
     if dtypes[0] == dtypes[1]:
         return None
-    numel = math.prod(shapes[0]) if shapes and shapes[0] else 0
+    numel = math.prod(shapes[0]) if shapes else 0  # a 0-dim tensor: one element
     return dtypes[1], dtypes[0], numel * _itemsize(dtypes[0])
 
 
@@ -203,9 +203,10 @@ def _gemm(event: Any, op: str, seconds: float) -> Matmul | None:
 class _Walk:
     """Assigns the self time of every event under a step to a family (see module docstring)."""
 
-    def __init__(self, split: StepSplit, device: bool) -> None:
+    def __init__(self, split: StepSplit, device: bool, autocast: bool) -> None:
         self.split = split
         self.device = device
+        self.autocast = autocast
         #: sequence number -> autocast or not, for forward casts (their backward inherits it)
         self.forward_casts: dict[int, bool] = {}
 
@@ -232,7 +233,10 @@ class _Walk:
                 family = own
             elif own is not None and inherited in (None, "compiled"):
                 family = own
-        if family == "matmul" and not gemm:
+        children = getattr(event, "cpu_children", ()) or ()
+        # autocast's kernel casts the inputs, then calls the same op again: read the inner call
+        again = any(c.name == name for c in children)
+        if family == "matmul" and not gemm and not again:
             found = _gemm(event, op_name(name), _subtree_seconds(event, self.seconds))
             if found is not None:
                 self.split.matmuls.append(found)
@@ -240,7 +244,7 @@ class _Walk:
         self._account(event, family)
         node = name.endswith(("Backward0", "Backward1"))
         seq = getattr(event, "sequence_nr", -1)
-        for child in getattr(event, "cpu_children", ()) or ():
+        for child in children:
             self.visit(child, family, event, seq if node else backward_of, gemm)
 
     def _account(self, event: Any, family: str | None) -> None:
@@ -259,8 +263,10 @@ class _Walk:
         if backward_of is not None and backward_of >= 0:
             autocast = self.forward_casts.get(backward_of, False)
             issuer = "backward of a cast"
-        else:
-            autocast = issuer.startswith("aten::") and op_name(issuer) not in CAST_OPS
+        else:  # under a plan with autocast, a cast another op issued is autocast's
+            autocast = (
+                self.autocast and issuer.startswith("aten::") and op_name(issuer) not in CAST_OPS
+            )
             if seq is not None and seq >= 0:
                 self.forward_casts[seq] = autocast
         total = _subtree_seconds(event, self.seconds)
@@ -273,14 +279,17 @@ def _subtree_seconds(event: Any, seconds: Any) -> float:
     )
 
 
-def split_step(mark: Any, others: Iterable[Any] = (), *, device: bool = False) -> StepSplit:
+def split_step(
+    mark: Any, others: Iterable[Any] = (), *, device: bool = False, autocast: bool = True
+) -> StepSplit:
     """One step's families from its mark event (``STEP_MARK``) and the root events of other
     threads inside its time range. ``device``: kernels' time on the device (CUDA), else the host's
-    self time. Outside ops is the wall time the families leave; if they exceed it (ops on several
-    threads at once), ``overlap_s`` says by how much and outside ops is 0."""
+    self time; ``autocast``: the plan runs under autocast (else no cast is autocast's). Outside
+    ops is the wall time the families leave; if they exceed it (ops on several threads at once),
+    ``overlap_s`` says by how much and outside ops is 0."""
     wall = float(mark.cpu_time_total) / 1e6
     split = StepSplit(wall)
-    walk = _Walk(split, device)
+    walk = _Walk(split, device, autocast)
     roots = [mark, *others]
     for root in roots:
         walk.visit(root, None, None, None, False)
@@ -299,8 +308,11 @@ def split_step(mark: Any, others: Iterable[Any] = (), *, device: bool = False) -
     return split
 
 
-def steps_of(events: Sequence[Any], *, device: bool = False) -> list[StepSplit]:
-    """Every profiled step in ``events`` (a profiler's ``events()``), in order."""
+def steps_of(
+    events: Sequence[Any], *, device: bool = False, autocast: bool = True
+) -> list[StepSplit]:
+    """Every profiled step in ``events`` (a profiler's ``events()``), in order (``device``,
+    ``autocast``: as :func:`split_step` takes them)."""
     marks = [e for e in events if e.name == STEP_MARK and getattr(e, "cpu_parent", None) is None]
     marks.sort(key=lambda e: e.time_range.start)
     out = []
@@ -313,5 +325,5 @@ def steps_of(events: Sequence[Any], *, device: bool = False) -> list[StepSplit]:
             and e.thread != mark.thread
             and start <= e.time_range.start < end
         ]
-        out.append(split_step(mark, others, device=device))
+        out.append(split_step(mark, others, device=device, autocast=autocast))
     return out

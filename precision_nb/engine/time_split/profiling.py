@@ -286,7 +286,10 @@ def _profiled(
     if len(times) < 1 + 2 * u + n:
         raise RuntimeError(f"the short fit stopped after {len(times)} of {1 + 2 * u + n} steps")
     profiled = slice(1 + u, 1 + u + n)
-    split_steps = steps_of(prof.events(), device=ProfilerActivity.CUDA in activities)
+    split_steps = steps_of(
+        prof.events(), device=ProfilerActivity.CUDA in activities,
+        autocast=bool(getattr(trainer.plan, "autocast_enabled", False)),
+    )  # fmt: skip
     if len(split_steps) != n:
         raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {n} steps")
     unprofiled = times[1 : 1 + u] + times[1 + u + n :]

@@ -24,13 +24,7 @@ from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.engine.callbacks import Callbacks
-from precision_nb.engine.comparison import (
-    Comparison,
-    ComparisonError,
-    ComparisonValueError,
-    Drift,
-    plan_outcomes,
-)
+from precision_nb.engine.comparison import Comparison, Drift, plan_outcomes
 from precision_nb.engine.compile import comparing
 from precision_nb.engine.measure_config import MeasureConfig
 from precision_nb.engine.measure_processes import measure as measure_in_processes
@@ -38,13 +32,13 @@ from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
 from precision_nb.engine.metrics import compute_dtype, peak_ratios
 from precision_nb.engine.planning import Planning, plan_runs
 from precision_nb.engine.request import RunRequest
-from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.results import RunResult, attach_result, partial_result
 from precision_nb.engine.time_split import split_comparison
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
 
-__all__ = ["Comparison", "ComparisonError", "ComparisonValueError", "compare", "run_comparison"]
+__all__ = ["Comparison", "compare", "run_comparison"]
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +75,9 @@ def compare(
     the warm-up rule, the rounds and the processes (:class:`MeasureConfig`: this process only by
     default; see :mod:`precision_nb.engine.measure_processes`); ``steps`` (a TrainConfig field) is
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
-    still finish; then a :class:`ComparisonError` is raised with the whole comparison as
-    ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
-    ``__cause__``. ``compile``: one mode or several ("off", "default", "reduce-overhead",
+    still finish; then the first plan's failure is raised as it was (your own error keeps its
+    type and traceback) with the whole comparison as ``.result`` (``failures`` says which plans
+    stopped where). ``compile``: one mode or several ("off", "default", "reduce-overhead",
     "max-autotune"); every precision is measured under every mode. ``time_split``: after the
     timed rounds, a few profiled steps per plan split its step time by op family
     (``Comparison.time_split``; :mod:`precision_nb.engine.time_split`).
@@ -164,7 +158,7 @@ def run_comparison(
     params: dict[str, torch.Tensor] = {}
     for label, session in sessions.items():
         failure = failures.get(label)
-        partial = failure.result if isinstance(failure, FitError) else None
+        partial = partial_result(failure)
         result = partial if isinstance(partial, RunResult) else session.result
         if failure is None:
             result = session.finish()
@@ -192,10 +186,10 @@ def run_comparison(
         first = next(iter(out.results.values()), None)
         if first is not None and dtypes:
             out.peak_ratios = peak_ratios(torch.device(first.device), dtypes)
-    if failures:  # loud, after the other plans finished; the comparison travels with the error
+    if failures:  # loud, after the other plans finished: the first failure as it was raised
         label, first_failure = next(iter(failures.items()))
-        kind = ComparisonValueError if isinstance(first_failure, ValueError) else ComparisonError
-        raise kind(f"plan {label} failed: {first_failure}", out) from first_failure
+        where = f"plan {label} of the comparison failed with this error (every failed plan: "
+        raise attach_result(first_failure, out, where + "`.result.failures`); ")
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +22,13 @@ from precision_nb.core.events import Event
 from precision_nb.engine import stats
 from precision_nb.engine.measurement import Measurement, Warmup
 from precision_nb.engine.metrics import PeakRatio, tf32_state
-from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.results import RunResult
 
 if TYPE_CHECKING:
     from precision_nb.engine.time_split import Advice, PlanDifference, TimeAnalysis, TimeSplit
 
 __all__ = [
     "Comparison",
-    "ComparisonError",
-    "ComparisonValueError",
     "Drift",
     "PlanOutcome",
     "Rates",
@@ -155,6 +153,11 @@ class Comparison:
         found = self.outcomes.get(label)
         return found if found is not None else PlanOutcome(label, self.results.get(label))
 
+    def attach_inspections(self, inspections: Mapping[str, Any]) -> None:
+        """Set each plan's inspection (label -> ``InspectionData``) on its outcome."""
+        for label, data in inspections.items():
+            self.outcomes[label] = replace(self.outcome(label), inspection=data)
+
     @property
     def drift(self) -> dict[str, dict[str, float | None]]:
         """Label -> ``final_loss_diff`` and ``param_rel_diff`` against the fp32 run."""
@@ -191,21 +194,6 @@ class Comparison:
     def records(self) -> list[dict[str, Any]]:
         """Every record of every run, in run order (the ``run`` key tells them apart)."""
         return [r for res in self.results.values() for r in res.records]
-
-
-class ComparisonError(FitError):
-    """A plan of a comparison failed; ``.result`` is the whole :class:`Comparison` (the other
-    plans finished, ``failures`` says which plan stopped where). The first plan's failure is the
-    ``__cause__``."""
-
-    result: Comparison
-
-
-class ComparisonValueError(ComparisonError, ValueError):
-    """A comparison whose first failing plan failed on a bad value (a ``ValueError``)."""
-
-
-ComparisonError.value_error = ComparisonValueError
 
 
 def _tokens_per_sample(result: RunResult | None) -> float | None:

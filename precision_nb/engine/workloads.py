@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 # The presets, and the workload ``precision-nb profile`` uses when none is named: the one list
-# of defaults, read by the command line before torch loads.
+# of defaults, read by the command line before torch loads (re-exported here for the engine).
+from precision_nb.core.defaults import DEFAULT_PRESET as DEFAULT_PRESET
 from precision_nb.core.defaults import DEFAULT_WORKLOAD
 from precision_nb.core.defaults import PRESET_NAMES as PRESETS
 from precision_nb.core.validate import short_repr

@@ -146,6 +146,28 @@ def test_a_device_the_profiler_cannot_see_leaves_a_split_that_says_why() -> None
     assert split.missing == "the profiler cannot see work on meta; supported: cpu, cuda, mps"
 
 
+class Fails(Linear):
+    """Raises its own error once ``fail`` is set (after the timed steps)."""
+
+    fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise KeyError("the model's own error")
+        return super().forward(x)
+
+
+def test_a_models_error_in_the_profiled_steps_leaves_a_split_that_says_so() -> None:
+    trainer = _trainer(Fails(), torch.randn(64, 512), "bf16")
+    before = copy.deepcopy(trainer.model.state_dict())
+    trainer.model.fail = True
+    split = split_trainer(trainer, measured_s=0.01)
+    assert not split.available and "KeyError" in split.missing
+    assert "the model's own error" in split.missing
+    assert torch.equal(before["layer.weight"], trainer.model.state_dict()["layer.weight"])
+    assert not profiler_busy()  # the profiler was stopped
+
+
 def test_a_failed_plan_has_no_split_and_the_difference_says_so() -> None:
     torch.manual_seed(0)
     trainers = {m: _trainer(Linear(), torch.randn(64, 512), m) for m in ("fp32", "bf16")}

@@ -264,6 +264,7 @@ def run_profile(
         shown["distributed"] = "; ".join(f"{k}: {v.plan.summary()}" for k, v in runs.items())
     extras = analyse(request, comparison)
     comparison.events.extend(extras.events)
+    comparison.attach_inspections(extras.inspections)
     for name, seconds in extras.seconds.items():
         shown[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
     if comparison.time_split is not None and comparison.time_split.seconds:
@@ -294,14 +295,17 @@ def _measure(request: Any, stop: Any) -> Any:
     """The engine's comparison of ``request``. When a plan fails part-way and another completed,
     the comparison is returned with its failures (the report shows the completed rounds);
     otherwise the failure is raised."""
-    from precision_nb.engine.compare import ComparisonError, run_comparison
+    from precision_nb.engine.compare import Comparison, run_comparison
+    from precision_nb.engine.results import partial_result
 
     try:
         return run_comparison(request, stop=stop)
-    except ComparisonError as exc:
-        comparison = exc.result
+    except Exception as exc:  # a plan's failure carries the comparison; anything else goes on
+        comparison = partial_result(exc)
+        if not isinstance(comparison, Comparison):
+            raise
         failed = comparison.failures
         if not [k for k in comparison.results if k not in failed]:
             raise
-        log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
+        log.warning("plan(s) %s failed part-way: %r", ", ".join(failed), exc)
         return comparison

@@ -31,6 +31,7 @@ def test_profile_carries_an_inspection_per_plan(lab):
     for label, data in result.inspections.items():
         plan = result.comparison.results[label].plan
         assert data.plan == plan
+        assert result.comparison.outcomes[label].inspection is data  # on the typed result too
         params = [r for r in data.memory if r["kind"] == "parameters"]
         assert sum(r["bytes"] for r in params) == sum(r["expected_bytes"] for r in params) > 0
     assert result.settings["inspection (after the timed steps)"].endswith(" s")

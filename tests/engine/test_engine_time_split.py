@@ -347,7 +347,7 @@ def test_the_sentence_is_true_whatever_the_numbers() -> None:
         d = difference(base, plan, None)
         said = d.sentence
         overall = float(re.search(r": ([0-9.]+)× overall", said).group(1))
-        assert overall == pytest.approx(base.step_s / plan.step_s, abs=0.006)
+        assert overall == pytest.approx(base.step_s / plan.step_s, rel=0.006)
         assert ("(faster)" in said) == (d.reconstructed > 1)
         assert ("(slower)" in said) == (d.reconstructed < 1)
         for c in d.changes:

@@ -144,7 +144,7 @@ def sentence(
     if not parts:
         parts.append(f"moved no family by {NOTABLE:.0%} of the step or more")
     overall = "faster" if speedup > 1 else "slower" if speedup < 1 else "the same"
-    return f"{label} {_join(parts)}: {speedup:.2f}× overall in the profiled steps ({overall})."
+    return f"{label} {_join(parts)}: {speedup:.3g}× overall in the profiled steps ({overall})."
 
 
 def _gain(c: FamilyChange) -> str:

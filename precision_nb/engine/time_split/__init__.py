@@ -84,6 +84,7 @@ class TimeAnalysis:
                 "baseline": self.baseline,
                 "view": split.view,
                 "profiled_steps": split.steps,
+                "events_per_step": split.events,
                 "step_ms": split.step_s * 1e3,
                 "measured_median_ms": split.measured_s * 1e3 if split.measured_s else None,
                 "profiler_overhead": split.overhead,

@@ -174,6 +174,8 @@ class StepSplit:
     ops: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Seconds by which the ops' own times exceed the wall time (threads overlapping), >= 0.
     overlap_s: float = 0.0
+    #: Events the profiler recorded in the step (the mark included): what its cost scales with.
+    events: int = 0
 
     def add(self, family: str, name: str, seconds: float) -> None:
         if seconds <= 0:
@@ -223,6 +225,7 @@ class _Walk:
         it, ``gemm``: a matmul whose shapes were read is above it."""
         name = event.name
         family = inherited
+        self.split.events += 1
         if inherited not in ("optimizer", "communication", "casts"):
             own = own_family(name)
             cast = _cast_inside(event) if op_name(name) in CAST_OPS else None

@@ -109,6 +109,8 @@ class TimeSplit:
     #: Family -> (op name, seconds per step), the largest first (five at most).
     ops: Mapping[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     overlap_s: float = 0.0
+    #: Events the profiler recorded per profiled step (median): its cost grows with them.
+    events: int = 0
     #: Profiled attempts the grad scaler skipped (no optimizer step in them).
     skipped: int = 0
     notes: tuple[str, ...] = ()
@@ -309,6 +311,7 @@ def _profiled(
         matmuls=_matmuls(split_steps),
         ops=_top_ops(split_steps),
         overlap_s=statistics.fmean(s.overlap_s for s in split_steps),
+        events=int(statistics.median(s.events for s in split_steps)),
         skipped=sum(1 for h in history[profiled] if h.get("skipped")),
         notes=notes,
         seconds=time.perf_counter() - t0,

@@ -217,7 +217,9 @@ def _reconcile(
     if lo <= got <= hi:
         return True, f"{head}, within {against}"
     over = [
-        f"{s.label} {s.step_s / s.unprofiled_s - 1:+.0%}" for s in (base, plan) if s.unprofiled_s
+        f"{s.label} {s.step_s / s.unprofiled_s - 1:+.0%} with {s.events} events per step"
+        for s in (base, plan)
+        if s.unprofiled_s
     ]
     why = f" (the profiler's cost per step against unprofiled steps: {', '.join(over)})"
     return False, (

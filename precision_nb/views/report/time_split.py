@@ -36,7 +36,7 @@ COLUMNS = (
     "run", "family", "family_title", "ms_per_step", "share", "baseline", "baseline_ms",
     "change_ms", "times_faster_there", "step_ms", "measured_median_ms", "profiler_overhead",
     "reconstructed_speedup", "calibrated_speedup", "calibrated_low", "calibrated_high",
-    "tolerance", "agrees", "view", "profiled_steps", "missing",
+    "tolerance", "agrees", "view", "profiled_steps", "events_per_step", "missing",
 )  # fmt: skip
 _HEADERS = {"title": "family", "ms": "ms per step", "share": "share", "change": "vs baseline"}
 
@@ -70,7 +70,10 @@ def _family_rows(split: TimeSplit, diff: Any) -> list[dict[str, Any]]:
 
 
 def _facts(split: TimeSplit) -> list[str]:
-    out = [f"{split.steps} profiled steps; seconds are {split.view}."]
+    out = [
+        f"{split.steps} profiled steps, {split.events} profiler events each; seconds are "
+        f"{split.view}."
+    ]
     if split.measured_s:
         out.append(
             f"Profiled step {ms(split.step_s)} against the timed rounds' median "

@@ -85,3 +85,14 @@ def test_bench_calibration_prints_rates_from_the_product_statistics():
     assert lines[0].startswith("simulation, 40 comparisons") and any("power" in x for x in lines)
     rates = bench.sleep_null(rounds=6, repeats=1)
     assert sum(rates.values()) == 1.0
+
+
+def test_bench_time_split_quick_run_prints_its_table():
+    bench = _load("bench_time_split")
+    row = bench.run_case("mlp-small", quick=True)
+    assert row["split_s"] > 0 and row["wall_s"] > row["split_s"]
+    assert row["fp32"]["missing"] is None and row["bf16"]["missing"] is None
+    assert row["diff"]["reconstructed"] > 0 and row["diff"]["sentence"].startswith("bf16 ")
+    lines = bench.table([row])
+    assert lines[0].split()[:2] == ["case", "run"] and lines[1].startswith("mlp-small")
+    assert "inside the calibrated interval in" in lines[-1]

@@ -164,6 +164,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="leave out the gradient underflow analysis and the fp16 scale window",
     )
     parser.add_argument(
+        "--no-time-split",
+        action="store_true",
+        help="leave out the profiled steps that split each plan's step time by op family",
+    )
+    parser.add_argument(
         "--nproc",
         type=int,
         default=None,
@@ -285,6 +290,7 @@ def _run(args: argparse.Namespace) -> int:
             accumulation=args.accumulation, fused=FUSED[args.fused],
             loss_scale_lab=args.loss_scale_lab, progress=not args.no_progress,
             inspect=not args.no_inspect, numerics=not args.no_numerics,
+            time_split=not args.no_time_split,
             distributed=_distributed(args), processes=args.processes, target=args.target,
             budget_s=args.budget, rebuild=_rebuild(args), compile=args.compile,
         )  # fmt: skip

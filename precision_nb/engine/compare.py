@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.engine.callbacks import Callbacks
@@ -32,6 +33,7 @@ from precision_nb.engine.metrics import compute_dtype, peak_ratios
 from precision_nb.engine.planning import Planning, plan_runs
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import RunResult, attach_result, partial_result
+from precision_nb.engine.time_split import split_comparison
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
@@ -61,6 +63,7 @@ def compare(
     loss_fn: Callable[..., torch.Tensor] | None = None,
     measure: MeasureConfig | None = None,
     compile: Any = "off",
+    time_split: bool = False,
     **train_options: Any,
 ) -> Comparison:
     """Train each requested precision on identical weights and data; see module docstring.
@@ -75,14 +78,18 @@ def compare(
     still finish; then the first plan's failure is raised as it was (your own error keeps its
     type and traceback) with the whole comparison as ``.result`` (``failures`` says which plans
     stopped where). ``compile``: one mode or several ("off", "default", "reduce-overhead",
-    "max-autotune"); every precision is measured under every mode.
+    "max-autotune"); every precision is measured under every mode. ``time_split``: after the
+    timed rounds, a few profiled steps per plan split its step time by op family
+    (``Comparison.time_split``; :mod:`precision_nb.engine.time_split`).
     """
     if model is not None and batches is None:
         raise ValueError("batches is None; pass batches together with your own model")
     request = RunRequest.of(
         model if model is not None else workload, batches, preset=preset, device=device,
         precision=modes, loss_scale_lab=loss_scale_lab, optimizer=optimizer, train=train,
-        loss_fn=loss_fn, compile=compile, measure=measure, **train_options,
+        loss_fn=loss_fn, compile=compile, measure=measure,
+        analyses=("time_split",) if validate.boolean("time_split", time_split) else (),
+        **train_options,
     )  # fmt: skip
     return run_comparison(request, callbacks=callbacks, stop=stop)
 
@@ -171,6 +178,8 @@ def run_comparison(
         measurement, out.results, ref, drift=drift, compiled=compiled
     )
     out.events.extend(more)
+    if "time_split" in request.analyses:  # after the timed rounds, on the plans' own trainers
+        out.events.extend(split_comparison(out, trainers, failures))
     out.method = measurement.method()
     if cfg.measure_peak:
         dtypes = tuple({compute_dtype(r.plan) for r in out.results.values()} - {torch.float32})

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.events import Event
 from precision_nb.engine import stats
@@ -24,6 +24,9 @@ from precision_nb.engine.measurement import Measurement, Warmup
 from precision_nb.engine.metrics import PeakRatio, tf32_state
 from precision_nb.engine.peaks import CLASS_WORDS, beyond_peak, flags_text, tf32_classes
 from precision_nb.engine.results import RunResult
+
+if TYPE_CHECKING:
+    from precision_nb.engine.time_split import Advice, PlanDifference, TimeAnalysis, TimeSplit
 
 __all__ = [
     "Comparison",
@@ -114,6 +117,13 @@ class PlanOutcome:
     compiled: Any = None
     #: Why the plan stopped part-way (it is reported with the rounds it completed).
     failure: str | None = None
+    #: The plan's step time by op family (``TimeSplit``), once profiled after the timed rounds.
+    time_split: TimeSplit | None = None
+    #: The plan against the baseline, family by family (``PlanDifference``; None for the
+    #: baseline itself).
+    difference: PlanDifference | None = None
+    #: What would make the plan faster (``Advice``), each with its figure.
+    advice: tuple[Advice, ...] = ()
 
 
 @dataclass
@@ -135,6 +145,9 @@ class Comparison:
     model_info: dict[str, Any] = field(default_factory=dict)
     #: dtype name -> its peak FLOP/s over the fp32 peak here: an estimate of the gain, not a bound.
     peak_ratios: dict[str, PeakRatio] = field(default_factory=dict)
+    #: Each plan's step time by op family and its difference from the baseline, profiled after
+    #: the timed rounds (``TimeAnalysis``; None when not asked for). Per plan also on its outcome.
+    time_split: TimeAnalysis | None = None
 
     def outcome(self, label: str) -> PlanOutcome:
         """The outcome of ``label`` (an empty one, holding only its run, when not measured)."""

@@ -39,7 +39,7 @@ from precision_nb.engine.workloads import Workload, get_workload
 __all__ = ["ANALYSES", "RunRequest", "optimizer_config", "precision_config", "prepare"]
 
 #: The analyses a comparison can be followed by (:mod:`precision_nb.engine.analyses`).
-ANALYSES = ("inspect", "numerics")
+ANALYSES = ("inspect", "numerics", "time_split")
 
 #: What a model argument may be: a module (with batches), a workload, or a workload's name.
 ModelArg = nn.Module | Workload | str
@@ -87,7 +87,9 @@ class RunRequest:
     comparison measures every precision under every mode (``fit`` takes one: :attr:`compile`).
     ``measure``: how a comparison is measured (rounds, warm-up, processes, target, budget; more
     rounds than ``train.steps`` are refused). ``analyses``: what follows a comparison, of
-    :data:`ANALYSES` ("inspect": each plan's inspection, "numerics": the numerics analysis).
+    :data:`ANALYSES` ("inspect": each plan's inspection, "numerics": the numerics analysis,
+    "time_split": a few profiled steps per plan after the timed rounds, the step time by op
+    family: :mod:`precision_nb.engine.time_split`).
     ``distributed``: a :class:`~precision_nb.core.distributed.Distributed` request (torchrun's
     ranks; eager only) or None.
     """

@@ -7,6 +7,10 @@
   logging transfer has synchronised (``Event.elapsed_time`` then waits for nothing).
 
 Logging work between attempts is inside no attempt's time.
+
+A profiler can see where each attempt begins and ends: set :attr:`StepTimer.marker` to a factory of
+context managers (``lambda: torch.profiler.record_function("...")``); each attempt then runs inside
+one. The timed rounds leave it None.
 """
 
 from __future__ import annotations
@@ -24,8 +28,14 @@ class StepTimer:
         self.kind = torch.device(device).type
         self._open: Any = None
         self._pairs: list[tuple[Any, Any]] = []
+        #: None, or a factory of context managers entered around each attempt (a profiler mark)
+        self.marker: Any = None
+        self._mark: Any = None
 
     def start(self) -> None:
+        if self.marker is not None:
+            self._mark = self.marker()
+            self._mark.__enter__()
         if self.kind == "cuda":
             event = torch.cuda.Event(enable_timing=True)
             event.record()
@@ -46,6 +56,9 @@ class StepTimer:
             end = time.perf_counter()
         self._pairs.append((self._open, end))
         self._open = None
+        if self._mark is not None:
+            mark, self._mark = self._mark, None
+            mark.__exit__(None, None, None)
 
     def collect(self) -> list[float]:
         """Seconds of each finished attempt since the last collect (an unfinished one is dropped).

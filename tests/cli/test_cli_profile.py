@@ -59,13 +59,32 @@ def _rows(path: Path) -> list[dict[str, str]]:
 def test_profile_writes_every_file(profiled):
     out, code = profiled
     assert code == 0
-    expected = (*OUTPUT_FILES, *INSPECTION_FILES, *NUMERICS_FILES)
+    expected = (*OUTPUT_FILES, *INSPECTION_FILES, *NUMERICS_FILES, "time_by_family.csv")
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)
     # Nothing staged is left beside the output folder, which has the usual permissions.
     assert [p.name for p in out.parent.iterdir()] == ["out"]
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_time_by_family_csv_splits_each_plan_and_sets_it_against_the_baseline(profiled):
+    from precision_nb.engine.time_split import FAMILIES
+
+    rows = _rows(profiled[0] / "time_by_family.csv")
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    assert runs == ["fp32", "bf16"]  # fp16 resolved to fp32 and was merged: no plan of its own
+    for run in runs:
+        mine = [r for r in rows if r["run"] == run]
+        assert [r["family"] for r in mine] == list(FAMILIES)
+        total = sum(float(r["ms_per_step"]) for r in mine)
+        assert total == pytest.approx(float(mine[0]["step_ms"]), rel=1e-6)
+        assert float(mine[0]["measured_median_ms"]) > 0
+    bf16 = [r for r in rows if r["run"] == "bf16"]
+    assert all(r["baseline"] == "fp32" and r["change_ms"] != "" for r in bf16)
+    assert float(bf16[0]["reconstructed_speedup"]) > 0 and bf16[0]["agrees"] in ("True", "False")
+    page = (profiled[0] / "report.html").read_text(encoding="utf-8")
+    assert '<section id="time-split"' in page and "bf16 " in page
 
 
 def test_metrics_csv_has_the_record_columns_and_one_row_per_step(profiled):
@@ -141,12 +160,13 @@ def test_no_inspect_and_no_numerics_leave_the_sections_out(tmp_path):
     out = tmp_path / "out"
     code = _profile(
         "--preset", "tiny", "--steps", "2", "--rounds", "1", "--compare", "fp32",
-        "--device", "cpu", "--no-inspect", "--no-numerics", "--out", str(out),
+        "--device", "cpu", "--no-inspect", "--no-numerics", "--no-time-split", "--out", str(out),
     )  # fmt: skip
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
     text = (out / "report.html").read_text(encoding="utf-8")
     assert '<section id="inspection"' not in text and '<section id="numerics"' not in text
+    assert '<section id="time-split"' not in text
     assert "inspection_memory.png" not in text and "numerics_scale_window" not in text
 
 

@@ -369,5 +369,9 @@ def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[st
     }
     out.outcomes, more = plan_outcomes(m, out.results, base, drift=drift)
     out.events.extend(more)
+    if "time_split" in request.analyses:
+        from precision_nb.engine.time_split import DISTRIBUTED, split_missing
+
+        split_missing(out, DISTRIBUTED)
     out.method = {**m.method(), "distributed step time": STEP_RULE}
     return out, measured.results

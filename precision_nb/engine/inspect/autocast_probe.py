@@ -239,7 +239,7 @@ def measure(device_type: str, qualified: str, low: torch.dtype) -> Measured:
     meanwhile goes to the DEBUG log instead of the user's stderr.
     """
     _check(device_type)
-    with _cpp_output_to_debug_log():
+    with cpp_output_to_debug_log():
         return _classify(device_type, qualified, low)
 
 
@@ -322,8 +322,9 @@ def _fake_tensor_errors_muted() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cpp_output_to_debug_log() -> Iterator[None]:
-    """Send what torch's C++ side prints to file descriptor 2 to the DEBUG log meanwhile."""
+def cpp_output_to_debug_log(what: str = "probing autocast kernels") -> Iterator[None]:
+    """Send what torch's C++ side prints to file descriptor 2 to the DEBUG log meanwhile
+    (``what``: what was going on, for the log line)."""
     try:
         saved = os.dup(2)
     except OSError:  # no file descriptor 2 in this process: nothing can be printed there
@@ -340,7 +341,7 @@ def _cpp_output_to_debug_log() -> Iterator[None]:
             sink.seek(0)
             text = sink.read().decode(errors="replace").strip()
             if text:
-                log.debug("torch printed while probing autocast kernels: %s", text)
+                log.debug("torch printed while %s: %s", what, text)
 
 
 # torch-level names that differ from the ATen op autocast's kernel is registered on.

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from precision_nb.views.report import tables as col
+from precision_nb.views.report.time_split import outcomes_html
 from precision_nb.views.text import confidence_text, speedup_text
 from precision_nb.views.text import number as as_number
 
@@ -267,7 +268,8 @@ def results_html(
     )
     compact = _compact(records, outcomes, measured=measured)
     compact += _process_memory_note(records, charted=bool(charts))
-    return head + compact + charts + rest
+    why = outcomes_html(outcomes) if measured else ""  # the step by op family, after the rest
+    return head + compact + charts + rest + why
 
 
 def _all_columns(summary: Any, records: Sequence[Mapping[str, Any]]) -> Any:

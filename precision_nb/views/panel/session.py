@@ -250,8 +250,10 @@ class RunSession:
             for name in selection.compare_plans
         ]
         request = self.request(selection, modes, compiles=compare_compiles(selection))
+        # the step by op family, after the timed rounds: the Compare tab's "why faster or not"
+        wanted = request.replace(analyses=(*request.analyses, "time_split"))
         return run_comparison(
-            request, callbacks=[live], stop=stop, measure=compare_measure(selection)
+            wanted, callbacks=[live], stop=stop, measure=compare_measure(selection)
         )
 
     # ------------------------------------------------------------------ during the run

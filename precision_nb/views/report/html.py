@@ -37,6 +37,7 @@ from precision_nb.views.report.sections import (
 )
 from precision_nb.views.report.source import as_comparison
 from precision_nb.views.report.tables import RecordSource, summary, to_frame
+from precision_nb.views.report.time_split import time_split_section
 
 __all__ = [
     "FIGURES",
@@ -112,6 +113,8 @@ def report_sections(
         _figures_section(comparison, pngs),
         _summary_section(comparison, table, hint_list, colors, pngs),
     ]
+    if comparison.time_split is not None:
+        sections.append(time_split_section(comparison.time_split))
     if getattr(comparison, "compiled", None):
         sections.append(compiled_section(comparison.compiled))
     if distributed:

@@ -82,6 +82,7 @@ def profile_request(
     budget_s: float | None = DEFAULT_BUDGET_S,
     rebuild: tuple[str, str] | None = None,
     compile: Any = "off",
+    time_split: bool = True,
 ) -> Any:
     """The :class:`~precision_nb.engine.request.RunRequest` of a profile, with the profile's
     defaults (:mod:`precision_nb.core.defaults`), checked (:meth:`RunRequest.check`).
@@ -99,7 +100,9 @@ def profile_request(
 
     validate.boolean("inspect", inspect)
     validate.boolean("numerics", numerics)
-    analyses = [name for name, on in (("inspect", inspect), ("numerics", numerics)) if on]
+    validate.boolean("time_split", time_split)
+    wanted = (("inspect", inspect), ("numerics", numerics), ("time_split", time_split))
+    analyses = [name for name, on in wanted if on]
     steps = DEFAULT_STEPS if steps is None else steps
     one_launch = distributed is not None
     measure = MeasureConfig(
@@ -170,6 +173,7 @@ def profile(
     target: float | None = DEFAULT_TARGET,
     budget_s: float | None = DEFAULT_BUDGET_S,
     compile: Any = "off",
+    time_split: bool = True,
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -181,7 +185,9 @@ def profile(
     folder there (as ``Profile.save``). ``workload`` / ``modes`` are the keyword spellings of
     ``model`` / ``compare``. ``inspect`` / ``numerics``: also inspect each plan (memory by kind
     and dtype, op dtypes) and analyse gradient underflow, after the timed steps
-    (``Profile.inspections``, ``Profile.numerics``). ``distributed``: a ``Distributed`` request;
+    (``Profile.inspections``, ``Profile.numerics``). ``time_split``: after the timed steps, a few
+    profiled steps per plan split its step time by op family, set against the baseline's
+    (``Profile.time_split``, ``time_by_family.csv``). ``distributed``: a ``Distributed`` request;
     all plans then run in one torchrun launch, measured the same way (warm-up agreed over the
     ranks, the slowest rank per step; see docs/distributed.md).
 
@@ -203,6 +209,7 @@ def profile(
         rounds=rounds, accumulation=accumulation, fused=fused, loss_scale_lab=loss_scale_lab,
         progress=progress, inspect=inspect, numerics=numerics, distributed=distributed,
         processes=processes, target=target, budget_s=budget_s, compile=compile,
+        time_split=time_split,
     )  # fmt: skip
     return run_profile(request, out=output_folder(out), settings=settings)
 
@@ -260,6 +267,8 @@ def run_profile(
     comparison.attach_inspections(extras.inspections)
     for name, seconds in extras.seconds.items():
         shown[f"{name} (after the timed steps)"] = f"{seconds:.1f} s"
+    if comparison.time_split is not None and comparison.time_split.seconds:
+        shown["time split (after the timed steps)"] = f"{comparison.time_split.seconds:.1f} s"
     shown.update(measurement_settings(comparison, hint_list))
     result = Profile(
         comparison,

@@ -29,6 +29,8 @@ from precision_nb.views.report.inspection import inspection_html
 from precision_nb.views.report.markup import img_html
 from precision_nb.views.report.numerics import Numerics
 from precision_nb.views.report.profile_distributed import distributed_html
+from precision_nb.views.report.time_split import TITLE as TIME_TITLE
+from precision_nb.views.report.time_split import time_split_html, time_split_lines
 
 __all__ = ["Profile", "measurement_settings"]
 
@@ -81,6 +83,12 @@ class Profile:
     def verdicts(self) -> dict[str, str]:
         """Label -> the verdict in words (from the interleaved measurement)."""
         return {a.label: a.verdict.text for a in self.answers() if a.verdict is not None}
+
+    @property
+    def time_split(self) -> Any:
+        """The step time by op family per plan and each plan against the baseline
+        (:class:`~precision_nb.engine.time_split.TimeAnalysis`), or None when not profiled."""
+        return self.comparison.time_split
 
     def answers(self) -> list[PlanAnswer]:
         """One :class:`~precision_nb.views.report.answer.PlanAnswer` per plan (verdict first)."""
@@ -140,6 +148,9 @@ class Profile:
 
     def _sections_html(self) -> list[str]:
         out = []
+        if self.time_split is not None:
+            out.append(f"<h4>{html.escape(TIME_TITLE)}</h4>")
+            out.append(time_split_html(self.time_split, level=5))
         if self.inspections:
             out.append(inspection_html(self.inspections, level=4, figures=False))
         if self.numerics is not None:
@@ -152,6 +163,8 @@ class Profile:
         lines = [f"Profile of {', '.join(self.comparison.results) or 'no run'}"]
         lines += [f"  {self.load_note}"] if self.load_note else []
         lines += [f"  {v}" for v in self.verdicts.values()]
+        if self.time_split is not None:
+            lines += [f"  {x}" for x in time_split_lines(self.time_split)]
         if self.out_dir is not None:
             lines.append(f"  saved in {self.out_dir}")
         return "\n".join(lines)

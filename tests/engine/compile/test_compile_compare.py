@@ -44,6 +44,7 @@ def compared():
     out = pnb.compare(
         ("bf16",), model=make_model(), batches=batches, device="cpu", compile=("off", "default"),
         steps=12, log_every=2, progress=False, measure=MEASURE, measure_peak=False,
+        time_split=True,
     )  # fmt: skip
     yield out
     reset_compiled()
@@ -55,6 +56,16 @@ def test_eager_and_compiled_plans_are_measured_in_the_same_rounds(compared):
         assert sorted(order) == ["bf16", "bf16+compile"]
     assert compared.results["bf16+compile"].compile is not None
     assert compared.results["bf16"].compile is None
+
+
+def test_the_time_split_says_what_it_cannot_attribute_in_a_compiled_plan(compared):
+    eager, compiled = (compared.outcomes[k].time_split for k in ("bf16", "bf16+compile"))
+    assert eager.available and compiled.available, (eager.missing, compiled.missing)
+    assert eager.families["compiled"] == 0 and eager.notes == ()
+    assert compiled.families["compiled"] > 0  # the compiled graph's own time
+    (note,) = compiled.notes
+    assert "not the fused kernels inside it" in note and "not seen as casts" in note
+    assert compared.time_split.differences == {}  # no fp32 plan: no baseline to set them against
 
 
 def test_the_compiled_plan_is_reported_against_its_eager_twin(compared):

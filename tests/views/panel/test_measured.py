@@ -64,6 +64,19 @@ def test_a_cpu_comparison_keeps_process_memory_out_of_its_short_table(compared: 
     assert "process memory" in compared.widgets.live_charts.value
 
 
+def test_compare_ends_with_why_each_plan_is_faster_or_not(compared: Panel) -> None:
+    table = compared.widgets.results_html.value
+    why = table.index("Why faster or not: the step by op family")
+    assert why > table.index("All columns")  # after the comparison's own figures
+    outcome = compared.result.outcomes["bf16"]
+    assert outcome.time_split is not None and outcome.difference is not None
+    part = table[why:]
+    if outcome.time_split.available:
+        assert html.escape(outcome.difference.sentence) in part
+    else:  # the machine's profiler could not start: the tab says why
+        assert html.escape(outcome.time_split.missing) in part
+
+
 def test_a_finished_comparison_shows_the_compare_tab(compared: Panel) -> None:
     assert tab_name(compared.widgets.tabs.selected_index) == "Compare"
     # the header's progress line says the comparison ended, not the last plan's progress

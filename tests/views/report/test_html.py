@@ -168,7 +168,8 @@ def test_a_profile_request_is_one_run_request_with_the_profiles_defaults():
     assert (request.model, request.preset) == (defaults.DEFAULT_WORKLOAD, defaults.DEFAULT_PRESET)
     assert [p.requested for p in request.precisions] == ["fp32", "bf16", "fp16"]
     assert request.train.steps == defaults.DEFAULT_STEPS and request.measure.rounds is None
-    assert request.analyses == ("inspect", "numerics") and request.measure.target == 0.05
+    assert request.analyses == ("inspect", "numerics", "time_split")
+    assert request.measure.target == 0.05
     with pytest.raises(ValueError, match="at least one precision request"):
         profile_mod.profile_request(compare=" , ")
     with pytest.raises(ValueError, match="fp8"):

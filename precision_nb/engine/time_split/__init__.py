@@ -1,0 +1,246 @@
+"""Why a plan is (not) faster: each plan's step time split by op family, plan against baseline.
+
+After the timed rounds, :func:`analyse_time` profiles a few steps of every plan on its own trainer
+(:mod:`~precision_nb.engine.time_split.profiling`), groups their time into families
+(:mod:`~precision_nb.engine.time_split.families`), sets each plan against the baseline with the
+reconstructed speedup held against the calibrated one
+(:mod:`~precision_nb.engine.time_split.reconcile`), and says what would make each plan faster,
+each advice with its figure (:mod:`~precision_nb.engine.time_split.advice`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from precision_nb.core.cpu_features import read_cpu_features
+from precision_nb.core.events import Event
+from precision_nb.engine.adamw_timing import time_adamw
+from precision_nb.engine.time_split.advice import Advice, advise, wants_adamw_timing
+from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
+from precision_nb.engine.time_split.profiling import (
+    CastSummary,
+    MatmulShape,
+    SplitConfig,
+    TimeSplit,
+    missing,
+    profiler_busy,
+    split_plans,
+    split_trainer,
+)
+from precision_nb.engine.time_split.reconcile import FamilyChange, PlanDifference, difference
+
+__all__ = [
+    "DISTRIBUTED",
+    "FAMILIES",
+    "STEP_MARK",
+    "Advice",
+    "CastSummary",
+    "FamilyChange",
+    "MatmulShape",
+    "PlanDifference",
+    "SplitConfig",
+    "TimeAnalysis",
+    "TimeSplit",
+    "advise",
+    "analyse_time",
+    "difference",
+    "missing",
+    "profiler_busy",
+    "split_comparison",
+    "split_missing",
+    "split_plans",
+    "split_trainer",
+]
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TimeAnalysis:
+    """Label -> :class:`TimeSplit`, label -> :class:`PlanDifference` against ``baseline`` (the
+    baseline has none), label -> its advice, and the seconds the analysis took in all."""
+
+    splits: Mapping[str, TimeSplit] = field(default_factory=dict)
+    differences: Mapping[str, PlanDifference] = field(default_factory=dict)
+    advice: Mapping[str, tuple[Advice, ...]] = field(default_factory=dict)
+    baseline: str | None = None
+    config: SplitConfig = field(default_factory=SplitConfig)
+    seconds: float = 0.0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per plan and family (``time_by_family.csv``); a plan without a split has one
+        row saying why."""
+        out = []
+        for label, split in self.splits.items():
+            diff = self.differences.get(label)
+            common = {
+                "run": label,
+                "baseline": self.baseline,
+                "view": split.view,
+                "profiled_steps": split.steps,
+                "events_per_step": split.events,
+                "step_ms": split.step_s * 1e3,
+                "measured_median_ms": split.measured_s * 1e3 if split.measured_s else None,
+                "profiler_overhead": split.overhead,
+                "reconstructed_speedup": diff.reconstructed if diff else None,
+                "calibrated_speedup": diff.calibrated if diff else None,
+                "calibrated_low": diff.low if diff else None,
+                "calibrated_high": diff.high if diff else None,
+                "tolerance": diff.tolerance if diff else None,
+                "agrees": diff.agrees if diff else None,
+                "missing": split.missing or (diff.missing if diff else None),
+            }
+            if not split.available:
+                out.append({"family": None, "family_title": None, **common})
+                continue
+            for family, title in FAMILIES.items():
+                change = diff.change(family) if diff else None
+                out.append(
+                    {
+                        "family": family,
+                        "family_title": title,
+                        "ms_per_step": split.families.get(family, 0.0) * 1e3,
+                        "share": split.share(family),
+                        "baseline_ms": change.baseline_s * 1e3 if change else None,
+                        "change_ms": change.change_s * 1e3 if change else None,
+                        "times_faster_there": change.times_faster if change else None,
+                        **common,
+                    }
+                )
+        return out
+
+
+def emulated_bf16(trainer: Any) -> str | None:
+    """Why bf16 is emulated for ``trainer``'s plan, or None (not bf16, native, or unknown)."""
+    if getattr(trainer.plan, "mode", "") != "bf16":
+        return None
+    if trainer.device.type == "cuda":
+        caps = trainer.explanation.capabilities
+        if caps is not None and caps.cuda_bf16_native is False:
+            return f"{caps.device_name or 'this GPU'}: no native bf16 (capabilities)"
+        return None
+    if trainer.device.type == "cpu":
+        cpu = read_cpu_features()
+        if cpu.native_bf16 is False:
+            return f"this CPU has neither AVX512-BF16 nor AMX-BF16 ({cpu.source})"
+    return None
+
+
+def _optimizer_words(trainer: Any) -> str:
+    fused = bool(getattr(trainer.optimizer_outcome, "used", False))
+    first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
+    dtype = str(first.dtype).replace("torch.", "") if first is not None else "?"
+    return f"{'fused' if fused else 'plain'} AdamW on {dtype} weights"
+
+
+def analyse_time(
+    trainers: Mapping[str, Any],
+    measured_s: Mapping[str, float | None],
+    speedups: Mapping[str, Any],
+    baseline: str | None,
+    *,
+    failures: Mapping[str, str] | None = None,
+    config: SplitConfig | None = None,
+) -> TimeAnalysis:
+    """Split, compare and advise for every plan (see the module docstring).
+
+    ``trainers``: label -> the plan's trainer, its timed rounds done; ``measured_s``: label ->
+    the timed rounds' median step time; ``speedups``: label -> its calibrated
+    :class:`~precision_nb.engine.stats.Speedup` over ``baseline``; ``failures``: label -> why
+    a plan failed (no split for it).
+    """
+    t0 = time.perf_counter()
+    cfg = config if config is not None else SplitConfig()
+    splits = split_plans(trainers, measured_s, failures=failures, config=cfg)
+    base = splits.get(baseline) if baseline is not None else None
+    diffs: dict[str, PlanDifference] = {}
+    advice: dict[str, tuple[Advice, ...]] = {}
+    for label, split in splits.items():
+        trainer = trainers.get(label)  # None: a plan that failed before it had a trainer
+        if base is not None and label != baseline:
+            diffs[label] = difference(
+                base, split, speedups.get(label), tolerance=cfg.tolerance,
+                optimizer=_optimizer_words(trainer) if trainer is not None else None,
+            )  # fmt: skip
+        if trainer is None or not split.available:
+            advice[label] = ()
+            continue
+        fused = bool(getattr(trainer.optimizer_outcome, "used", False))
+        timing = None
+        if wants_adamw_timing(split, fused):
+            # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
+            timing = time_adamw(
+                trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
+            )
+        advice[label] = advise(
+            split, diffs.get(label), emulated=emulated_bf16(trainer), fused=fused, adamw=timing
+        )
+    return TimeAnalysis(splits, diffs, advice, baseline, cfg, time.perf_counter() - t0)
+
+
+def split_comparison(
+    comparison: Any,
+    trainers: Mapping[str, Any],
+    failures: Mapping[str, Any] | None = None,
+    config: SplitConfig | None = None,
+) -> list[Event]:
+    """:func:`analyse_time` for a comparison whose timed rounds are over: sets
+    ``comparison.time_split`` and each outcome's ``time_split``, ``difference`` and ``advice``;
+    returns the events to add (the split's cost; a ``warning`` when it was left out, the
+    measurement kept either way)."""
+    outcomes = comparison.outcomes
+    medians = {k: o.timing.median if o.timing else None for k, o in outcomes.items()}
+    speedups = {k: o.speedup for k, o in outcomes.items()}
+    failed = {k: str(v) for k, v in (failures or {}).items()}
+    try:
+        found = analyse_time(
+            {k: t for k, t in trainers.items() if k in comparison.results}, medians, speedups,
+            comparison.baseline, failures=failed, config=config,
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as exc:
+        message = f"the time split was left out: {type(exc).__name__}: {exc}"
+        log.warning(message)
+        return [Event("warning", message, {"section": "time_split"})]
+    _attach(comparison, found)
+    gone = [f"{k}: {s.missing}" for k, s in found.splits.items() if not s.available]
+    events = [
+        Event(
+            "measurement",
+            f"time split: {found.config.steps} profiled steps per plan after the timed rounds, "
+            f"{found.seconds:.1f} s in all",
+            {"seconds": found.seconds, "steps": found.config.steps},
+        )
+    ]
+    events += [Event("warning", f"no time split for {g}", {"section": "time_split"}) for g in gone]
+    return events
+
+
+#: Why a distributed run has no split (said in its section).
+DISTRIBUTED = (
+    "not profiled for a distributed run: the plans train inside torchrun's ranks, and the "
+    "profiled steps would have to run in every rank and come back with the records; the "
+    "communication family (c10d, nccl, gloo) is recognised in a trace, but no rank records one yet"
+)
+
+
+def _attach(comparison: Any, found: TimeAnalysis) -> None:
+    comparison.time_split = found
+    outcomes = comparison.outcomes
+    for label, split in found.splits.items():
+        if label in outcomes:
+            outcomes[label] = dataclasses.replace(
+                outcomes[label], time_split=split, difference=found.differences.get(label),
+                advice=found.advice.get(label, ()),
+            )  # fmt: skip
+
+
+def split_missing(comparison: Any, why: str) -> None:
+    """Every plan of ``comparison`` without a split, saying ``why`` (e.g. :data:`DISTRIBUTED`)."""
+    splits = {label: missing(label, why) for label in comparison.results}
+    _attach(comparison, TimeAnalysis(splits, baseline=comparison.baseline))

@@ -1,0 +1,228 @@
+"""A plan's time split against the baseline's: per family the time gained or lost, one sentence
+that says it, and the reconstructed speedup held against the calibrated one.
+
+The reconstruction is a product of per-family changes: starting from the baseline's profiled
+step, each family's change is applied in turn (in :data:`~precision_nb.engine.time_split.
+families.FAMILIES` order) and multiplies the step time by a factor; the product of the factors is
+the plan's profiled step over the baseline's, and its inverse the **reconstructed speedup**. It
+agrees with the calibrated speedup when it lies inside the calibrated interval widened by a
+stated tolerance on either side (the profiler's cost differs between plans: a plan with more,
+smaller ops pays more of it). When it does not, the difference says so, with both plans'
+profiler overheads, rather than leaving the split to explain a number it does not add up to.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from precision_nb.engine.time_split.families import FAMILIES
+from precision_nb.engine.time_split.profiling import TimeSplit
+
+#: A family's change counts in the sentence from this fraction of the baseline's step on.
+NOTABLE = 0.02
+#: Each family in the generated sentence: where time went ("in matmuls") and what was added.
+WHERE = {
+    "matmul": "in matmuls",
+    "casts": "in casts",
+    "elementwise": "in normalisation, softmax and elementwise ops",
+    "optimizer": "in the optimizer step",
+    "data": "in data movement",
+    "communication": "in communication",
+    "compiled": "in compiled kernels",
+    "other": "outside ops",
+}
+WHAT = {
+    "matmul": "matmuls",
+    "casts": "casts",
+    "elementwise": "normalisation, softmax and elementwise ops",
+    "optimizer": "optimizer step",
+    "data": "data movement",
+    "communication": "communication",
+    "compiled": "compiled kernels",
+    "other": "time outside ops",
+}
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds with two significant digits or more (``3.1 ms``, ``0.42 ms``)."""
+    value = seconds * 1e3
+    if abs(value) >= 100:
+        return f"{value:.0f} ms"
+    if abs(value) >= 1:
+        return f"{value:.1f} ms"
+    return f"{value:.2g} ms"
+
+
+def times(ratio: float) -> str:
+    """A ratio as ``2.6×``, ``14×`` or ``470×`` (never in scientific notation)."""
+    return f"{ratio:.2g}×" if ratio < 10 else f"{ratio:.0f}×"
+
+
+@dataclass(frozen=True)
+class FamilyChange:
+    """One family, baseline against plan: seconds per step in each, the change (plan minus
+    baseline: negative is time saved) and the factor it applies to the running step time."""
+
+    family: str
+    baseline_s: float
+    plan_s: float
+    factor: float
+
+    @property
+    def change_s(self) -> float:
+        return self.plan_s - self.baseline_s
+
+    @property
+    def times_faster(self) -> float | None:
+        """Baseline over plan in this family (>1: faster here); None where either is 0."""
+        return self.baseline_s / self.plan_s if self.plan_s > 0 and self.baseline_s > 0 else None
+
+
+@dataclass(frozen=True)
+class PlanDifference:
+    """A plan's split against the baseline's (see module docstring).
+
+    ``calibrated``: the calibrated speedup's estimate, ``low`` and ``high`` (None where there
+    is no interval); ``agrees``: whether the reconstruction lies in the interval widened by
+    ``tolerance`` (None when there is nothing to hold it against); ``missing``: why there is no
+    difference (the plan's or the baseline's split is missing).
+    """
+
+    label: str
+    baseline: str
+    changes: tuple[FamilyChange, ...] = ()
+    reconstructed: float | None = None
+    calibrated: float | None = None
+    low: float | None = None
+    high: float | None = None
+    tolerance: float = 0.0
+    agrees: bool | None = None
+    sentence: str = ""
+    reconcile: str = ""
+    missing: str | None = None
+
+    def change(self, family: str) -> FamilyChange | None:
+        return next((c for c in self.changes if c.family == family), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def changes(base: TimeSplit, plan: TimeSplit) -> tuple[FamilyChange, ...]:
+    """Per family: both times and the factor the change applies to the running step time."""
+    running = sum(base.families.values())
+    out = []
+    for family in FAMILIES:
+        b, p = base.families.get(family, 0.0), plan.families.get(family, 0.0)
+        after = running + (p - b)
+        factor = after / running if running > 0 else math.nan
+        out.append(FamilyChange(family, b, p, factor))
+        running = after
+    return tuple(out)
+
+
+def sentence(
+    label: str, found: tuple[FamilyChange, ...], speedup: float, optimizer: str | None = None
+) -> str:
+    """What the plan changed, in one sentence, true whatever the numbers: the families whose time
+    moved by at least :data:`NOTABLE` of the baseline's step (losses first when the plan is
+    slower), the optimizer step when it did not move, and the speedup of the profiled steps."""
+    step = sum(c.baseline_s for c in found)
+    notable = [c for c in found if step > 0 and abs(c.change_s) >= NOTABLE * step]
+    gains = sorted((c for c in notable if c.change_s < 0), key=lambda c: c.change_s)
+    losses = sorted((c for c in notable if c.change_s > 0), key=lambda c: -c.change_s)
+    parts = [_gain(c) for c in gains]
+    lost = [_loss(c) for c in losses]
+    parts = lost + parts if speedup < 1 else parts + lost
+    opt = next((c for c in found if c.family == "optimizer"), None)
+    if opt is not None and opt not in notable and opt.baseline_s >= 5 * NOTABLE * step > 0:
+        why = f" ({optimizer})" if optimizer else ""
+        parts.append(f"left the {ms(opt.plan_s)} optimizer step about the same{why}")
+    if not parts:
+        parts.append(f"moved no family by {NOTABLE:.0%} of the step or more")
+    overall = "faster" if speedup > 1 else "slower" if speedup < 1 else "the same"
+    return f"{label} {_join(parts)}: {speedup:.3g}× overall in the profiled steps ({overall})."
+
+
+def _gain(c: FamilyChange) -> str:
+    text = f"saved {ms(-c.change_s)} {WHERE[c.family]}"
+    if c.times_faster is not None:
+        text += f" ({times(c.times_faster)} faster there)"
+    return text
+
+
+def _loss(c: FamilyChange) -> str:
+    if c.baseline_s <= 0:
+        return f"added {ms(c.change_s)} of {WHAT[c.family]}"
+    ratio = c.times_faster
+    slower = f" ({times(1 / ratio)} slower there)" if ratio else ""
+    return f"spent {ms(c.change_s)} more {WHERE[c.family]}{slower}"
+
+
+def _join(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def difference(
+    base: TimeSplit,
+    plan: TimeSplit,
+    calibrated: Any = None,
+    *,
+    tolerance: float = 0.10,
+    optimizer: str | None = None,
+) -> PlanDifference:
+    """``plan`` against ``base``. ``calibrated``: the plan's
+    :class:`~precision_nb.engine.stats.Speedup` over the baseline (``estimate``, ``low``,
+    ``high``), or None. ``optimizer``: words on the optimizer the plan ran (the sentence
+    gives it where the optimizer step did not move)."""
+    for split, who in ((plan, "the plan"), (base, "the baseline")):
+        if not split.available:
+            return PlanDifference(
+                plan.label, base.label, missing=f"{who} ({split.label}) has no split: "
+                f"{split.missing}", tolerance=tolerance,
+            )  # fmt: skip
+    found = changes(base, plan)
+    total_b, total_p = sum(base.families.values()), sum(plan.families.values())
+    reconstructed = total_b / total_p if total_p > 0 else math.nan
+    est = getattr(calibrated, "estimate", None)
+    low, high = getattr(calibrated, "low", None), getattr(calibrated, "high", None)
+    agrees, words = _reconcile(base, plan, reconstructed, est, low, high, tolerance)
+    return PlanDifference(
+        plan.label, base.label, found, reconstructed, est, low, high, tolerance, agrees,
+        sentence(plan.label, found, reconstructed, optimizer), words,
+    )  # fmt: skip
+
+
+def _reconcile(
+    base: TimeSplit,
+    plan: TimeSplit,
+    got: float,
+    est: float | None,
+    low: float | None,
+    high: float | None,
+    tol: float,
+) -> tuple[bool | None, str]:
+    head = f"reconstructed from the families: {got:.3f}×"
+    if est is None or not math.isfinite(got):
+        return None, f"{head}; no calibrated speedup to hold it against"
+    if low is not None and high is not None:
+        lo, hi = low / (1 + tol), high * (1 + tol)
+        against = f"the calibrated {est:.3f}× [{low:.3f}, {high:.3f}] widened by ±{tol:.0%}"
+    else:
+        lo, hi = est / (1 + tol), est * (1 + tol)
+        against = f"the calibrated {est:.3f}× (no interval) ±{tol:.0%}"
+    if lo <= got <= hi:
+        return True, f"{head}, within {against}"
+    over = [
+        f"{s.label} {s.step_s / s.unprofiled_s - 1:+.0%} with {s.events} events per step"
+        for s in (base, plan)
+        if s.unprofiled_s
+    ]
+    why = f" (the profiler's cost per step against unprofiled steps: {', '.join(over)})"
+    return False, (
+        f"{head}, outside {against}: the split does not add up to the measured speedup"
+        f"{why if over else ''}; read its milliseconds as the profiled steps', not the timed ones'"
+    )

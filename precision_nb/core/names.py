@@ -138,9 +138,11 @@ def plan_request(value: Any, field: str = "precision") -> tuple[str, str, str]:
         )
     try:
         mode = precision_name(base, field)
-    except ValueError:
+    except ValueError as exc:
         raise ValueError(
-            f"{field}: invalid value {short_repr(value)}; allowed: {_PLAN_FORMS}"
+            str(exc).replace(short_repr(base), short_repr(value), 1)
+            + "; a plan may add '-mixed' or '-true' (bf16-true, fp16-true) and, for a true "
+            "plan, '+stochastic' or '+kahan' (bf16-true+kahan)"
         ) from None
     check_weights(mode, weights, remedy, field, value)
     return mode, weights, remedy

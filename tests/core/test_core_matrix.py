@@ -51,13 +51,16 @@ def _doc_rows() -> list[list[str]]:
 
 def test_docs_table_is_the_matrix():
     yes = {True: "yes", False: "no"}
-    documented = [cells[:7] for cells in _doc_rows()]
+    documented = [cells[:8] for cells in _doc_rows()]
     expected = [
-        [f"`{r.id}`", r.device, r.request, r.mode, yes[r.scaler], yes[r.autocast], r.source]
+        [
+            f"`{r.id}`", r.device, r.request, r.mode, yes[r.scaler], yes[r.autocast], r.weights,
+            r.source,
+        ]
         for r in MATRIX
-    ]
+    ]  # fmt: skip
     assert documented == expected
-    assert all(cells[7] for cells in _doc_rows())  # every row says what it means
+    assert all(cells[8] for cells in _doc_rows())  # every row says what it means
 
 
 def test_the_linked_section_exists():

@@ -246,7 +246,7 @@ def _plan_requests(
     for request, mode in [(r, c) for r in requests for c in compiles]:
         explanation = explain_precision(request, device, optimizer=optimizer, compile=mode)
         plan = explanation.plan
-        label = run_label(request.requested, lab_applies(explanation)) + explanation.compile.suffix
+        label = run_label(request.label, lab_applies(explanation)) + explanation.compile.suffix
         if request.loss_scale_lab and not lab_applies(explanation):
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
             # not claim it.
@@ -274,7 +274,7 @@ def _plan_requests(
             out.events.append(
                 Event(
                     "merged",
-                    f"{label} resolves to the same plan as {first} ({plan.mode} on "
+                    f"{label} resolves to the same plan as {first} ({plan.label} on "
                     f"{explanation.device}); run once. Why: {why}",
                     {"label": label, "into": first, "why": why},
                 )

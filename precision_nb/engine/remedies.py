@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from precision_nb.core.optim import FusedOutcome, OptimizerConfig, build_optimizer
-from precision_nb.core.remedies import REMEDIES, installed, missing_message
+from precision_nb.core import remedies as described
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,8 @@ def quiet_import(module: str) -> Any:
 def check_installed(plan: Any) -> None:
     """``ImportError`` naming the ``remedies`` extra when the plan's remedy is not installed."""
     remedy = getattr(plan, "remedy", "none")
-    if remedy != "none" and not installed(remedy):
-        raise ImportError(missing_message(remedy))
+    if remedy != "none" and not described.installed(remedy):
+        raise ImportError(described.missing_message(remedy))
 
 
 def eager_steps(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -98,7 +98,7 @@ def build_plan_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = remedy_optimizer(params, cfg, remedy)
     reason = (
-        f"{plan.label}: {REMEDIES[remedy].call} runs on the {len(params)} {plan.dtype} "
+        f"{plan.label}: {described.REMEDIES[remedy].call} runs on the {len(params)} {plan.dtype} "
         "parameter tensors; torch's fused AdamW does not apply"
         + ("; torchao's torch.compile of the update runs eagerly" if remedy == "stochastic" else "")
     )

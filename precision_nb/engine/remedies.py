@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from precision_nb.core.optim import FusedOutcome, OptimizerConfig, build_optimizer
 from precision_nb.core import remedies as described
+from precision_nb.core.optim import FusedOutcome, OptimizerConfig, build_optimizer
 
 log = logging.getLogger(__name__)
 

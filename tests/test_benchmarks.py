@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -33,6 +35,19 @@ def test_bench_fit_hand_loop_trains_the_same_workload() -> None:
     seconds = bench.torch_loop(model, wl.make_batches("cpu"), "bf16", 3, 0)
     assert seconds > 0
     assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_bench_fit_pure_bf16_hand_loop_trains_bf16_weights() -> None:
+    bench = _load("bench_fit")
+    from precision_nb.engine.workloads import get_workload
+
+    wl = get_workload("mlp", "tiny")
+    model = wl.make_model()
+    before = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+    assert bench.torch_loop(model, wl.make_batches("cpu"), "bf16-true", 3, 0) > 0
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+    assert bench.fit_loop(wl.make_model(), wl.make_batches("cpu"), "bf16-true", 2, wl.info) > 0
 
 
 def test_bench_panel_latency_cycles_through_the_changes() -> None:

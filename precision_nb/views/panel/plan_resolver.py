@@ -133,14 +133,19 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
     hover)."""
     esc = html.escape
     plan, config = explanation.plan, explanation.config
-    request = config.requested + (" + loss-scale lab" if config.loss_scale_lab else "")
+    request = config.label + (" + loss-scale lab" if config.loss_scale_lab else "")
     parts = [
+        f"{plan.dtype} weights (true)" if plan.true_weights else "",
         f"autocast {plan.dtype}" if plan.autocast_enabled else "no autocast",
         "loss scaler" if plan.use_scaler else "no loss scaler",
     ]
+    parts = [p for p in parts if p]
     fused = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
     if fused is not None:
         parts.append(fused.outcome)
+    remedy = next((d for d in explanation.decisions if d.field == "remedy"), None)
+    if remedy is not None and plan.remedy != "none":
+        parts.append(remedy.outcome)
     compiled = explanation.compile
     parts.append(f"compile {compiled.outcome}" if compiled.enabled else "eager")
     if distributed is not None:
@@ -156,7 +161,7 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
         )
     return (
         f"<span style='white-space:nowrap'>request <b>{esc(request)}</b> &rarr; plan "
-        f"<b>{esc(plan.mode)}</b>{mark}</span>: {esc(' · '.join(parts))}"
+        f"<b>{esc(plan.label)}</b>{mark}</span>: {esc(' · '.join(parts))}"
     )
 
 

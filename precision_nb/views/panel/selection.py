@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.device import normalize_device_request
-from precision_nb.core.names import COMPILE_MODES, compile_name
+from precision_nb.core.names import (
+    COMPILE_MODES,
+    PLAN_SPELLINGS,
+    compile_name,
+    plan_label,
+    plan_request,
+)
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.validate import integer, positive_int, short_repr
 
@@ -33,7 +39,8 @@ __all__ = [
 
 MAX_STEPS = 100_000
 MAX_ACCUMULATION = 1024
-MODES = ("auto", "fp32", "bf16", "fp16")
+#: The Mode menu: the four requests, then the true plans with their remedies (docs/plans.md).
+MODES = PLAN_SPELLINGS
 DTYPES = ("none", "fp32", "bf16", "fp16")
 FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
 SIM_PREFIX = "sim:"
@@ -46,6 +53,9 @@ COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
     "fp16": ("fp16", False),
     "fp16 + loss-scale lab": ("fp16", True),
     "auto": ("auto", False),
+    "bf16-true": ("bf16-true", False),
+    "bf16-true+stochastic": ("bf16-true+stochastic", False),
+    "bf16-true+kahan": ("bf16-true+kahan", False),
 }
 DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
 
@@ -112,6 +122,8 @@ def _normalise_dtype(value: Any) -> str:
 
 
 def _normalise_mode(value: Any) -> str:
+    if isinstance(value, str) and ("-" in value or "+" in value):
+        return plan_label(*plan_request(value, "mode"))
     return normalize_precision(value, field="mode")
 
 

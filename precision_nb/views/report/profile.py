@@ -103,7 +103,9 @@ ProfileOutput = Profile
 
 
 def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
-    """``"fp32,bf16"`` or a sequence -> normalised, de-duplicated modes (ValueError if empty)."""
+    """``"fp32,bf16,bf16-true"`` or a sequence -> normalised, de-duplicated plan spellings
+    (ValueError if empty)."""
+    from precision_nb.core.names import plan_label, plan_request
     from precision_nb.core.plan import normalize_precision
 
     items = value.split(",") if isinstance(value, str) else list(value)
@@ -113,7 +115,12 @@ def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
             f"compare: invalid value {validate.short_repr(value)}: give at least one precision "
             "request, comma-separated; allowed: auto, fp32, bf16, fp16"
         )
-    modes = [normalize_precision(name, field="compare", allow_auto=True) for name in names]
+    modes = [
+        plan_label(*plan_request(name, "compare"))
+        if "-" in name or "+" in name
+        else normalize_precision(name, field="compare", allow_auto=True)
+        for name in names
+    ]
     return tuple(dict.fromkeys(modes))
 
 

@@ -232,3 +232,9 @@ def test_checkpoints_keep_dtypes_and_the_remedy_state(tmp_path, make_model, batc
     resumed.fit(3)
     for a, b in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_distributed_true_run_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="true plans train on one process"):
+        pnb.fit("mlp", precision="bf16-true", distributed=pnb.Distributed("ddp", 2),
+                progress=False)  # fmt: skip

@@ -13,7 +13,7 @@ starts from the same weights and sees the same batches:
 For each plan it prints the loss at the end, its distance from fp32's, and the run's own
 measurement of lost updates (``updates_rounded_away``, ``weights_never_moved`` at the last step);
 the never-moved fraction is checked against a count by hand (the weights after the run compared
-with a copy taken before it). X is pure bf16's never-moved fraction, Y the largest of the
+with a copy taken before it, cast as the plan casts it). X is pure bf16's never-moved fraction, Y the largest of the
 remedies'. The memory part compares the true plan's parameters, gradients and AdamW moments with
 the mixed plan's, by the tensors' own ``nbytes``, against ``numel x element size`` by hand.
 
@@ -54,8 +54,9 @@ def demo(steps: int, preset: str = "tiny", lr: float = LR) -> dict[str, dict[str
         )  # fmt: skip
         seconds = time.perf_counter() - t0
         total = sum(p.numel() for p in model.parameters())
+        # the start values as the plan holds them: a true plan's cast rounds them to bf16 first
         still = sum(
-            int((p.detach().to(s.dtype) == s).sum())
+            int((p.detach() == s.to(p.dtype)).sum())
             for p, s in zip(model.parameters(), start, strict=True)
         )
         last = result.records[-1]

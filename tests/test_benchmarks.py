@@ -81,3 +81,15 @@ def test_bench_calibration_prints_rates_from_the_product_statistics():
     assert lines[0].startswith("simulation, 40 comparisons") and any("power" in x for x in lines)
     rates = bench.sleep_null(rounds=6, repeats=1)
     assert sum(rates.values()) == 1.0
+
+
+def test_bench_true_demo_counts_lost_updates_as_the_run_measures_them() -> None:
+    bench = _load("bench_true")
+    runs = bench.demo(steps=6)
+    assert set(runs) == set(bench.PLANS)
+    for r in runs.values():
+        assert r["never_moved"] == r["never_moved_by_hand"]
+    assert runs["bf16-true"]["never_moved"] > runs["fp32"]["never_moved"]
+    memory = bench.memory_check(preset="tiny")
+    assert memory["bf16"]["measured"] == 2 * memory["bf16-true"]["measured"]
+    assert all(m["measured"] == m["by_hand"] for m in memory.values())

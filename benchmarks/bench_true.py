@@ -13,9 +13,10 @@ starts from the same weights and sees the same batches:
 For each plan it prints the loss at the end, its distance from fp32's, and the run's own
 measurement of lost updates (``updates_rounded_away``, ``weights_never_moved`` at the last step);
 the never-moved fraction is checked against a count by hand (the weights after the run compared
-with a copy taken before it, cast as the plan casts it). X is pure bf16's never-moved fraction, Y the largest of the
-remedies'. The memory part compares the true plan's parameters, gradients and AdamW moments with
-the mixed plan's, by the tensors' own ``nbytes``, against ``numel x element size`` by hand.
+with a copy taken before it, cast as the plan casts it). X is pure bf16's never-moved fraction,
+Y the largest of the remedies'. The memory part compares the true plan's parameters, gradients
+and AdamW moments with the mixed plan's, by the tensors' own ``nbytes``, against ``numel x
+element size`` by hand.
 
     python benchmarks/bench_true.py            # 300 steps
     python benchmarks/bench_true.py --quick    # 60 steps (a smoke run; the stall shows less)

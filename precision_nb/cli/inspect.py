@@ -98,7 +98,9 @@ def check_flags(args: argparse.Namespace) -> None:
         choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     if args.preset is not None:
         choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    precision_list(args.precision, "--precision")
+    from precision_nb.core.remedies import check_flag
+
+    check_flag(precision_list(args.precision, "--precision"), "--precision")
     device_string(args.device, "--device")
     try:
         check_output_folder(Path(args.out).expanduser())

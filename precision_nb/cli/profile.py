@@ -195,7 +195,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
     choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    precision_list(args.compare, "--compare")
+    from precision_nb.core.remedies import check_flag
+
+    check_flag(precision_list(args.compare, "--compare"), "--compare")
     compile_list(args.compile, "--compile")
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)

@@ -78,6 +78,15 @@ def missing_message(remedy: str) -> str:
     )
 
 
+def check_flag(labels: list[str], flag: str) -> None:
+    """A command line's precision flag (canonical spellings): ``ValueError`` naming the flag
+    and the extra when a remedy it names is not installed (checked before anything runs)."""
+    for label in labels:
+        remedy = label.partition("+")[2]
+        if remedy in REMEDIES and not installed(remedy):
+            raise ValueError(f"{flag}: invalid value {label!r}: " + missing_message(remedy))
+
+
 def optimizer_decision(plan: Any, fused: bool | None) -> tuple[str, str] | None:
     """The optimizer of a true plan as (outcome, reason) for its "remedy" decision; None for a
     plan that is not true. ``ValueError`` for a combination refused (module docstring)."""

@@ -238,3 +238,17 @@ def test_a_distributed_true_run_is_refused_before_anything_starts():
     with pytest.raises(ValueError, match="true plans train on one process"):
         pnb.fit("mlp", precision="bf16-true", distributed=pnb.Distributed("ddp", 2),
                 progress=False)  # fmt: skip
+
+
+def test_a_missing_remedy_library_stops_a_comparison_and_the_cli_before_anything_runs(
+    monkeypatch, capsys, tmp_path
+):
+    from precision_nb.cli.main import main
+
+    monkeypatch.setattr(remedies, "installed", lambda name: False)
+    with pytest.raises(ImportError, match=r"torchao.*precision-nb\[remedies\]"):
+        compare(["fp32", "bf16-true+stochastic"], "mlp", "tiny", steps=1, progress=False)
+    code = main(["profile", "--compare", "fp32,bf16-true+kahan", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--compare: invalid value 'bf16-true+kahan'" in err
+    assert "pip install 'precision-nb[remedies]'" in err and not (tmp_path / "o").exists()

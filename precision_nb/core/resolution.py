@@ -3,7 +3,8 @@
 ``resolve_precision(config, device)`` returns the :class:`PrecisionPlan` of the resolution rules
 (the keyed table in :mod:`precision_nb.core.matrix`, listed in ``docs/plans.md#resolution-rules``).
 ``explain_precision(...)`` returns the same plan with the ordered decisions that produced it
-(device, mode, dtype, scaler, autocast, fused AdamW, and compile when one is asked for), the rule
+(device, mode, dtype, scaler, autocast, weights for a ``-true`` request, fused AdamW, remedy for a
+``-true`` request, and compile when one is asked for), the rule
 that applied and warnings. Every fallback appears as a decision; nothing falls back silently.
 Text and HTML of an :class:`Explanation` come from :mod:`precision_nb.core.render`.
 """

@@ -252,3 +252,17 @@ def test_a_missing_remedy_library_stops_a_comparison_and_the_cli_before_anything
     err = capsys.readouterr().err
     assert code == 2 and "--compare: invalid value 'bf16-true+kahan'" in err
     assert "pip install 'precision-nb[remedies]'" in err and not (tmp_path / "o").exists()
+
+
+def test_profile_and_the_cli_take_true_plans_in_one_spelling():
+    from precision_nb.core.names import precision_list
+    from precision_nb.views.report.profile import parse_modes
+
+    assert parse_modes("fp32, BF16-true+Kahan,bf16-mixed,bf16") == (
+        "fp32", "bf16-true+kahan", "bf16",
+    )  # fmt: skip
+    assert precision_list("bf16-true,fp16-true+kahan", "--compare") == [
+        "bf16-true", "fp16-true+kahan",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="compare: invalid value 'fp32-true'"):
+        parse_modes("fp32-true")

@@ -139,6 +139,8 @@ def plan_request(value: Any, field: str = "precision") -> tuple[str, str, str]:
     try:
         mode = precision_name(base, field)
     except ValueError as exc:
+        if base == text:  # a plain precision: the plain message
+            raise
         raise ValueError(
             str(exc).replace(short_repr(base), short_repr(value), 1)
             + "; a plan may add '-mixed' or '-true' (bf16-true, fp16-true) and, for a true "

@@ -61,7 +61,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--precision",
         default=DEFAULT_PRECISION,
         metavar="MODES",
-        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16, and true plans: "
+        "bf16-true, fp16-true, with +stochastic or +kahan)",
     )
     parser.add_argument(
         "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from precision_nb.core import remedies
 from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
@@ -257,6 +258,15 @@ class LivePlan:
                 return (
                     "Run is disabled: distributed runs train eagerly (their ranks do not compile "
                     "the model); set Compile to off, or the strategy to none"
+                )
+        remedy = self.explanation.plan.remedy if self.explanation is not None else "none"
+        if remedy != "none" and not remedies.installed(remedy):
+            return f"Run is disabled: {remedies.missing_message(remedy)}"
+        if self.distributed is not None and self.explanation is not None:
+            if self.explanation.plan.true_weights:
+                return (
+                    "Run is disabled: true plans train on one process; pick a mixed plan, or the "
+                    "strategy none"
                 )
         if self.explanation is not None and self.explanation.simulated:
             name = self.explanation.capabilities.name

@@ -330,3 +330,17 @@ def test_true_plans_in_the_mode_menu_and_their_refusals_in_the_error_box(panel: 
         panel.set(mode="fp32-true")
     panel.set(fused="probe", mode="bf16-true")
     assert panel.error is None and not panel.widgets.run_button.disabled
+
+
+def test_a_remedy_whose_library_is_missing_disables_run_and_names_the_extra(
+    panel: Panel, monkeypatch
+) -> None:
+    from precision_nb.core import remedies
+
+    monkeypatch.setattr(remedies, "installed", lambda name: False)
+    panel.set(device="cpu", mode="bf16-true+stochastic")
+    assert panel.plan is not None and panel.widgets.run_button.disabled
+    assert "precision-nb[remedies]" in panel.widgets.run_reason.value
+    assert "NOT installed" in panel.plan_text
+    panel.set(mode="bf16")
+    assert not panel.widgets.run_button.disabled

@@ -15,9 +15,9 @@ Decided here, for every true plan:
 - a remedy with ``optimizer.fused=true`` is refused: the remedy's library optimizer is what runs,
   and a request for torch's fused kernel would be silently dropped otherwise; ``fused=None`` (the
   default) gives the remedy's optimizer, and the explanation says that no fused probe applies;
-- ``fp16-true`` with ``optimizer.fused=false`` (or its Kahan remedy on no fused path) is refused
-  where torch's plain AdamW would run on fp16 state: it writes NaN or inf where
-  ``(1-beta2)*grad**2`` underflows (tested against the installed torch).
+- ``fp16-true`` with ``optimizer.fused=false`` is refused: torch's plain AdamW would run on fp16
+  state and write NaN or inf where ``(1-beta2)*grad**2`` underflows (tested against the installed
+  torch). ``fp16-true+kahan`` is allowed: torch-optimi computes the update in fp32.
 """
 
 from __future__ import annotations

@@ -165,6 +165,13 @@ def test_torch_facts_behind_the_fp16_true_rule():
         p.grad = grads.clone()
         torch.optim.AdamW([p], lr=1e-3, fused=fused).step()
         assert bool(torch.isfinite(p).all()) is finite
+    # fp16-true+kahan is allowed: torch-optimi computes the update in fp32
+    from precision_nb.engine.remedies import remedy_optimizer
+
+    p = nn.Parameter(torch.ones(4, dtype=torch.float16))
+    p.grad = grads.clone()
+    remedy_optimizer([p], OptimizerConfig(), "kahan").step()
+    assert bool(torch.isfinite(p).all()) and p.dtype == torch.float16
 
 
 def test_the_update_probe_agrees_with_a_count_by_hand(batches, make_model):

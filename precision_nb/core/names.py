@@ -39,7 +39,7 @@ REMEDIES: tuple[str, ...] = ("none", "stochastic", "kahan")
 #: Every plan a precision string may name, in the order menus list them.
 PLAN_SPELLINGS: tuple[str, ...] = (
     "auto", "fp32", "bf16", "fp16", "bf16-true", "bf16-true+stochastic", "bf16-true+kahan",
-    "fp16-true", "fp16-true+kahan",
+    "fp16-true",
 )  # fmt: skip
 _PLAN_FORMS = (
     "a precision (auto, fp32, bf16, fp16), optionally with '-mixed' or '-true' "

@@ -17,7 +17,9 @@ Decided here, for every true plan:
   default) gives the remedy's optimizer, and the explanation says that no fused probe applies;
 - ``fp16-true`` with ``optimizer.fused=false`` is refused: torch's plain AdamW would run on fp16
   state and write NaN or inf where ``(1-beta2)*grad**2`` underflows (tested against the installed
-  torch). ``fp16-true+kahan`` is allowed: torch-optimi computes the update in fp32.
+  torch). ``fp16-true+kahan`` needs ``optimizer.eps`` of at least fp16's smallest subnormal
+  (2**-24): torch-optimi adds eps to fp16 state, where the default 1e-8 rounds to 0 and an element
+  whose gradients have all been 0 gets 0/0 = NaN (tested against the installed library).
 """
 
 from __future__ import annotations
@@ -87,11 +89,17 @@ def check_flag(labels: list[str], flag: str) -> None:
             raise ValueError(f"{flag}: invalid value {label!r}: " + missing_message(remedy))
 
 
-def optimizer_decision(plan: Any, fused: bool | None) -> tuple[str, str] | None:
+#: fp16's smallest subnormal: an AdamW eps below it rounds to 0 in fp16 state.
+FP16_TINIEST = 2.0**-24
+
+
+def optimizer_decision(plan: Any, optimizer: Any) -> tuple[str, str] | None:
     """The optimizer of a true plan as (outcome, reason) for its "remedy" decision; None for a
-    plan that is not true. ``ValueError`` for a combination refused (module docstring)."""
+    plan that is not true. ``optimizer``: the ``OptimizerConfig``. ``ValueError`` for a
+    combination refused (module docstring)."""
     if not getattr(plan, "true_weights", False):
         return None
+    fused = optimizer.fused
     dtype = str(plan.dtype).removeprefix("torch.")
     if plan.remedy == "none":
         if plan.mode == "fp16" and fused is False:
@@ -108,6 +116,12 @@ def optimizer_decision(plan: Any, fused: bool | None) -> tuple[str, str] | None:
             "updates_rounded_away); remedies: +stochastic, +kahan",
         )
     spec = REMEDIES[plan.remedy]
+    if plan.mode == "fp16" and optimizer.eps < FP16_TINIEST:
+        raise ValueError(
+            f"optimizer.eps: invalid value {optimizer.eps!r} for {plan.label}: {spec.package} adds "
+            "eps to fp16 state, where it rounds to 0, so an element whose gradients have all been "
+            f"0 gets 0/0 = NaN; allowed: eps >= 2**-24 ({FP16_TINIEST:.3g}), e.g. 1e-7"
+        )
     if fused is True:
         raise ValueError(
             f"optimizer.fused: invalid value True with remedy {plan.remedy!r}: the remedy runs "

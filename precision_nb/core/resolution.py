@@ -362,7 +362,7 @@ def explain_precision(
     requested = normalize_device_request(device)
     dev, device_reason = resolve_device_traced(requested, caps)
     resolved = _resolve(cfg, dev, caps)
-    remedy = optimizer_decision(resolved.plan, opt.fused)  # ValueError for a refused pair
+    remedy = optimizer_decision(resolved.plan, opt)  # ValueError for a refused pair
     outcome, reason, fallback = describe_fused(opt, dev, caps)
     if remedy is not None and resolved.plan.remedy != "none":
         outcome, reason, fallback = "not used", "the remedy's optimizer runs instead", False

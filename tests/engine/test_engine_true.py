@@ -141,6 +141,10 @@ def test_complex_parameters_are_refused_before_anything_is_cast(batches):
             dict(precision="fp16-true", fused=False, simulate="cuda-bf16"),
             ["optimizer.fused", "NaN or inf"],
         ),
+        (
+            dict(precision="fp16-true+kahan", simulate="cuda-bf16"),
+            ["optimizer.eps: invalid value 1e-08", "2**-24"],
+        ),
     ],
 )
 def test_bad_true_requests_name_the_field_the_value_and_what_is_allowed(kwargs, words):
@@ -165,13 +169,14 @@ def test_torch_facts_behind_the_fp16_true_rule():
         p.grad = grads.clone()
         torch.optim.AdamW([p], lr=1e-3, fused=fused).step()
         assert bool(torch.isfinite(p).all()) is finite
-    # fp16-true+kahan is allowed: torch-optimi computes the update in fp32
+    # fp16-true+kahan: torch-optimi adds eps to fp16 state (NaN at eps 1e-8, not at 2**-24)
     from precision_nb.engine.remedies import remedy_optimizer
 
-    p = nn.Parameter(torch.ones(4, dtype=torch.float16))
-    p.grad = grads.clone()
-    remedy_optimizer([p], OptimizerConfig(), "kahan").step()
-    assert bool(torch.isfinite(p).all()) and p.dtype == torch.float16
+    for eps, finite in ((1e-8, False), (2.0**-24, True)):
+        p = nn.Parameter(torch.ones(4, dtype=torch.float16))
+        p.grad = grads.clone()
+        remedy_optimizer([p], OptimizerConfig(eps=eps), "kahan").step()
+        assert bool(torch.isfinite(p).all()) is finite
 
 
 def test_the_update_probe_agrees_with_a_count_by_hand(batches, make_model):

@@ -30,6 +30,7 @@ __all__ = [
     "TORCH_DTYPES",
     "PrecisionConfig",
     "PrecisionPlan",
+    "normalize_plan",
     "normalize_precision",
 ]
 
@@ -51,6 +52,14 @@ def normalize_precision(value: Any, field: str = "precision.mode", allow_auto: b
     if isinstance(value, torch.dtype) and value in _DTYPE_OBJECTS:
         return _DTYPE_OBJECTS[value]
     return precision_name(value, field, allow_auto)
+
+
+def normalize_plan(value: Any, field: str = "precision.mode") -> str:
+    """The canonical spelling of a plan request: a precision (:func:`normalize_precision`) or a
+    true plan's ``bf16-true+kahan``; ``ValueError`` naming ``field`` otherwise."""
+    if isinstance(value, str) and ("-" in value or "+" in value):
+        return plan_label(*plan_request(value, field))
+    return normalize_precision(value, field)
 
 
 @dataclass(frozen=True)

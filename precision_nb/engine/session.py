@@ -385,7 +385,6 @@ class FitSession:
     def _flush(self, chunk: Chunk) -> int:
         chunk.final_scale = self.precision.scale_tensor() if chunk.losses else None
         try:
-            # float(): a library optimizer (torchao) keeps the LR as a tensor
             return self.rec.flush(chunk, float(self.trainer.optimizer.param_groups[0]["lr"]))
         finally:
             self.counters.steps = self.rec.steps_done

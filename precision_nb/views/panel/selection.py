@@ -16,10 +16,8 @@ from precision_nb.core.names import (
     COMPILE_MODES,
     PLAN_SPELLINGS,
     compile_name,
-    plan_label,
-    plan_request,
 )
-from precision_nb.core.plan import normalize_precision
+from precision_nb.core.plan import normalize_plan, normalize_precision
 from precision_nb.core.validate import integer, positive_int, short_repr
 
 __all__ = [
@@ -122,9 +120,7 @@ def _normalise_dtype(value: Any) -> str:
 
 
 def _normalise_mode(value: Any) -> str:
-    if isinstance(value, str) and ("-" in value or "+" in value):
-        return plan_label(*plan_request(value, "mode"))
-    return normalize_precision(value, field="mode")
+    return normalize_plan(value, field="mode")
 
 
 def _normalise_fused(value: Any) -> str:

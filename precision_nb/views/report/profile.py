@@ -103,10 +103,8 @@ ProfileOutput = Profile
 
 
 def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
-    """``"fp32,bf16,bf16-true"`` or a sequence -> normalised, de-duplicated plan spellings
-    (ValueError if empty)."""
-    from precision_nb.core.names import plan_label, plan_request
-    from precision_nb.core.plan import normalize_precision
+    """``"fp32,bf16-true"`` or a sequence -> canonical modes, each once (ValueError if empty)."""
+    from precision_nb.core.plan import normalize_plan
 
     items = value.split(",") if isinstance(value, str) else list(value)
     names = [str(item).strip() for item in items if str(item).strip()]
@@ -115,12 +113,7 @@ def parse_modes(value: str | Sequence[str]) -> tuple[str, ...]:
             f"compare: invalid value {validate.short_repr(value)}: give at least one precision "
             "request, comma-separated; allowed: auto, fp32, bf16, fp16"
         )
-    modes = [
-        plan_label(*plan_request(name, "compare"))
-        if "-" in name or "+" in name
-        else normalize_precision(name, field="compare", allow_auto=True)
-        for name in names
-    ]
+    modes = [normalize_plan(name, field="compare") for name in names]
     return tuple(dict.fromkeys(modes))
 
 

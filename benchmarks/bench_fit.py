@@ -1,7 +1,11 @@
 """Step time of ``Trainer.fit()`` against a minimal hand-written torch loop and Accelerate's loop.
 
 Same model weights, data, plan (autocast dtype) and optimizer (plain AdamW) for all three; every
-loop logs the loss every 10 steps. Variants are interleaved, their order rotated every repeat,
+loop logs the loss every 10 steps. The true plan ``bf16-true`` is measured side by side with the
+mixed ``bf16``: its hand loop is pure bf16 (``model.to(torch.bfloat16)``, inputs cast, no
+autocast, torch's AdamW on the bf16 parameters), Accelerate gets ``mixed_precision="no"`` and the
+model cast by hand, and ``fit(precision="bf16-true")`` runs as a user gets it (its update probe,
+on by default for true plans, included). Variants are interleaved, their order rotated every repeat,
 each timed over a run of steps after a warm-up.
 
 A ratio is the median of the ratios measured within each repeat (paired: the variants of one
@@ -17,7 +21,7 @@ hide it: both loops run with the model, backward and optimizer step made nearly 
 one-parameter model, optimizer step a no-op), so the difference is the loop machinery alone
 (batch handling, output to loss, device-side records, logging).
 
-    python benchmarks/bench_fit.py            # CPU: mlp, tiny + small, fp32 + bf16
+    python benchmarks/bench_fit.py            # CPU: mlp, tiny + small, fp32, bf16, bf16-true
     python benchmarks/bench_fit.py --quick    # fewer repeats (a smoke run)
 
 Targets: fit / torch <= 1.05 and fit / accelerate <= 1.00.
@@ -50,13 +54,24 @@ def loss_of(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(out.float(), y)
 
 
+def _pure(model: torch.nn.Module, mode: str) -> torch.dtype | None:
+    """The pure-bf16 loops' cast: the model to bf16 for ``bf16-true`` (None for the others)."""
+    if mode != "bf16-true":
+        return None
+    model.to(torch.bfloat16)
+    return torch.bfloat16
+
+
 def torch_loop(model: torch.nn.Module, batches: Any, mode: str, steps: int, start: int) -> float:
+    pure = _pure(model, mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     dtype = torch.bfloat16 if mode == "bf16" else None
     logged = []
     t0 = time.perf_counter()
     for step in range(steps):
         x, y = batches(start + step)
+        if pure is not None and x.is_floating_point():
+            x = x.to(pure)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
             loss = loss_of(model(x), y)
         loss.backward()
@@ -68,14 +83,17 @@ def torch_loop(model: torch.nn.Module, batches: Any, mode: str, steps: int, star
 
 
 def accelerate_loop(
-    accelerator: Any, model: torch.nn.Module, batches: Any, steps: int, start: int
+    accelerator: Any, model: torch.nn.Module, batches: Any, steps: int, start: int, mode: str = ""
 ) -> float:
+    pure = _pure(model, mode)  # Accelerate has no true precision: the model cast by hand
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     model, opt = accelerator.prepare(model, opt)
     logged = []
     t0 = time.perf_counter()
     for step in range(steps):
         x, y = batches(start + step)
+        if pure is not None and x.is_floating_point():
+            x = x.to(pure)
         loss = loss_of(model(x), y)
         accelerator.backward(loss)
         opt.step()
@@ -123,7 +141,7 @@ def bench_case(
     variants = {
         "fit": lambda m: fit_loop(m, batches, mode, steps, wl.info),
         "torch": lambda m: torch_loop(m, batches, mode, steps, 0),
-        "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0),
+        "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0, mode),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     setup: list[float] = []
@@ -231,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps")
     parser.add_argument("--workloads", default="mlp")
     parser.add_argument("--presets", default="tiny,small")
-    parser.add_argument("--modes", default="fp32,bf16")
+    parser.add_argument("--modes", default="fp32,bf16,bf16-true")
     parser.add_argument(
         "--threads",
         type=int,
@@ -249,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         f"per-repeat ratios over n repeats; setup ms once per fit() call"
     )
     header = (
-        f"{'workload':<9}{'preset':<7}{'mode':<5}{'steps':>6}{'n':>4}{'fit ms':>9}"
+        f"{'workload':<9}{'preset':<7}{'mode':<10}{'steps':>6}{'n':>4}{'fit ms':>9}"
         f"{'torch ms':>10}{'accel ms':>10}{'fit/torch':>16}{'fit/accel':>16}{'setup ms':>10}"
     )
     print(header)
@@ -272,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                     return f"{r[f'fit/{other}']:.3f} [{r[f'iqr fit/{other}']:.2f}]"
 
                 print(
-                    f"{name:<9}{preset:<7}{mode:<5}{steps:>6}{r['repeats']:>4.0f}"
+                    f"{name:<9}{preset:<7}{mode:<10}{steps:>6}{r['repeats']:>4.0f}"
                     f"{r['fit'] * 1e3:>9.2f}{r['torch'] * 1e3:>10.2f}"
                     f"{r['accelerate'] * 1e3:>10.2f}{ratio('torch'):>16}"
                     f"{ratio('accelerate'):>16}{r['setup'] * 1e3:>10.2f}",

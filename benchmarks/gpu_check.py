@@ -5,8 +5,11 @@
 Checks: auto -> bf16 where ``torch.cuda.is_bf16_supported()`` (else fp16 with a scaler), explicit
 bf16 and fp16 rows, a real GradScaler step for fp16, the dtype autocast really computes in
 (``verify_autocast``), the spec's fused probe and a fused AdamW built and stepped on the model's
-real CUDA parameters, and the "cuda:N" beyond the device count error. When
-``benchmarks/gpu_check_engine.py`` exists, its ``run_checks()`` result is included under
+real CUDA parameters, and the "cuda:N" beyond the device count error. True plans: bf16-true and
+fp16-true resolved and trained a few steps on CUDA (bf16 / fp16 parameters, finite losses, fused
+AdamW), the fp16-true rule's torch facts on CUDA (GradScaler refuses fp16 gradients; plain AdamW
+on fp16 state writes NaN/inf where fused does not), and both remedies' optimizers stepping there.
+When ``benchmarks/gpu_check_engine.py`` exists, its ``run_checks()`` result is included under
 "engine". Without CUDA it prints JSON saying it was skipped and exits 0. Exit code 1 when a
 check fails.
 """
@@ -138,6 +141,48 @@ def check_fused(checks: Checks) -> None:
         )
 
 
+def check_true(checks: Checks) -> None:
+    """True plans on CUDA (docs/plans.md#mixed-or-true)."""
+    import precision_nb as pnb
+
+    plans = ["fp16-true"] + (["bf16-true"] if torch.cuda.is_bf16_supported() else [])
+    plans += [p + r for p in plans if p == "bf16-true" for r in ("+kahan", "+stochastic")]
+    for request in plans:
+        try:
+            result = pnb.fit("mlp", preset="tiny", device="cuda", precision=request, steps=4,
+                             log_every=2, progress=False, measure_peak=False)  # fmt: skip
+            model_dtype = {r["dtype"] for r in result.records}
+            ok = result.plan.true_weights and all(
+                torch.isfinite(torch.tensor(r["loss"])) for r in result.records
+            )
+            detail = {"label": result.label, "dtype": sorted(model_dtype),
+                      "fused": result.optimizer_outcome.used,
+                      "never_moved": result.records[-1]["weights_never_moved"]}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - recorded in the JSON, and it fails the run
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        checks.add(f"true plan {request} trains on CUDA", ok, detail)
+    x = torch.nn.Parameter(torch.ones(2, dtype=torch.float16, device="cuda"))
+    scaler = torch.amp.GradScaler("cuda")
+    scaler.scale((x * x).sum()).backward()
+    try:
+        scaler.unscale_(torch.optim.AdamW([x]))
+        refused = False
+    except ValueError:
+        refused = True
+    checks.add("fp16-true: GradScaler('cuda') refuses fp16 gradients", refused, None)
+    finite = {}
+    for fused in (False, True):
+        p = torch.nn.Parameter(torch.ones(4, dtype=torch.float16, device="cuda"))
+        p.grad = torch.tensor([0.0, 1e-3, 0.0, 1.0], dtype=torch.float16, device="cuda")
+        torch.optim.AdamW([p], lr=1e-3, fused=fused).step()
+        finite[fused] = bool(torch.isfinite(p).all())
+    checks.add(
+        "fp16-true: plain AdamW on fp16 state gives NaN/inf, fused does not",
+        finite == {False: False, True: True},
+        finite,
+    )
+
+
 def run_engine_checks(path: Path = HERE / "gpu_check_engine.py") -> Any:
     """``run_checks()`` of the engine's GPU check file, or why it was not run."""
     if not path.exists():
@@ -170,6 +215,7 @@ def main() -> int:
     checks = Checks()
     check_rows(checks)
     check_fused(checks)
+    check_true(checks)
     engine = run_engine_checks()
     engine_ok = not isinstance(engine, dict) or engine.get("ok", True) is not False
     report.update(skipped=False, ok=checks.ok and engine_ok, checks=checks.items, engine=engine)

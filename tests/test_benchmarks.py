@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import torch
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -33,6 +35,19 @@ def test_bench_fit_hand_loop_trains_the_same_workload() -> None:
     seconds = bench.torch_loop(model, wl.make_batches("cpu"), "bf16", 3, 0)
     assert seconds > 0
     assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+
+
+def test_bench_fit_pure_bf16_hand_loop_trains_bf16_weights() -> None:
+    bench = _load("bench_fit")
+    from precision_nb.engine.workloads import get_workload
+
+    wl = get_workload("mlp", "tiny")
+    model = wl.make_model()
+    before = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+    assert bench.torch_loop(model, wl.make_batches("cpu"), "bf16-true", 3, 0) > 0
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
+    assert bench.fit_loop(wl.make_model(), wl.make_batches("cpu"), "bf16-true", 2, wl.info) > 0
 
 
 def test_bench_panel_latency_cycles_through_the_changes() -> None:
@@ -96,3 +111,15 @@ def test_bench_time_split_quick_run_prints_its_table():
     lines = bench.table([row])
     assert lines[0].split()[:2] == ["case", "run"] and lines[1].startswith("mlp-small")
     assert "inside the calibrated interval in" in lines[-1]
+
+
+def test_bench_true_demo_counts_lost_updates_as_the_run_measures_them() -> None:
+    bench = _load("bench_true")
+    runs = bench.demo(steps=6)
+    assert set(runs) == set(bench.PLANS)
+    for r in runs.values():
+        assert r["never_moved"] == r["never_moved_by_hand"]
+    assert runs["bf16-true"]["never_moved"] > runs["fp32"]["never_moved"]
+    memory = bench.memory_check(preset="tiny")
+    assert memory["bf16"]["measured"] == 2 * memory["bf16-true"]["measured"]
+    assert all(m["measured"] == m["by_hand"] for m in memory.values())

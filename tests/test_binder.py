@@ -55,7 +55,15 @@ def test_binder_has_no_dependency_that_pyproject_does_not_declare():
     project = _pyproject()["project"]
     declared = {Requirement(d).name.lower() for d in project["dependencies"]}
     declared |= {Requirement(d).name.lower() for d in project["optional-dependencies"]["notebook"]}
+    declared |= {Requirement(d).name.lower() for d in project["optional-dependencies"]["remedies"]}
     assert set(reqs) <= declared, f"undeclared in pyproject: {sorted(set(reqs) - declared)}"
+
+
+def test_binder_installs_the_remedies_extra_for_the_true_precision_notebook():
+    _, reqs = _binder_requirements()
+    for dep in _pyproject()["project"]["optional-dependencies"]["remedies"]:
+        want = Requirement(dep)
+        assert reqs[want.name.lower()].specifier == want.specifier, want.name
 
 
 def test_torch_is_the_cpu_build_of_the_version_the_setup_script_installs():

@@ -28,6 +28,7 @@ NAMES = (
     "05_numerics_and_fp8.ipynb",
     "06_checklist.ipynb",
     "07_distributed.ipynb",
+    "08_mixed_vs_true.ipynb",
     "09_why_faster.ipynb",
 )
 CHECK = "# NBVAL_CHECK_OUTPUT"

@@ -61,7 +61,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--precision",
         default=DEFAULT_PRECISION,
         metavar="MODES",
-        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16, and true plans: "
+        "bf16-true, fp16-true, with +stochastic or +kahan)",
     )
     parser.add_argument(
         "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
@@ -98,7 +99,9 @@ def check_flags(args: argparse.Namespace) -> None:
         choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     if args.preset is not None:
         choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    precision_list(args.precision, "--precision")
+    from precision_nb.core.remedies import check_flag
+
+    check_flag(precision_list(args.precision, "--precision"), "--precision")
     device_string(args.device, "--device")
     try:
         check_output_folder(Path(args.out).expanduser())

@@ -53,7 +53,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(default: the --config value, else auto)",
     )
     parser.add_argument(
-        "--mode", help="auto, fp32, bf16, fp16 (default: the --config value, else auto)"
+        "--mode",
+        help="auto, fp32, bf16, fp16, or a true plan: bf16-true, fp16-true, with +stochastic or "
+        "+kahan (default: the --config value, else auto)",
     )
     parser.add_argument(
         "--dtype",
@@ -123,14 +125,14 @@ def check_flags(args: argparse.Namespace) -> Any:
 
     Returns the config file's plain data (or None); ``ValueError``/``OSError`` otherwise.
     """
-    from precision_nb.core.names import compile_name, device_string, precision_name
+    from precision_nb.core.names import compile_name, device_string, plan_request, precision_name
     from precision_nb.core.validate import choice
     from precision_nb.core.yaml_source import read_source
 
     if args.device is not None:
         device_string(args.device, "--device")
     if args.mode is not None:
-        precision_name(args.mode, "--mode")
+        plan_request(args.mode, "--mode")
     if args.dtype is not None:
         precision_name(args.dtype, "--dtype", allow_auto=False)
     if args.simulate is not None:

@@ -120,7 +120,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--compare",
         default=",".join(DEFAULT_COMPARE),
         metavar="MODES",
-        help="comma-separated precision requests (auto, fp32, bf16, fp16)",
+        help="comma-separated precision requests (auto, fp32, bf16, fp16, and true plans: "
+        "bf16-true, fp16-true, with +stochastic or +kahan)",
     )
     parser.add_argument(
         "--device", default="auto", help="auto, cpu, cuda, cuda:N, mps or another torch device"
@@ -206,7 +207,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
     choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    precision_list(args.compare, "--compare")
+    from precision_nb.core.remedies import check_flag
+
+    check_flag(precision_list(args.compare, "--compare"), "--compare")
     compile_list(args.compile, "--compile")
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)

@@ -137,14 +137,16 @@ class AutocastCheck:
 def verify_autocast(plan: PrecisionPlan, device: Any = None) -> AutocastCheck:
     """Run one small matmul under ``autocast_context(plan)`` on ``device`` and report its dtype.
 
-    ``device`` defaults to the plan's device type. Raises ``RuntimeError`` when tensors cannot be
-    placed on the device (absent hardware); a matmul that fails under autocast is reported as
-    ``ok=False`` with the error.
+    ``device`` defaults to the plan's device type. A true plan (``bf16-true``) has no autocast:
+    its matmul runs on tensors of the plan's dtype, as its model does. Raises ``RuntimeError``
+    when tensors cannot be placed on the device (absent hardware); a matmul that fails under
+    autocast is reported as ``ok=False`` with the error.
     """
     dev = torch.device(device if device is not None else plan.device_type)
+    low = plan.dtype if getattr(plan, "true_weights", False) else torch.float32
     try:  # no random numbers: the probe must not move the global RNG a run is seeded with
-        a = torch.ones(16, 16, device=dev)
-        b = torch.ones(16, 16, device=dev)
+        a = torch.ones(16, 16, device=dev, dtype=low)
+        b = torch.ones(16, 16, device=dev, dtype=low)
     except (RuntimeError, AssertionError) as exc:
         raise RuntimeError(f"verify_autocast: cannot place tensors on {dev}: {exc}") from exc
     ctx = autocast_context(plan, dev)
@@ -158,6 +160,8 @@ def verify_autocast(plan: PrecisionPlan, device: Any = None) -> AutocastCheck:
     computed = out.dtype
     ok = computed == plan.dtype
     what = "autocast" if plan.autocast_enabled else "no autocast"
+    if low != torch.float32:
+        what = f"no autocast, {low} operands"
     if ok:
         detail = f"a 16x16 matmul on {dev} ({what}) computed in {computed}, as planned"
     else:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "FRAMEWORKS",
     "STAND_IN_MODEL",
+    "REMEDY_CODE",
     "CodeSpec",
     "adamw_call",
     "code_spec",
@@ -79,6 +80,21 @@ class CodeSpec:
     simulated: str = ""
     #: "off" or the ``torch.compile`` mode of the plan.
     compile_mode: str = "off"
+    #: "mixed" (fp32 weights) or "true" (the model in ``true_dtype``); the true plan's remedy.
+    weights: str = "mixed"
+    remedy: str = "none"
+
+    @property
+    def label(self) -> str:
+        """The plan's spelling: ``bf16``, ``bf16-true``, ``bf16-true+kahan``."""
+        if self.weights != "true":
+            return self.mode
+        return f"{self.mode}-true" + ("" if self.remedy == "none" else f"+{self.remedy}")
+
+    @property
+    def true_dtype(self) -> str | None:
+        """``torch.bfloat16`` / ``torch.float16`` for a true plan, else None."""
+        return torch_dtype_name(self.mode) if self.weights == "true" else None
 
     @property
     def compile_call(self) -> str:
@@ -161,12 +177,14 @@ def code_spec(
         seed=seed,
         simulated=simulated,
         compile_mode=explanation.compile.mode,
+        weights=plan.weights,
+        remedy=plan.remedy,
     )
 
 
 def header(spec: CodeSpec, framework: str) -> list[str]:
     """The comment lines every script starts with: what it reproduces and for which hardware."""
-    lines = [f"# {FRAMEWORKS[framework]}: the precision plan {spec.mode} on {spec.device}."]
+    lines = [f"# {FRAMEWORKS[framework]}: the precision plan {spec.label} on {spec.device}."]
     if spec.simulated:
         lines.append(
             f"# Resolved for simulated hardware ({spec.simulated}); run it on such a machine."
@@ -180,9 +198,28 @@ def header(spec: CodeSpec, framework: str) -> list[str]:
     return lines
 
 
+#: A true plan's remedy -> (its import line, the optimizer it builds).
+REMEDY_CODE: dict[str, tuple[str, str]] = {
+    "stochastic": (
+        "from torchao.optim import _AdamW  # pip install torchao",
+        "_AdamW(bf16_stochastic_round=True, ",
+    ),
+    "kahan": ("import optimi  # pip install torch-optimi", "optimi.AdamW(kahan_sum=True, "),
+}
+
+
 def adamw_call(spec: CodeSpec, params: str, prefix: str = "", indent: str = "") -> list[str]:
-    """``PREFIXtorch.optim.AdamW(...)`` with the plan's settings and fused flag, over ``params``."""
+    """``PREFIXtorch.optim.AdamW(...)`` with the plan's settings and fused flag, over ``params``
+    (a true plan's remedy: its library's AdamW with the same settings)."""
     fused = "" if spec.fused is None else f", fused={spec.fused}"
+    if spec.remedy in REMEDY_CODE:
+        name, switch = REMEDY_CODE[spec.remedy][1].split("(")
+        return [
+            f"{indent}{prefix}{name}(",
+            f"{indent}    {params}, {switch}lr={spec.lr!r}, betas={tuple(spec.betas)!r},",
+            f"{indent}    eps={spec.eps!r}, weight_decay={spec.weight_decay!r},",
+            f"{indent})",
+        ]
     return [
         f"{indent}{prefix}torch.optim.AdamW(",
         f"{indent}    {params}, lr={spec.lr!r}, betas={tuple(spec.betas)!r}, eps={spec.eps!r},",

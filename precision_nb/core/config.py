@@ -6,6 +6,8 @@ precision:
   mode: auto            # auto | fp32 | bf16 | fp16 (float32/bfloat16/float16/half accepted)
   dtype: fp16           # counts only when mode is auto
   loss_scale_lab: false
+  weights: mixed        # mixed | true (bf16/fp16 weights, gradients and optimizer state)
+  remedy: none          # none | stochastic | kahan (a true plan only)
 optimizer:
   lr: 1.0e-3
   betas: [0.9, 0.999]

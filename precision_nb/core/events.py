@@ -24,6 +24,7 @@ KINDS: Mapping[str, str] = {
     "measurement": "how a speed figure was measured or why it could not be",
     "compile": "torch.compile: the compile step, recompilations, graph breaks, pay-back (data: "
     "the compile record)",
+    "precision": "a true plan cast the model's parameters and buffers (data: dtype, cast, kept)",
     "warning": "anything else a user should know",
 }
 

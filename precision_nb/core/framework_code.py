@@ -2,10 +2,11 @@
 
 Each writer turns a :class:`~precision_nb.core.code_spec.CodeSpec` into a runnable script with a
 stand-in model and random data, using the framework's documented settings:
-``lightning.Trainer(precision="32-true" | "bf16-mixed" | "16-mixed")``,
+``lightning.Trainer(precision="32-true" | "bf16-mixed" | "16-mixed" | "bf16-true" | "16-true")``,
 ``accelerate.Accelerator(mixed_precision="no" | "bf16" | "fp16")`` and
 ``transformers.TrainingArguments(bf16=..., fp16=..., tf32=..., optim=...)``. What a framework does
-differently from the plan (the CPU loss-scale lab, TF32, fused AdamW's interplay with a scaler,
+differently from the plan (the CPU loss-scale lab, a true plan, which Accelerate and the
+Transformers ``Trainer`` have no setting for, TF32, fused AdamW's interplay with a scaler,
 simulated hardware, settings whose framework default differs) is stated as a comment where it
 applies. Imports the standard library only; the scripts import the frameworks.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from precision_nb.core.code_spec import (
+    REMEDY_CODE,
     STAND_IN_MODEL,
     CodeSpec,
     adamw_call,
@@ -59,6 +61,8 @@ def _visible_devices_note(spec: CodeSpec, framework: str) -> list[str]:
 
 
 def _fused_comment(spec: CodeSpec) -> str:
+    if spec.remedy in REMEDY_CODE:
+        return f"# {spec.label}: the remedy's library AdamW (torch's fused AdamW does not apply)."
     if spec.fused is None:
         return "# AdamW as the plan builds it: torch's default implementation."
     return f"# fused={spec.fused}: the plan's fused AdamW decision."
@@ -69,8 +73,27 @@ def _compiled(spec: CodeSpec, model: str) -> str:
     return model if spec.compile_mode == "off" else f"torch.compile({model}{spec.compile_call})"
 
 
+def _remedy_import(spec: CodeSpec) -> list[str]:
+    return [REMEDY_CODE[spec.remedy][0]] if spec.remedy in REMEDY_CODE else []
+
+
+def _true_by_hand(spec: CodeSpec, framework: str, setting: str) -> list[str]:
+    """What a true plan becomes in a framework that has no true precision setting."""
+    if not spec.true_dtype:
+        return []
+    return [
+        f"# {spec.label} does not carry over as a setting: {framework} has no true precision",
+        f"# ({setting} is the mixed plan, fp32 weights under autocast). What to write instead:",
+        f"# precision off and the model cast by hand (model.to({spec.true_dtype})), so its",
+        "# gradients and AdamW state follow its dtype; floating-point inputs are cast to it too.",
+    ]
+
+
 def lightning_precision(spec: CodeSpec) -> str:
-    """``Trainer(precision=...)`` of the plan: ``32-true``, ``bf16-mixed`` or ``16-mixed``."""
+    """``Trainer(precision=...)`` of the plan: ``32-true``, ``bf16-mixed``, ``16-mixed``,
+    ``bf16-true`` or ``16-true``."""
+    if spec.true_dtype:
+        return "bf16-true" if spec.mode == "bf16" else "16-true"
     if not spec.autocast_enabled:
         return "32-true"
     return "bf16-mixed" if spec.mode == "bf16" else "16-mixed"
@@ -93,11 +116,18 @@ def lightning_code(spec: CodeSpec) -> str:
             "# Fused AdamW under Lightning's mixed precision: Lightning refuses gradient clipping",
             "# (Trainer(gradient_clip_val=...)) with an optimizer that unscales in its own step.",
         ]
+    if spec.true_dtype:
+        lines += [
+            f'# precision="{lightning_precision(spec)}": Lightning casts the module and the inputs'
+            f" to {spec.true_dtype};",
+            "# no autocast and no master copy.",
+        ]
     lines += [
         "import lightning as L",
         "import torch",
         "from torch import nn",
         "from torch.utils.data import DataLoader, TensorDataset",
+        *_remedy_import(spec),
     ]
     if spec.loss_scale_lab:
         lines.append("from lightning.pytorch.plugins import MixedPrecision")
@@ -157,7 +187,8 @@ def accelerate_code(spec: CodeSpec) -> str:
     lines = header(spec, "accelerate") + tf32_note(spec) + _visible_devices_note(spec, "Accelerate")
     if spec.loss_scale_lab:
         lines += _lab_not_carried('mixed_precision="fp16"', "Accelerate")
-    lines += ["import torch", "from accelerate import Accelerator"]
+    lines += _true_by_hand(spec, "Accelerate", 'mixed_precision="bf16"')
+    lines += ["import torch", "from accelerate import Accelerator", *_remedy_import(spec)]
     if spec.compile_mode != "off":
         lines.append("from accelerate.utils import TorchDynamoPlugin")
     lines += [
@@ -178,8 +209,10 @@ def accelerate_code(spec: CodeSpec) -> str:
         ")",
         "",
         "# Replace the stand-in model, data and loss with your own.",
-        f"model = {STAND_IN_MODEL}",
-        "data = TensorDataset(torch.randn(256, 64), torch.randint(0, 10, (256,)))",
+        f"model = {STAND_IN_MODEL}" + (f".to({spec.true_dtype})" if spec.true_dtype else ""),
+        "data = TensorDataset(torch.randn(256, 64"
+        + (f", dtype={spec.true_dtype}" if spec.true_dtype else "")
+        + "), torch.randint(0, 10, (256,)))",
         "loader = DataLoader(data, batch_size=32, shuffle=True)",
         "loss_fn = nn.CrossEntropyLoss()",
         _fused_comment(spec),
@@ -213,10 +246,17 @@ def transformers_code(spec: CodeSpec) -> str:
     lines = header(spec, "transformers") + _visible_devices_note(spec, "Trainer")
     if spec.loss_scale_lab:
         lines += _lab_not_carried("fp16=True", "Trainer (through Accelerate)")
+    lines += _true_by_hand(spec, "TrainingArguments", "bf16=True")
+    if spec.remedy in REMEDY_CODE:
+        lines += [
+            "# The remedy's optimizer is built here and handed to the Trainer",
+            "# (optimizers=(optimizer, None)); TrainingArguments' optim names none of them.",
+        ]
     lines += [
         "import torch",
         "from torch import nn",
         "from transformers import Trainer, TrainingArguments",
+        *_remedy_import(spec),
         "",
         f"torch.manual_seed({spec.seed})",
         "",
@@ -233,7 +273,9 @@ def transformers_code(spec: CodeSpec) -> str:
         '        return {"loss": loss, "logits": logits}',
         "",
         "",
-        'data = [{"x": torch.randn(64), "labels": i % 10} for i in range(256)]',
+        'data = [{"x": torch.randn(64'
+        + (f", dtype={spec.true_dtype}" if spec.true_dtype else "")
+        + '), "labels": i % 10} for i in range(256)]',
         "args = TrainingArguments(",
         '    output_dir="precision-nb-trainer",',
         f"    bf16={bf16},",
@@ -265,7 +307,20 @@ def transformers_code(spec: CodeSpec) -> str:
         '    report_to="none",',
         '    save_strategy="no",',
         ")",
-        "trainer = Trainer(model=StandIn(), args=args, train_dataset=data)",
+        *(
+            [f"model = StandIn().to({spec.true_dtype})"]
+            if spec.true_dtype
+            else ["model = StandIn()"]
+        ),
+        *(
+            adamw_call(spec, "model.parameters()", "optimizer = ")
+            + [
+                "trainer = Trainer(model=model, args=args, train_dataset=data, "
+                "optimizers=(optimizer, None))"
+            ]
+            if spec.remedy in REMEDY_CODE
+            else ["trainer = Trainer(model=model, args=args, train_dataset=data)"]
+        ),
         "result = trainer.train()",
         'print(f"mean training loss {result.training_loss:.4f}")',
     ]

@@ -21,8 +21,10 @@ class MatrixRow:
     """One row of the resolution rules.
 
     ``source`` is "listed" for the twelve base rules, "implied" for cases they do not list (CUDA
-    explicit fp32; device types other than CUDA/CPU/MPS) and "lab" for the opt-in loss-scale lab
-    (CPU fp16 with a CPU GradScaler).
+    explicit fp32; device types other than CUDA/CPU/MPS), "lab" for the opt-in loss-scale lab
+    (CPU fp16 with a CPU GradScaler) and "true" for the rows of a ``-true`` request (weights,
+    gradients and optimizer state in the low dtype), which the base rules do not have.
+    ``weights``: "mixed" (fp32 weights) or "true".
     """
 
     id: str
@@ -33,6 +35,7 @@ class MatrixRow:
     autocast: bool
     source: str = "listed"
     note: str = ""
+    weights: str = "mixed"
 
 
 MATRIX: tuple[MatrixRow, ...] = (
@@ -61,6 +64,30 @@ MATRIX: tuple[MatrixRow, ...] = (
     MatrixRow(
         "cpu-fp16-lab", "CPU", "explicit fp16 + loss-scale lab", "fp16", True, True, "lab",
         "opt-in loss-scale lab: CPU autocast fp16 with torch.amp.GradScaler('cpu')",
+    ),
+    MatrixRow(
+        "cuda-bf16-true", "CUDA", "explicit bf16-true, supported", "bf16", False, False, "true",
+        "weights, gradients and AdamW state in bf16; no autocast", "true",
+    ),
+    MatrixRow(
+        "cuda-bf16-true-unsupported", "CUDA", "explicit bf16-true, unsupported/error", "fp32",
+        False, False, "true", "as explicit bf16 there: fp32, not another low dtype",
+    ),
+    MatrixRow(
+        "cuda-fp16-true", "CUDA", "explicit fp16-true", "fp16", False, False, "true",
+        "fp16 weights without a scaler: torch's GradScaler refuses fp16 gradients", "true",
+    ),
+    MatrixRow(
+        "cpu-bf16-true", "CPU", "explicit bf16-true", "bf16", False, False, "true",
+        "weights, gradients and AdamW state in bf16; no autocast", "true",
+    ),
+    MatrixRow(
+        "cpu-fp16-true", "CPU", "explicit fp16-true", "fp32", False, False, "true",
+        "as explicit fp16 on CPU: fp32",
+    ),
+    MatrixRow(
+        "mps-true", "MPS", "explicit bf16-true or fp16-true", "fp32", False, False, "true",
+        "as every explicit low precision on MPS: fp32",
     ),
 )  # fmt: skip
 ROWS: dict[str, MatrixRow] = {row.id: row for row in MATRIX}
@@ -121,6 +148,51 @@ RULES: dict[tuple[str, str, str], tuple[str, str]] = {
     ("mps", "fp32", "*"): ("mps-fp32", "explicit fp32 on MPS"),
     ("mps", "bf16", "*"): ("mps-mixed", f"explicit bf16 on MPS falls back to fp32 ({MPS_RULE})"),
     ("mps", "fp16", "*"): ("mps-mixed", f"explicit fp16 on MPS falls back to fp32 ({MPS_RULE})"),
+    ("cuda", "bf16-true", "supported"): (
+        "cuda-bf16-true",
+        "explicit bf16-true on CUDA and {bf16}: the model's floating-point parameters and "
+        "buffers, its gradients and the AdamW state are bf16; no autocast",
+    ),
+    ("cuda", "bf16-true", "unsupported"): (
+        "cuda-bf16-true-unsupported",
+        "explicit bf16-true on CUDA but {bf16}: falls back to fp32 (weights and math), as "
+        "explicit bf16 does",
+    ),
+    ("cuda", "bf16-true", "error"): (
+        "cuda-bf16-true-unsupported",
+        "explicit bf16-true on CUDA but {bf16}: falls back to fp32 (weights and math), as "
+        "explicit bf16 does",
+    ),
+    ("cuda", "fp16-true", "*"): (
+        "cuda-fp16-true",
+        "explicit fp16-true on CUDA: fp16 weights, gradients and AdamW state and no grad "
+        "scaler (torch's GradScaler refuses to unscale fp16 gradients, so no loss scale can "
+        "rescue them): gradients below fp16's smallest subnormal (2**-24) become 0. torch's "
+        "plain AdamW (for-loop or foreach) keeps exp_avg_sq in fp16, where (1-beta2)*grad**2 "
+        "underflows to 0 and eps=1e-8 rounds to 0, so its update is NaN or inf there; the fused "
+        "AdamW kernel computes in fp32 and does not, so fp16-true needs optimizer.fused not "
+        "false",
+    ),
+    ("cpu", "bf16-true", "*"): (
+        "cpu-bf16-true",
+        "explicit bf16-true on CPU: the model's floating-point parameters and buffers, its "
+        "gradients and the AdamW state are bf16; no autocast. CPU BF16 capability is not "
+        "checked, as for explicit bf16",
+    ),
+    ("cpu", "fp16-true", "*"): (
+        "cpu-fp16-true",
+        "explicit fp16-true on CPU falls back to fp32, as explicit fp16 on CPU does (the "
+        "resolution rules run no fp16 on CPU outside the loss-scale lab, and the lab's "
+        "GradScaler cannot unscale fp16 gradients)",
+    ),
+    ("mps", "bf16-true", "*"): (
+        "mps-true",
+        f"explicit bf16-true on MPS falls back to fp32 ({MPS_RULE})",
+    ),
+    ("mps", "fp16-true", "*"): (
+        "mps-true",
+        f"explicit fp16-true on MPS falls back to fp32 ({MPS_RULE})",
+    ),
     ("other", "any", "*"): (
         "other-device",
         "device type {device!r} is not in the resolution rules (CUDA, CPU, MPS): fp32 without "
@@ -137,23 +209,34 @@ def bf16_text(caps: Capabilities) -> str:
 
 
 def rule_key(
-    requested: str, loss_scale_lab: bool, device_type: str, caps: Capabilities
+    requested: str,
+    loss_scale_lab: bool,
+    device_type: str,
+    caps: Capabilities,
+    weights: str = "mixed",
 ) -> tuple[str, str, str]:
-    """The :data:`RULES` key of a request ("auto"/"fp32"/"bf16"/"fp16") on a device type."""
+    """The :data:`RULES` key of a request ("auto"/"fp32"/"bf16"/"fp16", with ``weights``
+    "mixed" or "true") on a device type."""
     if device_type not in ("cuda", "cpu", "mps"):
         return "other", "any", "*"
+    if weights == "true":
+        requested = f"{requested}-true"
     if device_type == "cpu" and requested == "fp16" and loss_scale_lab:
         requested = "fp16+lab"
-    if device_type == "cuda" and requested in ("auto", "bf16"):
+    if device_type == "cuda" and requested in ("auto", "bf16", "bf16-true"):
         return "cuda", requested, caps.cuda_bf16
     return device_type, requested, "*"
 
 
 def lookup(
-    requested: str, loss_scale_lab: bool, device_type: str, caps: Capabilities
+    requested: str,
+    loss_scale_lab: bool,
+    device_type: str,
+    caps: Capabilities,
+    weights: str = "mixed",
 ) -> tuple[MatrixRow, str]:
     """The row that applies and the reason, for a request on a device with these capabilities."""
-    key = rule_key(requested, loss_scale_lab, device_type, caps)
+    key = rule_key(requested, loss_scale_lab, device_type, caps, weights)
     row_id, template = RULES[key]
     reason = template.format(bf16=bf16_text(caps), request=requested, device=device_type)
     return ROWS[row_id], reason

@@ -29,6 +29,23 @@ PRECISION_ALIASES: dict[str, str] = {
 }
 SPELLINGS = "'float32', 'bfloat16', 'float16', 'half', torch.float32/bfloat16/float16"
 
+#: Where the weights live: "mixed" (fp32 weights, gradients and AdamW state; autocast lowers the
+#: ops) or "true" (parameters, gradients and AdamW state in the low-precision dtype; no autocast).
+WEIGHTS: tuple[str, ...] = ("mixed", "true")
+#: How a true plan wins back the updates bf16 rounds away: "none" (torch's AdamW),
+#: "stochastic" (stochastic rounding of the bf16 weight update, torchao's AdamW) or "kahan"
+#: (Kahan-compensated updates, torch-optimi's AdamW). Written after a "+": ``bf16-true+kahan``.
+REMEDIES: tuple[str, ...] = ("none", "stochastic", "kahan")
+#: Every plan a precision string may name, in the order menus list them.
+PLAN_SPELLINGS: tuple[str, ...] = (
+    "auto", "fp32", "bf16", "fp16", "bf16-true", "bf16-true+stochastic", "bf16-true+kahan",
+    "fp16-true",
+)  # fmt: skip
+_PLAN_FORMS = (
+    "a precision (auto, fp32, bf16, fp16), optionally with '-mixed' or '-true' "
+    "(bf16-true, fp16-true) and for a true plan '+stochastic' or '+kahan' (bf16-true+kahan)"
+)
+
 #: Device types ``torch.device`` accepts (a test keeps this equal to torch's own list).
 TORCH_DEVICE_TYPES: tuple[str, ...] = (
     "cpu", "cuda", "ipu", "xpu", "mkldnn", "opengl", "opencl", "ideep", "hip", "ve", "fpga",
@@ -61,15 +78,88 @@ def precision_name(value: Any, field: str = "precision.mode", allow_auto: bool =
     )
 
 
+def plan_label(mode: str, weights: str = "mixed", remedy: str = "none") -> str:
+    """The one spelling of a plan request: ``bf16``, ``bf16-true``, ``bf16-true+kahan``."""
+    if weights != "true":
+        return mode
+    return f"{mode}-true" + ("" if remedy == "none" else f"+{remedy}")
+
+
+def check_weights(mode: str, weights: str, remedy: str, field: str, value: Any) -> None:
+    """Refuse a combination no plan has: ``true`` for fp32 or auto, a remedy of a mixed plan,
+    stochastic rounding of anything but bf16 (``ValueError`` naming ``field`` and ``value``)."""
+    shown = short_repr(value)
+    if weights == "true" and mode == "fp32":
+        raise ValueError(
+            f"{field}: invalid value {shown}: an fp32 plan has no true variant (its weights, "
+            "gradients and optimizer state are fp32 already); allowed: bf16-true, fp16-true, "
+            "or fp32"
+        )
+    if weights == "true" and mode == "auto":
+        raise ValueError(
+            f"{field}: invalid value {shown}: a true plan needs its dtype named (auto may resolve "
+            "to fp32, which has no true variant); allowed: bf16-true, fp16-true"
+        )
+    if remedy != "none" and weights != "true":
+        raise ValueError(
+            f"{field}: invalid value {shown}: remedy {remedy!r} applies to a true plan only (a "
+            f"mixed plan keeps fp32 weights, nothing to remedy); allowed: {mode}-true+{remedy} "
+            "if the mode is bf16 or fp16, or no remedy"
+        )
+    if remedy == "stochastic" and mode != "bf16":
+        raise ValueError(
+            f"{field}: invalid value {shown}: stochastic rounding (torchao's AdamW, "
+            "bf16_stochastic_round=True) rounds bf16 weights only; allowed: bf16-true+stochastic, "
+            f"{mode}-true+kahan"
+        )
+
+
+def plan_request(value: Any, field: str = "precision") -> tuple[str, str, str]:
+    """``(mode, weights, remedy)`` of a typed plan request: ``"BF16-true+Kahan"`` ->
+    ``("bf16", "true", "kahan")``; ``"bf16-mixed"`` -> ``("bf16", "mixed", "none")``.
+
+    ``ValueError`` names ``field``, the value and what is allowed (an unknown remedy lists the
+    remedies; ``fp32-true`` says an fp32 plan has no true variant).
+    """
+    if not isinstance(value, str):
+        return precision_name(value, field), "mixed", "none"
+    text = value.strip().lower().removeprefix("torch.")
+    base, plus, remedy = text.partition("+")
+    remedy = remedy.strip() if plus else "none"
+    weights = "mixed"
+    for suffix in WEIGHTS:
+        if base.endswith(f"-{suffix}"):
+            base, weights = base[: -len(suffix) - 1], suffix
+    if remedy not in REMEDIES or (plus and remedy == "none"):
+        raise ValueError(
+            f"{field}: invalid value {short_repr(value)}: unknown remedy {remedy!r}; allowed "
+            "remedies: '+stochastic' (stochastic rounding, torchao) or '+kahan' (Kahan "
+            "summation, torch-optimi), after a true plan: bf16-true+stochastic, bf16-true+kahan"
+        )
+    try:
+        mode = precision_name(base, field)
+    except ValueError as exc:
+        if base == text:  # a plain precision: the plain message
+            raise
+        raise ValueError(
+            str(exc).replace(short_repr(base), short_repr(value), 1)
+            + "; a plan may add '-mixed' or '-true' (bf16-true, fp16-true) and, for a true "
+            "plan, '+stochastic' or '+kahan' (bf16-true+kahan)"
+        ) from None
+    check_weights(mode, weights, remedy, field, value)
+    return mode, weights, remedy
+
+
 def precision_list(value: str, field: str) -> list[str]:
-    """Comma-separated requests (``"fp32, bf16"``) -> their canonical names, at least one."""
+    """Comma-separated requests (``"fp32, bf16-true"``) -> their canonical spellings, at least
+    one."""
     names = [part.strip() for part in str(value).split(",") if part.strip()]
     if not names:
         raise ValueError(
             f"{field}: invalid value {short_repr(value)}: give at least one precision request, "
-            "comma-separated; allowed: auto, fp32, bf16, fp16"
+            f"comma-separated; allowed: {_PLAN_FORMS}"
         )
-    return [precision_name(name, field) for name in names]
+    return [plan_label(*plan_request(name, field)) for name in names]
 
 
 def device_string(value: str, field: str = "device") -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from precision_nb.core import framework_code
 from precision_nb.core.code_spec import (
     FRAMEWORKS,
+    REMEDY_CODE,
     STAND_IN_MODEL,
     CodeSpec,
     adamw_call,
@@ -54,15 +55,26 @@ def _pytorch(spec: CodeSpec) -> str:
     """The plain PyTorch training loop (torch only, no precision_nb)."""
     device_type = spec.device_type
     lines = header(spec, "pytorch") + tf32_note(spec)
+    true = spec.true_dtype
+    lines += ["import torch", "from torch import nn"]
+    if spec.remedy in REMEDY_CODE:
+        lines.append(REMEDY_CODE[spec.remedy][0])
     lines += [
-        "import torch",
-        "from torch import nn",
         "",
         f"torch.manual_seed({spec.seed})",
         f'device = torch.device("{spec.device}")',
         "",
         "# Replace the stand-in model, batches and loss with your own.",
-        f"model = {STAND_IN_MODEL}.to(device)",
+    ]
+    if true:
+        lines += [
+            f"# {spec.label}: the model's floating-point parameters and buffers in {true}",
+            "# (integer buffers stay), so gradients and AdamW state are too; no autocast.",
+            f"model = {STAND_IN_MODEL}.to(device, dtype={true})",
+        ]
+    else:
+        lines.append(f"model = {STAND_IN_MODEL}.to(device)")
+    lines += [
         "batches = [(torch.randn(32, 64), torch.randint(0, 10, (32,))) for _ in range(8)]",
         "loss_fn = nn.CrossEntropyLoss()",
         "",
@@ -80,7 +92,7 @@ def _pytorch(spec: CodeSpec) -> str:
     if spec.autocast_enabled:
         dtype = torch_dtype_name(spec.dtype)
         autocast = f'torch.autocast(device_type="{device_type}", dtype={dtype})'
-    else:
+    elif not true:
         lines.append("# fp32: no autocast and no loss scaler.")
     lines += [
         f"steps, accumulation = {spec.steps}, {spec.accumulation}",
@@ -92,6 +104,8 @@ def _pytorch(spec: CodeSpec) -> str:
         "        x, y = batches[(step * accumulation + micro) % len(batches)]",
         "        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)",
     ]
+    if true:
+        lines.append(f"        x = x.to({true})  # floating-point inputs in the model's dtype")
     if spec.autocast_enabled:
         lines += [
             f"        with {autocast}:",

@@ -3,7 +3,8 @@
 ``resolve_precision(config, device)`` returns the :class:`PrecisionPlan` of the resolution rules
 (the keyed table in :mod:`precision_nb.core.matrix`, listed in ``docs/plans.md#resolution-rules``).
 ``explain_precision(...)`` returns the same plan with the ordered decisions that produced it
-(device, mode, dtype, scaler, autocast, fused AdamW, and compile when one is asked for), the rule
+(device, mode, dtype, scaler, autocast, weights for a ``-true`` request, fused AdamW, remedy for a
+``-true`` request, and compile when one is asked for), the rule
 that applied and warnings. Every fallback appears as a decision; nothing falls back silently.
 Text and HTML of an :class:`Explanation` come from :mod:`precision_nb.core.render`.
 """
@@ -22,6 +23,7 @@ from precision_nb.core.device import normalize_device_request, resolve_device_tr
 from precision_nb.core.matrix import MATRIX, ROWS, RULES_DOC, MatrixRow, lookup
 from precision_nb.core.optim import OptimizerConfig, describe_fused
 from precision_nb.core.plan import TORCH_DTYPES, PrecisionConfig, PrecisionPlan
+from precision_nb.core.remedies import optimizer_decision
 from precision_nb.core.validate import short_repr
 
 __all__ = [
@@ -78,13 +80,15 @@ def _as_device(device: Any, caps: Capabilities) -> torch.device:
 
 
 def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> _Resolved:
-    row, why = lookup(cfg.requested, cfg.loss_scale_lab, device.type, caps)
+    row, why = lookup(cfg.requested, cfg.loss_scale_lab, device.type, caps, cfg.weights)
     plan = PrecisionPlan(
         mode=row.mode,
         dtype=TORCH_DTYPES[row.mode],
         use_scaler=row.scaler,
         autocast_enabled=row.autocast,
         device_type=device.type,
+        weights=row.weights,
+        remedy=cfg.remedy if row.weights == "true" else "none",
     )
     warnings: list[str] = []
     req = cfg.requested
@@ -107,11 +111,14 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
             f"precision.dtype={cfg.dtype} ignored: mode is {cfg.mode} and dtype counts only "
             "when mode is auto"
         )
-    dtype_reason += (
-        f"; autocast computes in {plan.dtype}"
-        if plan.autocast_enabled
-        else ("; parameters and math stay fp32 (no autocast)")
-    )
+    if plan.true_weights:
+        dtype_reason += f"; parameters, gradients, AdamW state and the math are {plan.dtype}"
+    else:
+        dtype_reason += (
+            f"; autocast computes in {plan.dtype}"
+            if plan.autocast_enabled
+            else ("; parameters and math stay fp32 (no autocast)")
+        )
     decisions.append(
         Decision(
             "dtype", str(plan.dtype), dtype_reason, cfg.dtype is not None and cfg.mode != "auto"
@@ -129,6 +136,8 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
         )
     elif plan.mode == "bf16":
         scaler = ("none", "bf16 has fp32's exponent range, so no loss scaling is needed")
+    elif plan.true_weights:
+        scaler = ("none", "torch's GradScaler refuses to unscale fp16 gradients")
     elif plan.mode == "fp32":
         scaler = ("none", "fp32 needs no loss scaling")
     else:
@@ -141,9 +150,17 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
             f"torch.autocast({plan.device_type!r}, dtype={plan.dtype})",
             "mixed precision runs inside autocast; parameters stay fp32",
         )
+    elif plan.true_weights:
+        autocast = (
+            "off (nullcontext)",
+            f"a true plan runs the model in {plan.dtype} itself (its parameters and floating-point "
+            "inputs are cast), so nothing is left for autocast to lower",
+        )
     else:
         autocast = ("off (nullcontext)", "fp32 runs without autocast")
     decisions.append(Decision("autocast", *autocast))
+    if cfg.weights == "true":
+        decisions += _true_decisions(cfg, plan)
 
     # warnings
     if device.type == "cuda" and not caps.cuda_available:
@@ -186,6 +203,31 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
     return _Resolved(plan, row, tuple(decisions), tuple(warnings))
 
 
+def _true_decisions(cfg: PrecisionConfig, plan: PrecisionPlan) -> list[Decision]:
+    """The weights and remedy decisions of a ``-true`` request (shown only when one was made)."""
+    if not plan.true_weights:
+        dropped = f"; remedy {cfg.remedy!r} dropped with them" if cfg.remedy != "none" else ""
+        return [
+            Decision(
+                "weights",
+                "mixed (fp32)",
+                f"{cfg.label} resolved to {plan.mode} (the mode decision says why): the weights "
+                f"stay fp32{dropped}",
+                True,
+            )
+        ]
+    dtype = str(plan.dtype).removeprefix("torch.")
+    return [
+        Decision(
+            "weights",
+            f"true ({dtype})",
+            f"a fit casts the model's floating-point parameters and buffers to {dtype} in "
+            "place (integer buffers stay as they are) and leaves them so, so gradients and "
+            f"AdamW state are {dtype} too: no fp32 master copy (see docs/plans.md#mixed-or-true)",
+        ),
+    ]
+
+
 def resolve_precision(
     config: Any, device: Any, capabilities: Capabilities | str | None = None
 ) -> PrecisionPlan:
@@ -225,7 +267,7 @@ class Explanation:
     def summary(self) -> str:
         p = self.plan
         text = (
-            f"{p.mode} on {self.device} ({p.dtype}); scaler: {'yes' if p.use_scaler else 'no'}; "
+            f"{p.label} on {self.device} ({p.dtype}); scaler: {'yes' if p.use_scaler else 'no'}; "
             f"autocast: {'yes' if p.autocast_enabled else 'no'}"
         )
         if self.compile.enabled:
@@ -234,8 +276,9 @@ class Explanation:
 
     @property
     def label(self) -> str:
-        """The plan's short label: its mode, with ``+compile`` when compiled (``bf16+compile``)."""
-        return self.compile.label(self.plan.mode)
+        """The plan's short label: its mode (``bf16-true+kahan`` for a true plan), with
+        ``+compile`` when compiled (``bf16+compile``)."""
+        return self.compile.label(self.plan.label)
 
     def __str__(self) -> str:
         return render.explanation_text(self)
@@ -319,7 +362,10 @@ def explain_precision(
     requested = normalize_device_request(device)
     dev, device_reason = resolve_device_traced(requested, caps)
     resolved = _resolve(cfg, dev, caps)
+    remedy = optimizer_decision(resolved.plan, opt)  # ValueError for a refused pair
     outcome, reason, fallback = describe_fused(opt, dev, caps)
+    if remedy is not None and resolved.plan.remedy != "none":
+        outcome, reason, fallback = "not used", "the remedy's optimizer runs instead", False
     if isinstance(compile, CompilePlan):
         compiled = compile
     else:
@@ -329,6 +375,8 @@ def explain_precision(
         *resolved.decisions,
         Decision("fused AdamW", outcome, reason, fallback),
     )
+    if remedy is not None:
+        decisions += (Decision("remedy", *remedy),)
     if compiled.enabled:
         reason = compiled.reason + _compile_precision_note(resolved.plan)
         decisions += (Decision("compile", compiled.outcome, reason, compiled.fallback),)

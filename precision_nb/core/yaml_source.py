@@ -18,7 +18,7 @@ from precision_nb.core.validate import short_repr
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "device": ("requested",),
-    "precision": ("mode", "dtype", "loss_scale_lab"),
+    "precision": ("mode", "dtype", "loss_scale_lab", "weights", "remedy"),
     "optimizer": ("lr", "betas", "eps", "weight_decay", "fused"),
 }
 

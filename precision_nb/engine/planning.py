@@ -127,7 +127,7 @@ def plan_runs(request: Any, explain: Explain | None = None) -> Planning:
     for precision, mode in [(p, c) for p in request.precisions for c in request.compiles]:
         explanation = resolve(precision, mode)
         plan = explanation.plan
-        label = run_label(precision.requested, lab_applies(explanation))
+        label = run_label(precision.label, lab_applies(explanation))
         label += explanation.compile.suffix
         if precision.loss_scale_lab and not lab_applies(explanation):
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
@@ -155,7 +155,7 @@ def plan_runs(request: Any, explain: Explain | None = None) -> Planning:
             events.append(
                 Event(
                     "merged",
-                    f"{label} resolves to the same plan as {first} ({plan.mode} on "
+                    f"{label} resolves to the same plan as {first} ({plan.label} on "
                     f"{explanation.device}); run once. Why: {why}",
                     {"label": label, "into": first, "why": why},
                 )

@@ -192,8 +192,9 @@ class Precision:
 
     @property
     def label(self) -> str:
-        """The run label: the plan's mode, with " (loss-scale lab)" for the lab."""
-        return run_label(self.plan.mode, self.lab)
+        """The run label: the plan's label (``bf16``, ``bf16-true``), with " (loss-scale lab)"
+        for the lab."""
+        return run_label(self.plan.label, self.lab)
 
     # ------------------------------------------------------------------ one fit's start
 

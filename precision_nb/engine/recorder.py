@@ -33,6 +33,7 @@ from precision_nb.engine.results import (
     RunResult,
 )
 from precision_nb.engine.step_timer import StepTimer
+from precision_nb.engine.update_probe import NO_UPDATE_STATS
 
 
 @dataclass
@@ -117,6 +118,8 @@ class Recorder:
         self.lr: float | None = None
         self._warned_mfu = False
         self.norm: float | None = None
+        #: The fit's :class:`~precision_nb.engine.update_probe.UpdateProbe` (None: off).
+        self.update_probe: Any = None
 
     def _reset(self) -> None:
         self.attempts, self.skipped, self.losses, self.busy = 0, 0, [], 0.0
@@ -158,6 +161,7 @@ class Recorder:
             memory_reserved_bytes=mem.reserved,
             elapsed_s=now - self.t_start,
             **self.grad_stats,
+            **(self.update_probe.take() if self.update_probe is not None else NO_UPDATE_STATS),
         )
         record = {key: values[key] for key in RECORD_KEYS}  # fixed order; KeyError if missing
         if values["mfu"] is not None and values["mfu"] > 1 and not self._warned_mfu:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from precision_nb.core import validate
+from precision_nb.core import remedies, validate
 from precision_nb.core.device import resolve_device
 from precision_nb.core.distributed import Distributed
 from precision_nb.core.names import COMPILE_MODES, compile_list, compile_name, precision_list
@@ -128,6 +128,9 @@ class RunRequest:
         object.__setattr__(self, "precisions", tuple(precision_config(p) for p in precisions))
         if not self.precisions:
             raise ValueError("precision: no precision requested; allowed: one or more modes")
+        for p in self.precisions:  # a missing remedy library, before any plan runs
+            if p.remedy != "none" and not remedies.installed(p.remedy):
+                raise ImportError(remedies.missing_message(p.remedy))
         object.__setattr__(self, "optimizer", optimizer_config(self.optimizer))
         if not isinstance(self.train, TrainConfig):
             raise ValueError(

@@ -38,6 +38,8 @@ RECORD_KEYS: tuple[str, ...] = (
     "grad_underflow_worst",
     "grad_underflow_worst_param",
     "grad_overflow",
+    "updates_rounded_away",
+    "weights_never_moved",
     "step_time_s",
     "samples_per_s",
     "tokens_per_s",
@@ -50,6 +52,8 @@ RECORD_KEYS: tuple[str, ...] = (
     "memory_reserved_bytes",
     "elapsed_s",
     "mode",
+    "weights",
+    "remedy",
     "dtype",
     "use_scaler",
     "autocast_enabled",
@@ -69,6 +73,8 @@ class RunResult:
     ``grad_stats``: one entry per attempt whose gradient underflow was measured
     (``TrainConfig.grad_stats_every``): the record's ``grad_*`` values plus ``step``, ``attempt``
     and ``loss_scale``. ``inspection``: the ``InspectionData`` of ``TrainConfig(inspect=True)``.
+    ``update_stats``: one entry per logged step the update probe measured (``step``,
+    ``updates_rounded_away``, ``weights_never_moved``, ``layers``: the same per parameter).
     """
 
     label: str
@@ -88,6 +94,7 @@ class RunResult:
     final_loss: float | None = None
     step_times_s: list[float] = field(default_factory=list)
     grad_stats: list[dict[str, Any]] = field(default_factory=list)
+    update_stats: list[dict[str, Any]] = field(default_factory=list)
     inspection: InspectionData | None = None
     #: A compiled plan's :class:`~precision_nb.engine.compile.record.CompileRecord` (None: eager).
     compile: CompileRecord | None = None
@@ -113,13 +120,14 @@ class RunResult:
             "final_loss": self.final_loss,
             "step_times_s": list(self.step_times_s),
             "grad_stats": [dict(g) for g in self.grad_stats],
+            "update_stats": [dict(u) for u in self.update_stats],
             "inspection": self.inspection.to_dict() if self.inspection is not None else None,
             "compile": self.compile.to_dict() if self.compile is not None else None,
         }
 
     def summary(self) -> str:
         """One line: label, plan, device, steps (skips), final loss, seconds."""
-        mode = getattr(self.plan, "mode", self.plan)
+        mode = getattr(self.plan, "label", self.plan)
         loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4g}"
         stopped = ", stopped early" if self.stopped else ""
         return (

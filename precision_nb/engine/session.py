@@ -210,7 +210,7 @@ class FitSession:
         return {
             "run": label,
             "mode": p["mode"],
-            "dtype": p["dtype"],
+            **{key: p[key] for key in ("weights", "remedy", "dtype")},
             "use_scaler": p["use_scaler"],
             "autocast_enabled": p["autocast_enabled"],
             "device_type": p["device_type"],
@@ -385,7 +385,7 @@ class FitSession:
     def _flush(self, chunk: Chunk) -> int:
         chunk.final_scale = self.precision.scale_tensor() if chunk.losses else None
         try:
-            return self.rec.flush(chunk, self.trainer.optimizer.param_groups[0]["lr"])
+            return self.rec.flush(chunk, float(self.trainer.optimizer.param_groups[0]["lr"]))
         finally:
             self.counters.steps = self.rec.steps_done
 

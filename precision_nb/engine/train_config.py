@@ -43,6 +43,9 @@ class TrainConfig:
     ``grad_underflow*`` / ``grad_overflow`` keys); None: never.
     ``inspect``: run one instrumented step on a copy of the model before the first step
     (memory by kind and dtype, op dtype trace) into ``RunResult.inspection``.
+    ``update_stats``: on logged steps, the fraction of parameter elements the step left unchanged
+    and of those still at their start values (records' ``updates_rounded_away`` /
+    ``weights_never_moved``, per layer in ``RunResult.update_stats``); None: on for true plans.
     """
 
     steps: int = 20
@@ -66,6 +69,7 @@ class TrainConfig:
     min_loss_scale: float = 1.0
     grad_stats_every: int | None = None
     inspect: bool = False
+    update_stats: bool | None = None
 
     def __post_init__(self) -> None:
         _positive_int("steps", self.steps, 1, MAX_STEPS)
@@ -105,6 +109,8 @@ class TrainConfig:
         if self.grad_stats_every is not None:
             _positive_int("grad_stats_every", self.grad_stats_every)
         validate.boolean("train.inspect", self.inspect)
+        if self.update_stats is not None:
+            validate.boolean("train.update_stats", self.update_stats)
         for name in ("skip_nonfinite", "progress", "measure_peak"):
             validate.boolean(f"train.{name}", getattr(self, name))
         if self.label is not None and not isinstance(self.label, str):

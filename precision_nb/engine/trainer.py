@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from precision_nb.core.events import Event
-from precision_nb.core.optim import OptimizerConfig, build_optimizer
+from precision_nb.core.names import plan_label
+from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision
 from precision_nb.core.validate import short_repr
@@ -29,10 +30,13 @@ from precision_nb.engine.batches import BatchSource
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.compile.record import CompileLog, compile_model
 from precision_nb.engine.precision import Precision, lab_applies
+from precision_nb.engine.remedies import build_plan_optimizer, check_installed
 from precision_nb.engine.request import optimizer_config, precision_config
 from precision_nb.engine.results import RunResult
 from precision_nb.engine.session import Counters, FitSession
 from precision_nb.engine.train_config import TrainConfig, lr_factor
+from precision_nb.engine.true_precision import CastBatches, cast_model
+from precision_nb.engine.update_probe import UpdateProbe
 
 __all__ = ["Counters", "FitSession", "TrainConfig", "Trainer", "lr_factor"]
 
@@ -98,16 +102,29 @@ class Trainer:
             )
         self.loss_fn = loss_fn
         self.workload_info = dict(workload_info or {})
+        check_installed(self.plan)  # a missing remedy library, before the model is touched
         _move_model(model, self.device)
+        # a true plan: the model in the plan's dtype (undone if the optimizer cannot be built)
+        cast = cast_model(model, self.plan)
+        if self.plan.true_weights:
+            self.source = CastBatches(self.source, self.plan.dtype)  # type: ignore[assignment]
         #: What the loop calls: the model, or ``torch.compile(model)`` for a compiled plan (the
         #: same parameters; checkpoints save ``model``). Its compile log: the compile step that
         #: ``start()`` runs once on a copy, and recompilations during training.
         self.forward = compile_model(model, self.explanation.compile)
         self.compile_log = CompileLog(self.label, self.explanation.compile)
-        self.optimizer = build_optimizer(model, self.optimizer_config, self.device)
+        try:
+            self.optimizer = build_plan_optimizer(
+                model, self.optimizer_config, self.device, self.plan
+            )
+        except BaseException:
+            cast.undo()
+            raise
         self.optimizer_outcome = getattr(self.optimizer, "precision_nb_fused", None)
         self.counters = Counters()
-        self._next_fit_events: list[Event] = []  # what a loaded checkpoint tells the next fit
+        # what a loaded checkpoint (or the true plan's cast) tells the next fit
+        self._next_fit_events: list[Event] = list(cast.events)
+        self._update_probe: UpdateProbe | None = None
         self.last_result: RunResult | None = None
 
     # ----------------------------------------------------------------------------- helpers
@@ -190,7 +207,27 @@ class Trainer:
         self._next_fit_events = []
         session = FitSession(self, cfg, dispatch, stop, events)
         self.last_result = session.result
+        self._probe_updates(session)
         return session
+
+    def _probe_updates(self, session: FitSession) -> None:
+        """The fit's update probe (``train.update_stats``; None: on for true plans), its
+        measurements kept in ``session.result.update_stats``."""
+        if self._update_probe is not None:
+            self._update_probe.remove()
+            self._update_probe = None
+        wanted = session.cfg.update_stats
+        if not (self.plan.true_weights if wanted is None else wanted):
+            return
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        probe = UpdateProbe(
+            self.optimizer, [p for _, p in named], [n for n, _ in named],
+            steps_before=self.counters.steps, steps=session.cfg.steps,
+            log_every=session.cfg.log_every,
+        )  # fmt: skip
+        probe.history = session.result.update_stats
+        session.rec.update_probe = probe
+        self._update_probe = probe
 
     # ------------------------------------------------------------------------- checkpoints
 
@@ -207,7 +244,8 @@ class Trainer:
         }
 
     def save_checkpoint(self, path: Any) -> Any:
-        """Write model, optimizer, scaler, counters, RNG and plan to ``path``."""
+        """Write model, optimizer, scaler, counters, RNG and plan to ``path`` (a true plan's
+        tensors in their own dtype, a remedy's optimizer state, Kahan buffers included)."""
         return ckpt.save_checkpoint(path, self.state_dict())
 
     def load_checkpoint(self, path: Any) -> None:
@@ -230,10 +268,18 @@ class Trainer:
             self._next_fit_events.append(
                 Event(
                     "checkpoint",
-                    f"checkpoint was written under plan {payload['plan'].get('mode')!r}; "
-                    f"continuing under plan {self.plan.mode!r}",
+                    "checkpoint was written under plan "
+                    f"{_plan_label(payload['plan'])!r}; continuing under plan "
+                    f"{self.plan.label!r} (tensors are copied into this plan's dtypes)",
                 )
             )
+
+
+def _plan_label(data: dict[str, Any]) -> str:
+    """A checkpoint's plan dict as its label (a checkpoint from before true plans: the mode)."""
+    return plan_label(
+        str(data.get("mode")), data.get("weights", "mixed"), data.get("remedy", "none")
+    )
 
 
 def _stop_flag(stop: Any) -> Any:

@@ -98,3 +98,28 @@ def test_transformers_fp16_on_a_cpu_trains_fp32(tmp_path, monkeypatch) -> None:
     trainer = Trainer(model=torch.nn.Linear(4, 4), args=args)
     assert args.fp16 and trainer.accelerator.device.type == "cpu"
     assert trainer.accelerator.native_amp is False and trainer.accelerator.scaler is None
+
+
+@pytest.mark.parametrize("request_", ["bf16-true", "bf16-true+kahan"])
+def test_a_true_plan_trains_its_bf16_model_in_accelerate(request_, tmp_path, monkeypatch, capsys):
+    code = pnb.plan(request_, "cpu").code("accelerate", steps=1)
+    assert "does not carry over as a setting: Accelerate has no true precision" in code
+    ns = _run(code, tmp_path, monkeypatch)
+    assert "final loss" in capsys.readouterr().out and math.isfinite(ns["loss"].item())
+    assert ns["accelerator"].mixed_precision == "no"
+    assert {p.dtype for p in ns["model"].parameters()} == {torch.bfloat16}
+    state = next(iter(ns["optimizer"].optimizer.state.values()))
+    assert ("kahan_comp" in state) is request_.endswith("kahan")
+
+
+@transformers_needed
+def test_a_true_plan_trains_its_bf16_model_in_the_transformers_trainer(
+    tmp_path, monkeypatch, capsys
+):
+    code = pnb.plan("bf16-true+kahan", "cpu").code("transformers", steps=1)
+    assert "TrainingArguments has no true precision" in code
+    ns = _run(code, tmp_path, monkeypatch)
+    assert math.isfinite(ns["result"].training_loss) and ns["result"].global_step == 1
+    assert not ns["args"].bf16 and not ns["args"].fp16
+    assert {p.dtype for p in ns["model"].parameters()} == {torch.bfloat16}
+    assert type(ns["trainer"].optimizer.optimizer).__module__.startswith("optimi")

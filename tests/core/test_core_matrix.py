@@ -51,13 +51,16 @@ def _doc_rows() -> list[list[str]]:
 
 def test_docs_table_is_the_matrix():
     yes = {True: "yes", False: "no"}
-    documented = [cells[:7] for cells in _doc_rows()]
+    documented = [cells[:8] for cells in _doc_rows()]
     expected = [
-        [f"`{r.id}`", r.device, r.request, r.mode, yes[r.scaler], yes[r.autocast], r.source]
+        [
+            f"`{r.id}`", r.device, r.request, r.mode, yes[r.scaler], yes[r.autocast], r.weights,
+            r.source,
+        ]
         for r in MATRIX
-    ]
+    ]  # fmt: skip
     assert documented == expected
-    assert all(cells[7] for cells in _doc_rows())  # every row says what it means
+    assert all(cells[8] for cells in _doc_rows())  # every row says what it means
 
 
 def test_the_linked_section_exists():
@@ -65,3 +68,26 @@ def test_the_linked_section_exists():
     assert path == "docs/plans.md"
     heading = "## " + anchor.replace("-", " ").capitalize()
     assert heading in DOCS.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "device,request_,bf16",
+    list(itertools.product(("cuda", "cpu", "mps", "xpu"), ("bf16", "fp16"), BF16_QUERY_RESULTS)),
+)
+def test_every_true_request_has_exactly_one_rule(device, request_, bf16):
+    caps = get_capabilities(BF16_PRESET[bf16])
+    key = rule_key(request_, False, device, caps, "true")
+    assert key in RULES
+    row, reason = lookup(request_, False, device, caps, "true")
+    assert row.id == RULES[key][0] and "{" not in reason
+    assert row.source == ("implied" if device == "xpu" else "true")
+    # the weights stay low only where the mode does
+    assert (row.weights == "true") is (row.mode != "fp32")
+
+
+def test_the_true_rows_leave_the_listed_rows_as_they_were():
+    listed = [r for r in MATRIX if r.source == "listed"]
+    assert len(listed) == 12 and all(r.weights == "mixed" for r in listed)
+    assert lookup("fp16", True, "cpu", get_capabilities("cpu-only"), "true")[0].id == (
+        "cpu-fp16-true"
+    )  # the loss-scale lab does not apply to fp16-true

@@ -22,6 +22,8 @@ CPU_LAB = ("fp16", "cpu", None, True)
 CUDA_BF16 = ("bf16", "auto", "cuda-bf16", False)
 CUDA_FP16 = ("fp16", "auto", "cuda-bf16", False)
 NO_BF16_AUTO = ("auto", "auto", "cuda-no-bf16", False)  # auto: fp16 on a GPU without bf16
+CPU_TRUE = ("bf16-true+stochastic", "cpu", None, False)
+CUDA_FP16_TRUE = ("fp16-true", "auto", "cuda-bf16", False)
 
 
 def _explain(case):
@@ -30,13 +32,16 @@ def _explain(case):
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
-@pytest.mark.parametrize("case", [CPU_FP32, CPU_BF16, CPU_LAB, CUDA_BF16, CUDA_FP16, NO_BF16_AUTO])
+@pytest.mark.parametrize(
+    "case",
+    [CPU_FP32, CPU_BF16, CPU_LAB, CUDA_BF16, CUDA_FP16, NO_BF16_AUTO, CPU_TRUE, CUDA_FP16_TRUE],
+)
 def test_every_script_is_valid_python_and_names_the_plan(case, framework) -> None:
     explanation = _explain(case)
     code = explanation.code(framework)
     ast.parse(code)
     first = code.splitlines()[0]
-    assert FRAMEWORKS[framework] in first and explanation.plan.mode in first
+    assert FRAMEWORKS[framework] in first and f"plan {explanation.plan.label} on" in first
     assert ("simulated hardware" in code) is explanation.simulated
     assert ("TF32" in code) is (explanation.plan.device_type == "cuda")
 
@@ -44,7 +49,8 @@ def test_every_script_is_valid_python_and_names_the_plan(case, framework) -> Non
 @pytest.mark.parametrize(
     ("case", "precision"),
     [(CPU_FP32, "32-true"), (CPU_BF16, "bf16-mixed"), (CUDA_BF16, "bf16-mixed"),
-     (CUDA_FP16, "16-mixed"), (NO_BF16_AUTO, "16-mixed")],
+     (CUDA_FP16, "16-mixed"), (NO_BF16_AUTO, "16-mixed"), (CPU_TRUE, "bf16-true"),
+     (CUDA_FP16_TRUE, "16-true")],
 )  # fmt: skip
 def test_lightning_gets_its_documented_precision_string(case, precision) -> None:
     code = _explain(case).code("lightning")

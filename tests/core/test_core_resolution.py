@@ -246,3 +246,19 @@ def test_no_message_speaks_of_a_spec_and_the_rule_is_linked(preset, mode, lab):
     assert "docs/plans.md#resolution-rules" in text
     mode_reason = next(d.reason for d in e.decisions if d.field == "mode")
     assert f"resolution rule {e.row.id!r}" in mode_reason
+
+
+def test_a_true_request_explains_its_weights_and_remedy_and_falls_back_with_them():
+    import precision_nb as pnb
+
+    e = pnb.plan("bf16-true+kahan", "cpu")
+    fields = [d.field for d in e.decisions]
+    assert fields[-2:] == ["fused AdamW", "remedy"] and "weights" in fields
+    assert e.plan.true_weights and e.plan.remedy == "kahan" and not e.plan.autocast_enabled
+    assert e.label == "bf16-true+kahan" and not e.fallbacks
+    down = pnb.plan("bf16-true+kahan", simulate="cuda-no-bf16")
+    assert down.plan.mode == "fp32" and not down.plan.true_weights and down.plan.remedy == "none"
+    weights = next(d for d in down.fallbacks if d.field == "weights")
+    assert "remedy 'kahan' dropped" in weights.reason
+    assert [d.field for d in pnb.plan("bf16", "cpu").decisions][-1] == "fused AdamW"
+    assert pnb.resolve_precision("bf16-true", "cpu").label == "bf16-true"

@@ -285,6 +285,12 @@ def launch(
     run_dir: str | Path | None = None,
 ) -> DistributedResult:
     """:func:`fit_distributed` for a request already checked (``RunRequest.of``)."""
+    true = [p.label for p in request.precisions if p.weights == "true"]
+    if true:  # refused before anything starts, not half-run on the ranks
+        raise ValueError(
+            f"precision: invalid value {true[0]!r} with distributed=...: true plans train on one "
+            "process; allowed: a mixed plan (fp32, bf16, fp16) for a distributed run"
+        )
     dispatch = Callbacks(callbacks)
     plan, spec_path = write_request_spec(request, distributed, factory=factory, run_dir=run_dir)
     keep = run_dir is not None

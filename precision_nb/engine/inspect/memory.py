@@ -27,11 +27,12 @@ COPIES = "autocast weight copies"
 ACTS = "activations saved for backward"
 INPUTS = "inputs saved for backward"
 SCALER = "grad scaler state"
+KAHAN = "Kahan compensation buffers"
 ALLOC_PEAK = "allocator peak (this step)"
 ALLOC_RESERVED = "allocator reserved peak (this step)"
 GAP = "allocator and workspace"
 RSS = "process memory (host RSS)"
-KINDS = (PARAMS, GRADS, OPTIM, COPIES, ACTS, INPUTS, SCALER)
+KINDS = (PARAMS, GRADS, OPTIM, KAHAN, COPIES, ACTS, INPUTS, SCALER)
 
 #: For the estimate where nothing ran (a simulated device): modules whose forward passes their
 #: own parameters to an op autocast casts to the low dtype. A trace replaces it with what autocast
@@ -137,12 +138,15 @@ def step_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
-def adamw_expected(params: list[nn.Parameter]) -> dict[Any, int]:
-    """AdamW's state by hand: 2 x each parameter's bytes, plus one scalar ``step`` per tensor."""
+def adamw_expected(params: list[nn.Parameter], steps: bool = True) -> dict[Any, int]:
+    """AdamW's state by hand: 2 x each parameter's bytes, plus one scalar ``step`` per tensor
+    (``steps=False``: an optimizer that keeps its step count elsewhere, as torch-optimi does)."""
     expected: dict[Any, int] = defaultdict(int)
     for d, n in numel_bytes(params).items():
         expected[d] += 2 * n
-    expected[step_dtype()] += len(params) * torch.empty((), dtype=step_dtype()).element_size()
+    if steps:
+        size = torch.empty((), dtype=step_dtype()).element_size()
+        expected[step_dtype()] += len(params) * size
     return dict(expected)
 
 
@@ -161,20 +165,36 @@ def expected_rows(model: nn.Module, plan: Any, method: str) -> list[dict[str, An
 
 
 def optimizer_rows(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """AdamW state: ``exp_avg`` + ``exp_avg_sq`` per parameter (its dtype) + a scalar ``step``."""
+    """AdamW state: ``exp_avg`` + ``exp_avg_sq`` per parameter (its dtype) + a scalar ``step``;
+    a Kahan-summing optimizer's ``kahan_comp`` buffers (torch-optimi) are a kind of their own."""
     states = list(optimizer.state.values())
-    tensors = [v for state in states for v in state.values() if torch.is_tensor(v)]
-    keys = sorted({k for state in optimizer.state.values() for k in state})
+    items = [(k, v) for state in states for k, v in state.items() if torch.is_tensor(v)]
+    tensors = [v for k, v in items if k != "kahan_comp"]
+    kahan = [v for k, v in items if k == "kahan_comp"]
+    keys = sorted({k for k, _ in items} - {"kahan_comp"})
     expected: dict[Any, int] = {}
+    params = trainable(model)
     if isinstance(optimizer, torch.optim.AdamW) and not optimizer.defaults.get("amsgrad"):
-        expected = adamw_expected(trainable(model))
-    return _merge(
+        expected = adamw_expected(params)
+    elif keys in (["exp_avg", "exp_avg_sq"], ["exp_avg", "exp_avg_sq", "step"]):
+        expected = adamw_expected(params, steps="step" in keys)  # a library AdamW
+    rows = _merge(
         OPTIM,
         storage_bytes(tensors),
         expected,
         f"storages of optimizer.state ({', '.join(keys)}) after one step; expected: AdamW "
-        "exp_avg + exp_avg_sq per trainable parameter and one scalar step each",
+        "exp_avg + exp_avg_sq per trainable parameter"
+        + (" and one scalar step each" if "step" in keys else ""),
     )
+    if kahan:
+        rows += _merge(
+            KAHAN,
+            storage_bytes(kahan),
+            numel_bytes(params),
+            "storages of optimizer.state kahan_comp (torch-optimi, kahan_sum=True); expected: "
+            "one buffer per trainable parameter, in its dtype",
+        )
+    return rows
 
 
 def weight_copy_rows(

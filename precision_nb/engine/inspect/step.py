@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from precision_nb.core.events import Event
-from precision_nb.core.optim import OptimizerConfig, build_optimizer
+from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import explain_precision
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
@@ -32,8 +32,10 @@ from precision_nb.engine.inspect.op_trace import Flag, OpTracer, flags, summaris
 from precision_nb.engine.inspect.policy import DISPATCH_KEYS, SOURCE, policy_rows
 from precision_nb.engine.metrics import host_rss
 from precision_nb.engine.precision import Precision, lab_applies, run_label
+from precision_nb.engine.remedies import build_plan_optimizer
 from precision_nb.engine.request import prepare
 from precision_nb.engine.results import DeviceOutOfMemoryError
+from precision_nb.engine.true_precision import cast_floating, cast_model
 from precision_nb.engine.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ def resolve(
     """The plan, device, label and resolution events for a plan, config or mode string."""
     if isinstance(precision, PrecisionPlan):
         dev = torch.device(plan_device(precision, device))
-        return precision, dev, run_label(precision.mode, False), []
+        return precision, dev, run_label(precision.label, False), []
     explanation = explain_precision(
         precision if precision is not None else "auto", device, capabilities, optimizer
     )
@@ -119,7 +121,7 @@ def resolve(
         )
         for d in explanation.fallbacks
     ]
-    label = run_label(explanation.plan.mode, lab_applies(explanation))
+    label = run_label(explanation.plan.label, lab_applies(explanation))
     return explanation.plan, torch.device(explanation.device), label, events
 
 
@@ -217,7 +219,11 @@ def run_inspection(
             # memory (a model already on the GPU is copied there), as the counted rows say.
             base = mem.start_peak_window(dev)
             work = _copy(model)
+            cast_model(work, plan)  # a true plan: the copy in the plan's dtype (the user's
+            # model is not touched); a model a true trainer cast already is left as it is
             batch = to_device(source.get(0), dev)
+            if plan.true_weights:
+                batch = cast_floating(batch, plan.dtype)
             return _instrumented_step(
                 work, batch, plan, dev, label, events, loss_fn, optimizer, base
             )
@@ -250,7 +256,7 @@ def _instrumented_step(
     """One step of ``work`` through the plan's :class:`Precision`, traced; ``base``: what the
     allocator held when the peak window opened."""
     t0 = time.perf_counter()
-    opt = build_optimizer(work, optimizer or OptimizerConfig(), dev)
+    opt = build_plan_optimizer(work, optimizer or OptimizerConfig(), dev, plan)
     work.zero_grad(set_to_none=True)
     amp = Precision.for_plan(plan, dev)
     amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has

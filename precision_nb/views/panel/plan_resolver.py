@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from precision_nb.core import remedies
 from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabilities
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
@@ -133,14 +134,19 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
     hover)."""
     esc = html.escape
     plan, config = explanation.plan, explanation.config
-    request = config.requested + (" + loss-scale lab" if config.loss_scale_lab else "")
+    request = config.label + (" + loss-scale lab" if config.loss_scale_lab else "")
     parts = [
+        f"{plan.dtype} weights (true)" if plan.true_weights else "",
         f"autocast {plan.dtype}" if plan.autocast_enabled else "no autocast",
         "loss scaler" if plan.use_scaler else "no loss scaler",
     ]
+    parts = [p for p in parts if p]
     fused = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
     if fused is not None:
         parts.append(fused.outcome)
+    remedy = next((d for d in explanation.decisions if d.field == "remedy"), None)
+    if remedy is not None and plan.remedy != "none":
+        parts.append(remedy.outcome)
     compiled = explanation.compile
     parts.append(f"compile {compiled.outcome}" if compiled.enabled else "eager")
     if distributed is not None:
@@ -156,7 +162,7 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
         )
     return (
         f"<span style='white-space:nowrap'>request <b>{esc(request)}</b> &rarr; plan "
-        f"<b>{esc(plan.mode)}</b>{mark}</span>: {esc(' · '.join(parts))}"
+        f"<b>{esc(plan.label)}</b>{mark}</span>: {esc(' · '.join(parts))}"
     )
 
 
@@ -252,6 +258,15 @@ class LivePlan:
                 return (
                     "Run is disabled: distributed runs train eagerly (their ranks do not compile "
                     "the model); set Compile to off, or the strategy to none"
+                )
+        remedy = self.explanation.plan.remedy if self.explanation is not None else "none"
+        if remedy != "none" and not remedies.installed(remedy):
+            return f"Run is disabled: {remedies.missing_message(remedy)}"
+        if self.distributed is not None and self.explanation is not None:
+            if self.explanation.plan.true_weights:
+                return (
+                    "Run is disabled: true plans train on one process; pick a mixed plan, or the "
+                    "strategy none"
                 )
         if self.explanation is not None and self.explanation.simulated:
             name = self.explanation.capabilities.name

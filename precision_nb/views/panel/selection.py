@@ -13,8 +13,8 @@ from typing import Any
 
 from precision_nb.core.defaults import DEFAULT_BUDGET_S
 from precision_nb.core.device import normalize_device_request
-from precision_nb.core.names import COMPILE_MODES, compile_name
-from precision_nb.core.plan import normalize_precision
+from precision_nb.core.names import COMPILE_MODES, PLAN_SPELLINGS, compile_name
+from precision_nb.core.plan import normalize_plan, normalize_precision
 from precision_nb.core.validate import integer, number, positive_int, short_repr
 
 __all__ = [
@@ -37,7 +37,8 @@ MAX_STEPS = 100_000
 MAX_ACCUMULATION = 1024
 #: The Compare's measurement budget in seconds: at least one, at most an hour.
 BUDGET_RANGE = (1.0, 3600.0)
-MODES = ("auto", "fp32", "bf16", "fp16")
+#: The Mode menu: the four requests, then the true plans with their remedies (docs/plans.md).
+MODES = PLAN_SPELLINGS
 DTYPES = ("none", "fp32", "bf16", "fp16")
 FUSED_CHOICES: dict[str, bool | None] = {"probe": None, "on": True, "off": False}
 SIM_PREFIX = "sim:"
@@ -50,6 +51,9 @@ COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
     "fp16": ("fp16", False),
     "fp16 + loss-scale lab": ("fp16", True),
     "auto": ("auto", False),
+    "bf16-true": ("bf16-true", False),
+    "bf16-true+stochastic": ("bf16-true+stochastic", False),
+    "bf16-true+kahan": ("bf16-true+kahan", False),
 }
 DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
 
@@ -119,7 +123,7 @@ def _normalise_dtype(value: Any) -> str:
 
 
 def _normalise_mode(value: Any) -> str:
-    return normalize_precision(value, field="mode")
+    return normalize_plan(value, field="mode")
 
 
 def _normalise_fused(value: Any) -> str:

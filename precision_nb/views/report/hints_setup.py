@@ -185,6 +185,8 @@ def _fused(rows: Rows, results: Results) -> list[Hint]:
         used = outcome.used if outcome is not None else row.get("fused_adamw")
         if used is None or bool(used):
             continue
+        if getattr(getattr(result, "plan", None), "remedy", "none") != "none":
+            continue  # a remedy's library AdamW runs by design (the plan's remedy decision)
         if outcome is not None:
             requested = outcome.requested
             reason = str(outcome.reason or "no reason recorded").rstrip(".")

@@ -29,6 +29,7 @@ KIND_COLORS = {
     mem.PARAMS: "#1f77b4",
     mem.GRADS: "#aec7e8",
     mem.OPTIM: "#9467bd",
+    mem.KAHAN: "#c5b0d5",
     mem.COPIES: "#ff7f0e",
     mem.ACTS: "#2ca02c",
     mem.INPUTS: "#98df8a",

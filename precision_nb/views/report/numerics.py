@@ -63,7 +63,9 @@ def numerics(
 
     ``scale``: the loss scale of the "fp16 x scale" column; by default the last scale of ``run``
     (a ``RunResult``) when given, else 2^16. ``run``: its ``scale_history`` is drawn over the
-    safe window. ``optimizer``: your optimizer (its state is copied, never changed) for the
+    safe window, and its measured lost updates (``RunResult.update_stats``: a true plan's, or any
+    run with ``update_stats=True``) are shown per layer beside the what-if stagnation.
+    ``optimizer``: your optimizer (its state is copied, never changed) for the
     stagnation check; by default a fresh AdamW. The caller's model, optimizer and RNG stream are
     left as they were.
     """
@@ -120,6 +122,20 @@ class Numerics:
     @property
     def fp8(self) -> pd.DataFrame:
         return pd.DataFrame(self.result.fp8)
+
+    @property
+    def lost_updates(self) -> pd.DataFrame:
+        """Measured on the run (``run.update_stats``), per logged step and layer: the fraction of
+        the layer's elements its optimizer step left unchanged (``updates_rounded_away``) and
+        still at their start values (``weights_never_moved``). Empty without such a run."""
+        stats = getattr(self.run, "update_stats", None) or []
+        rows = [
+            {"run": getattr(self.run, "label", None), "step": entry["step"], "layer": name,
+             **values}
+            for entry in stats
+            for name, values in entry["layers"].items()
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
 
     @property
     def window(self) -> dict[str, Any]:
@@ -213,6 +229,15 @@ class Numerics:
         parts.append("<h4>Update stagnation (one optimizer step)</h4>")
         parts.append(f"<p>{html.escape(str(info.get('optimizer')))}.</p>")
         parts.append(_stagnation_table(self.result.stagnation))
+        lost = self.lost_updates
+        if not lost.empty:
+            last = lost[lost["step"] == lost["step"].max()]
+            parts.append(
+                f"<h4>Lost updates measured on the run {html.escape(str(self.run.label))} "
+                f"(step {int(last['step'].iloc[0])}, per layer)</h4>"
+            )
+            columns = ["layer", "updates_rounded_away", "weights_never_moved"]
+            parts.append(table_html(last[columns].to_dict("records"), columns))
         parts.append("<h4>FP8 what-if (per-tensor amax scaling)</h4>")
         parts.append(f"<p>{html.escape(str(info.get('fp8', {}).get('text', '')))}</p>")
         parts.append(_fp8_table(self.result.fp8))

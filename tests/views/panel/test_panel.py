@@ -312,3 +312,35 @@ def test_fused_flag_of_the_code_follows_the_decision_not_its_wording(panel: Pane
     assert "fused=False" in panel.code
     panel.set(device="cpu", fused=None)  # off CUDA the probe gives plain AdamW
     assert "fused=False" in panel.code
+
+
+def test_true_plans_in_the_mode_menu_and_their_refusals_in_the_error_box(panel: Panel) -> None:
+    assert {"bf16-true", "bf16-true+stochastic", "bf16-true+kahan"} <= set(
+        panel.widgets.mode.options
+    )
+    panel.set(device="cpu", mode="BF16-true+Kahan")
+    assert panel.plan.label == "bf16-true+kahan" and panel.plan.true_weights
+    assert "optimi.AdamW(" in panel.code and "dtype=torch.bfloat16" in panel.code
+    assert "bf16-true+kahan" in panel.widgets.headline.value
+    panel.set(fused="on")  # a valid control value whose combination the plan refuses
+    assert panel.plan is None and "optimizer.fused: invalid value True with remedy" in panel.error
+    assert "True with remedy" in panel.widgets.error_box.value
+    assert panel.widgets.run_button.disabled
+    with pytest.raises(ValueError, match="no true variant"):
+        panel.set(mode="fp32-true")
+    panel.set(fused="probe", mode="bf16-true")
+    assert panel.error is None and not panel.widgets.run_button.disabled
+
+
+def test_a_remedy_whose_library_is_missing_disables_run_and_names_the_extra(
+    panel: Panel, monkeypatch
+) -> None:
+    from precision_nb.core import remedies
+
+    monkeypatch.setattr(remedies, "installed", lambda name: False)
+    panel.set(device="cpu", mode="bf16-true+stochastic")
+    assert panel.plan is not None and panel.widgets.run_button.disabled
+    assert "precision-nb[remedies]" in panel.widgets.run_reason.value
+    assert "NOT installed" in panel.plan_text
+    panel.set(mode="bf16")
+    assert not panel.widgets.run_button.disabled

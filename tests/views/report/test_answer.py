@@ -124,6 +124,40 @@ def test_hints_that_repeat_a_shown_verdict_are_left_out(plans):
     assert other_hints([repeat, other], plans) == [other]
 
 
+def test_a_true_plan_card_says_its_saving_against_the_mixed_plan_and_its_lost_updates(
+    make_result, make_comparison
+):
+    import dataclasses
+
+    true = make_result("bf16-true", "bf16")
+    true.plan = dataclasses.replace(true.plan, weights="true", remedy="kahan")
+    true.update_stats = [
+        {"step": 10, "updates_rounded_away": 0.9, "weights_never_moved": 0.05, "layers": {}}
+    ]
+    comparison = make_comparison(
+        fp32=make_result("fp32", "fp32"), bf16=make_result("bf16", "bf16"), **{"bf16-true": true}
+    )
+    inspections = {
+        "fp32": _memory(("parameters", "fp32", 4000)),
+        "bf16": _memory(
+            ("parameters", "fp32", 4000), ("gradients", "fp32", 4000),
+            ("optimizer state", "fp32", 8024),
+        ),
+        "bf16-true": _memory(
+            ("parameters", "bf16", 2000), ("gradients", "bf16", 2000),
+            ("optimizer state", "bf16", 4000), ("optimizer state", "fp32", 24),
+            ("Kahan compensation buffers", "bf16", 2000),
+        ),
+    }  # fmt: skip
+    by = {a.label: a for a in answers(comparison, inspections=inspections)}
+    card = by["bf16-true"]
+    assert "against bf16 (mixed): parameters, gradients and optimizer state" in card.memory[-2]
+    assert card.memory[-2].endswith(f"({8024 / 16024:.3f}x)")
+    assert card.memory[-1] == "Kahan compensation buffers (bf16): 1.95 KiB more"
+    assert card.numerics[-1].startswith("updates rounded away at step 10: 90.0% of the weights")
+    assert not any("(mixed)" in line for line in by["bf16"].memory)
+
+
 def test_the_fp16_flush_count_follows_the_scale_window_s_rule(comparison):
     # a transformer's norms and embeddings: autocast keeps their gradients in fp32, so the
     # window leaves them out of its fp16 count; the answer card counts the same gradients

@@ -132,3 +132,18 @@ def test_heatmap_labels_gradients_a_real_fp16_step_keeps_in_fp32():
     labels = [t.get_text() for t in result.heatmap().axes[0].get_yticklabels()]
     assert labels[0].startswith("emb.weight  [") and labels[0].endswith("fp32 in fp16 run]")
     assert labels[1:] == ["out.weight", "out.bias"]
+
+
+def test_a_true_runs_measured_lost_updates_show_per_layer(analysed):
+    run = precision_nb.fit(
+        "mlp", preset="tiny", device="cpu", precision="bf16-true", steps=4, log_every=2,
+        progress=False, measure_peak=False,
+    )  # fmt: skip
+    view = Numerics(analysed.result, run)
+    lost = view.lost_updates
+    names = {n for n, _ in precision_nb.get_workload("mlp", "tiny").make_model().named_parameters()}
+    assert set(lost["layer"]) == names and set(lost["step"]) == {2, 4}
+    assert lost["updates_rounded_away"].between(0, 1).all()
+    page = view._repr_html_()
+    assert "Lost updates measured on the run bf16-true (step 4, per layer)" in page
+    assert Numerics(analysed.result, None).lost_updates.empty

@@ -1,0 +1,109 @@
+"""What a run's own weights lost: updates rounded away, measured on the weights at logged steps.
+
+Low-precision weights round an update smaller than half a unit in the last place away: the
+weight is bit-identical after the step. :class:`UpdateProbe` measures it on the run itself, not as
+a what-if: on a logged step it copies the trainable parameters just before ``optimizer.step()``
+(an optimizer step pre-hook) and compares them with the same tensors right after (a post-hook),
+element by element, on the device. Two fractions of the parameter elements come out, overall and
+per parameter tensor (layer):
+
+- ``updates_rounded_away``: elements whose stored value did not change in that step. In a mixed
+  plan these are the fp32 master weights (close to 0); in a true plan the bf16 weights. With
+  stochastic rounding a single step still leaves most tiny updates at 0 (each moves the weight
+  a whole unit with a probability in proportion to its size), and with Kahan summation the
+  weight moves only when the compensation buffer has gathered half a unit: both keep what one
+  step rounds away, which the next fraction shows.
+- ``weights_never_moved``: elements still bit-identical to their value at the start of this fit
+  (a copy kept on the device). An update rounded away every step leaves the weight where it
+  started for good; with a remedy, or fp32 weights, it moves sooner or later.
+
+Elements whose update is exactly 0 (a parameter that gets no gradient and no weight decay) count
+as unchanged too: a mixed (fp32) run of the same model shows that floor. The device values travel
+to the host at the logging point (one read per logged step, only when the probe is on: by
+default for true plans, ``TrainConfig.update_stats``). Optimizer hooks run for every
+``torch.optim.Optimizer``, including the remedies' library optimizers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+#: Record keys the probe fills (None where it is off or the logged interval had no measured step).
+KEYS = ("updates_rounded_away", "weights_never_moved")
+NO_UPDATE_STATS: dict[str, Any] = dict.fromkeys(KEYS)
+
+
+class UpdateProbe:
+    """Measures rounded-away updates on logged steps of one fit; see the module docstring.
+
+    ``steps_before``: counted steps before the fit; ``steps``: the fit's steps; ``log_every``:
+    its logging interval (a logged step is a multiple of it, or the fit's last step).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        params: Sequence[torch.Tensor],
+        names: Sequence[str],
+        *,
+        steps_before: int,
+        steps: int,
+        log_every: int,
+    ) -> None:
+        self.params, self.names = list(params), list(names)
+        self.steps, self.last, self.log_every = steps_before, steps_before + steps, log_every
+        self.start = [p.detach().clone() for p in self.params]
+        self.numel = [p.numel() for p in self.params]
+        self._before: list[torch.Tensor] | None = None
+        self._pending: tuple[int, torch.Tensor] | None = None
+        #: One dict per measured step: step, the two fractions and ``layers`` (name -> both).
+        self.history: list[dict[str, Any]] = []
+        self._handles = [
+            optimizer.register_step_pre_hook(self._pre),
+            optimizer.register_step_post_hook(self._post),
+        ]
+
+    def remove(self) -> None:
+        """Take the hooks off the optimizer (a later fit brings its own probe)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _logged(self, step: int) -> bool:
+        return step % self.log_every == 0 or step == self.last
+
+    def _pre(self, *_: Any) -> None:
+        if self._logged(self.steps + 1):
+            self._before = [p.detach().clone() for p in self.params]
+
+    @torch.no_grad()
+    def _post(self, *_: Any) -> None:
+        self.steps += 1
+        if self._before is None:
+            return
+        same = [(p == b).sum() for p, b in zip(self.params, self._before, strict=True)]
+        still = [(p == s).sum() for p, s in zip(self.params, self.start, strict=True)]
+        self._before = None
+        self._pending = (self.steps, torch.stack(same + still))  # stays on the device
+
+    def take(self) -> dict[str, Any]:
+        """The record fields of the last measured step (a host read), then forget it."""
+        if self._pending is None:
+            return dict(NO_UPDATE_STATS)
+        step, counts = self._pending
+        self._pending = None
+        values = counts.tolist()  # the logging point's read
+        n = len(self.params)
+        total = sum(self.numel) or 1
+        same, still = values[:n], values[n:]
+        layers = {
+            name: {"updates_rounded_away": s / k, "weights_never_moved": t / k}
+            for name, s, t, k in zip(self.names, same, still, self.numel, strict=True)
+            if k
+        }
+        out = {"updates_rounded_away": sum(same) / total, "weights_never_moved": sum(still) / total}
+        self.history.append({"step": step, **out, "layers": layers})
+        return out

@@ -1,0 +1,280 @@
+"""True plans (bf16-true): exactly half the bytes, the user's model after a fit, nothing
+half-cast, the update probe against a hand count, checkpoints that keep dtypes and state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import quiet
+from torch import nn
+
+import precision_nb as pnb
+from precision_nb.core import remedies
+from precision_nb.core.optim import OptimizerConfig
+from precision_nb.engine import trainer as trainer_module
+from precision_nb.engine.compare import compare
+from precision_nb.engine.inspect import memory as mem
+from precision_nb.engine.inspect.step import run_inspection
+from precision_nb.engine.trainer import Trainer
+from precision_nb.engine.workloads import get_workload
+
+
+def _bytes(tensors) -> int:
+    return sum(t.nbytes for t in tensors)
+
+
+def _trained(precision: str, steps: int = 1) -> tuple[Trainer, tuple]:
+    """mlp/small after ``steps`` steps, and a first batch for a backward by hand."""
+    work = get_workload("mlp", "small")
+    torch.manual_seed(0)
+    batches = work.make_batches(torch.device("cpu"))
+    t = Trainer(work.make_model(), batches, device="cpu", precision=precision, train=quiet())
+    t.fit(steps)
+    return t, batches(0)
+
+
+def test_true_plan_halves_parameters_gradients_and_adamw_moments_exactly():
+    sizes = {}
+    for precision in ("bf16", "bf16-true"):
+        t, (x, y) = _trained(precision)
+        params = list(t.model.parameters())
+        dtype = params[0].dtype
+        loss = nn.functional.cross_entropy(t.model(x.to(dtype)), y)
+        loss.backward()
+        states = list(t.optimizer.state.values())
+        sizes[precision] = {
+            "params": _bytes(params),
+            "grads": _bytes(p.grad for p in params),
+            "moments": _bytes(s[k] for s in states for k in ("exp_avg", "exp_avg_sq")),
+            "steps": _bytes(s["step"] for s in states),
+            "dtypes": {p.dtype for p in params} | {s["exp_avg"].dtype for s in states},
+        }
+    mixed, true = sizes["bf16"], sizes["bf16-true"]
+    assert mixed["dtypes"] == {torch.float32} and true["dtypes"] == {torch.bfloat16}
+    for kind in ("params", "grads", "moments"):
+        assert mixed[kind] == 2 * true[kind], kind
+    assert mixed["steps"] == true["steps"]  # AdamW's step counters are fp32 scalars in both
+
+
+def test_inspection_shows_the_halving_and_the_kahan_buffers_by_kind():
+    def by_kind(precision):
+        data = run_inspection("mlp", preset="small", precision=precision, device="cpu")
+        out: dict = {}
+        for r in data.memory:
+            out.setdefault(r["kind"], {})[r["dtype"]] = r["bytes"]
+        return out
+
+    mixed, kahan = by_kind("bf16"), by_kind("bf16-true+kahan")
+    assert kahan[mem.PARAMS] == {"bf16": mixed[mem.PARAMS]["fp32"] // 2}
+    assert kahan[mem.GRADS] == {"bf16": mixed[mem.GRADS]["fp32"] // 2}
+    assert kahan[mem.KAHAN] == {"bf16": kahan[mem.PARAMS]["bf16"]}  # one buffer per weight
+    assert mem.KAHAN not in mixed
+
+
+def test_fit_leaves_the_user_model_in_bf16_and_integer_buffers_as_they_were(batches):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    result = pnb.fit(model, batches, device="cpu", precision="bf16-true", steps=2, progress=False)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model[1].running_mean.dtype == torch.bfloat16
+    assert model[1].num_batches_tracked.dtype == torch.int64
+    assert int(model[1].num_batches_tracked) == 2
+    said = " ".join(e.message for e in result.events if e.kind == "precision")
+    assert "now bfloat16" in said and "1.num_batches_tracked (int64)" in said
+    assert result.label == "bf16-true" and result.records[-1]["weights"] == "true"
+
+
+def test_compare_leaves_the_user_model_untouched(make_model, batches):
+    model = make_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    out = compare(["fp32", "bf16-true"], model=model, batches=batches, device="cpu", steps=2,
+                  progress=False, measure_peak=False)  # fmt: skip
+    assert set(out.results) == {"fp32", "bf16-true"}
+    assert out.results["bf16-true"].plan.true_weights
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert p.dtype == torch.float32 and torch.equal(p, b)
+
+
+def test_a_missing_remedy_library_is_named_before_the_model_is_touched(
+    monkeypatch, make_model, batches
+):
+    monkeypatch.setattr(remedies, "installed", lambda name: False)
+    model = make_model()
+    with pytest.raises(ImportError, match=r"precision-nb\[remedies\]") as err:
+        Trainer(model, batches, device="cpu", precision="bf16-true+kahan")
+    assert "torch-optimi" in str(err.value)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    text = str(pnb.plan("bf16-true+stochastic", "cpu"))
+    assert "torchao is NOT installed: pip install 'precision-nb[remedies]'" in text
+
+
+def test_an_optimizer_that_cannot_be_built_leaves_nothing_cast(monkeypatch, batches):
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 2))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no optimizer today")
+
+    monkeypatch.setattr(trainer_module, "build_plan_optimizer", fail)
+    with pytest.raises(RuntimeError, match="no optimizer today"):
+        Trainer(model, batches, device="cpu", precision="bf16-true")
+    assert {t.dtype for t in model.state_dict().values()} == {torch.float32, torch.int64}
+
+
+def test_complex_parameters_are_refused_before_anything_is_cast(batches):
+    model = nn.Linear(8, 2)
+    model.phase = nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"cannot cast complex tensors \(phase\)"):
+        Trainer(model, batches, device="cpu", precision="bf16-true")
+    assert model.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(precision="fp32-true"), ["fp32-true", "no true variant"]),
+        (dict(precision="auto-true"), ["auto-true", "needs its dtype named"]),
+        (dict(precision="bf16-true+magic"), ["unknown remedy 'magic'", "+kahan"]),
+        (dict(precision="bf16+kahan"), ["applies to a true plan only"]),
+        (dict(precision="fp16-true+stochastic"), ["bf16 weights only"]),
+        (dict(precision="bf16-true+kahan", fused=True), ["optimizer.fused", "remedy 'kahan'"]),
+        (
+            dict(precision="fp16-true", fused=False, simulate="cuda-bf16"),
+            ["optimizer.fused", "NaN or inf"],
+        ),
+        (
+            dict(precision="fp16-true+kahan", simulate="cuda-bf16"),
+            ["optimizer.eps: invalid value 1e-08", "2**-24"],
+        ),
+    ],
+)
+def test_bad_true_requests_name_the_field_the_value_and_what_is_allowed(kwargs, words):
+    with pytest.raises(ValueError) as err:
+        pnb.plan(**kwargs)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_torch_facts_behind_the_fp16_true_rule():
+    """GradScaler refuses fp16 gradients; plain AdamW on fp16 state writes NaN/inf where the
+    fused kernel does not (the cuda-fp16-true rule's reason, pinned on the installed torch)."""
+    x = nn.Parameter(torch.ones(2, dtype=torch.float16))
+    scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.AdamW([x])
+    scaler.scale((x * x).sum()).backward()
+    with pytest.raises(ValueError, match="unscale FP16 gradients"):
+        scaler.unscale_(opt)
+    grads = torch.tensor([0.0, 1e-3, 0.0, 1.0], dtype=torch.float16)
+    for fused, finite in ((False, False), (True, True)):
+        p = nn.Parameter(torch.ones(4, dtype=torch.float16))
+        p.grad = grads.clone()
+        torch.optim.AdamW([p], lr=1e-3, fused=fused).step()
+        assert bool(torch.isfinite(p).all()) is finite
+    # fp16-true+kahan: torch-optimi adds eps to fp16 state (NaN at eps 1e-8, not at 2**-24)
+    from precision_nb.engine.remedies import remedy_optimizer
+
+    for eps, finite in ((1e-8, False), (2.0**-24, True)):
+        p = nn.Parameter(torch.ones(4, dtype=torch.float16))
+        p.grad = grads.clone()
+        remedy_optimizer([p], OptimizerConfig(eps=eps), "kahan").step()
+        assert bool(torch.isfinite(p).all()) is finite
+
+
+def test_the_update_probe_agrees_with_a_count_by_hand(batches, make_model):
+    model = make_model()
+    start = None
+
+    def keep_start(result):
+        nonlocal start
+        start = [p.detach().clone() for p in model.parameters()]
+
+    class Start:
+        on_fit_start = staticmethod(keep_start)
+
+    t = Trainer(model, batches, device="cpu", precision="bf16-true",
+                optimizer=OptimizerConfig(lr=3e-4), train=quiet(steps=12, log_every=6))  # fmt: skip
+    result = t.fit(callbacks=[Start()])
+    total = sum(p.numel() for p in model.parameters())
+    still = sum(int((p == s).sum()) for p, s in zip(model.parameters(), start, strict=True))
+    last = result.records[-1]
+    assert last["weights_never_moved"] == still / total
+    assert 0 < last["weights_never_moved"] < 1
+    assert [u["step"] for u in result.update_stats] == [6, 12]
+    layers = result.update_stats[-1]["layers"]
+    assert set(layers) == {n for n, _ in model.named_parameters()}
+
+
+def test_tiny_updates_are_all_rounded_away_in_bf16_and_none_in_fp32(make_model, batches):
+    lr = OptimizerConfig(lr=1e-7, weight_decay=0.0)
+
+    def linear(seed=0):  # no ReLU: every element gets a non-zero gradient, so a non-zero update
+        torch.manual_seed(seed)
+        return nn.Linear(8, 2)
+
+    true = Trainer(linear(), batches, device="cpu", precision="bf16-true", optimizer=lr,
+                   train=quiet(steps=4, log_every=2))  # fmt: skip
+    fp32 = Trainer(linear(), batches, device="cpu", precision="fp32", optimizer=lr,
+                   train=quiet(steps=4, log_every=2, update_stats=True))  # fmt: skip
+    lost, kept = true.fit().records[-1], fp32.fit().records[-1]
+    assert lost["updates_rounded_away"] == 1.0 and lost["weights_never_moved"] == 1.0
+    assert kept["updates_rounded_away"] == 0.0 and kept["weights_never_moved"] == 0.0
+    mixed = Trainer(make_model(), batches, device="cpu", precision="bf16", train=quiet(steps=2))
+    assert mixed.fit().records[-1]["updates_rounded_away"] is None  # off by default when mixed
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-true+kahan", "bf16-true+stochastic"])
+def test_checkpoints_keep_dtypes_and_the_remedy_state(tmp_path, make_model, batches, precision):
+    def trainer(seed=0):
+        return Trainer(make_model(seed), batches, device="cpu", precision=precision,
+                       train=quiet(steps=3, log_every=3))  # fmt: skip
+
+    full = trainer()
+    full.fit(6)
+    part = trainer()
+    part.fit(3)
+    part.save_checkpoint(tmp_path / "c.pt")
+    resumed = trainer(seed=5)
+    resumed.load_checkpoint(tmp_path / "c.pt")
+    assert {p.dtype for p in resumed.model.parameters()} == {torch.bfloat16}
+    state = next(iter(resumed.optimizer.state.values()))
+    saved = next(iter(part.optimizer.state.values()))
+    assert set(state) == set(saved)
+    assert ("kahan_comp" in state) == precision.endswith("kahan")
+    for key, value in saved.items():
+        assert state[key].dtype == value.dtype and torch.equal(state[key], value)
+    resumed.fit(3)
+    for a, b in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_distributed_true_run_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="true plans train on one process"):
+        pnb.fit("mlp", precision="bf16-true", distributed=pnb.Distributed("ddp", 2),
+                progress=False)  # fmt: skip
+
+
+def test_a_missing_remedy_library_stops_a_comparison_and_the_cli_before_anything_runs(
+    monkeypatch, capsys, tmp_path
+):
+    from precision_nb.cli.main import main
+
+    monkeypatch.setattr(remedies, "installed", lambda name: False)
+    with pytest.raises(ImportError, match=r"torchao.*precision-nb\[remedies\]"):
+        compare(["fp32", "bf16-true+stochastic"], "mlp", "tiny", steps=1, progress=False)
+    code = main(["profile", "--compare", "fp32,bf16-true+kahan", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--compare: invalid value 'bf16-true+kahan'" in err
+    assert "pip install 'precision-nb[remedies]'" in err and not (tmp_path / "o").exists()
+
+
+def test_profile_and_the_cli_take_true_plans_in_one_spelling():
+    from precision_nb.core.names import precision_list
+    from precision_nb.views.report.profile import parse_modes
+
+    assert parse_modes("fp32, BF16-true+Kahan,bf16-mixed,bf16") == (
+        "fp32", "bf16-true+kahan", "bf16",
+    )  # fmt: skip
+    assert precision_list("bf16-true,fp16-true+kahan", "--compare") == [
+        "bf16-true", "fp16-true+kahan",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="compare: invalid value 'fp32-true'"):
+        parse_modes("fp32-true")

@@ -268,13 +268,15 @@ def test_a_missing_remedy_library_stops_a_comparison_and_the_cli_before_anything
 
 def test_profile_and_the_cli_take_true_plans_in_one_spelling():
     from precision_nb.core.names import precision_list
-    from precision_nb.views.report.profile import parse_modes
+    from precision_nb.engine.planning import plan_runs
+    from precision_nb.views.report.profile import profile_request
 
-    assert parse_modes("fp32, BF16-true+Kahan,bf16-mixed,bf16") == (
-        "fp32", "bf16-true+kahan", "bf16",
-    )  # fmt: skip
+    request = profile_request(compare="fp32, BF16-true+Kahan,bf16-mixed,bf16", device="cpu")
+    assert [p.label for p in request.precisions] == ["fp32", "bf16-true+kahan", "bf16", "bf16"]
+    # the same request twice is planned once
+    assert list(plan_runs(request).labels) == ["fp32", "bf16-true+kahan", "bf16"]
     assert precision_list("bf16-true,fp16-true+kahan", "--compare") == [
         "bf16-true", "fp16-true+kahan",
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="compare: invalid value 'fp32-true'"):
-        parse_modes("fp32-true")
+    with pytest.raises(ValueError, match="invalid value 'fp32-true'"):
+        profile_request(compare="fp32-true")

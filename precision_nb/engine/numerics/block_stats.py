@@ -8,11 +8,21 @@ element times their block's scale (saturated, clamped: ``|x| / scale > element m
 
 Rows are independent in every format here (an MX block lies inside a row; NVFP4's per-tensor
 scale is taken from the whole tensor's amax), so a matrix with more than
-:data:`SAMPLE_ELEMENTS` elements is cast on a simple random sample of whole rows (a fixed seed),
-and every row cast is bit for bit what casting the whole matrix gives that row. The sums then
-estimate the whole matrix's ratios, and :func:`estimate` gives each a 95 % interval from the
-ratio estimator's standard error for sampling without replacement (zero when every row was
-cast). The tests check how often those intervals cover the exact value.
+:data:`SAMPLE_ELEMENTS` elements is cast on a sample of whole rows (a fixed seed), and every row
+cast is bit for bit what casting the whole matrix gives that row. Two samples share the cast,
+half the rows each:
+
+- the relative error: rows so heavy that they dominate the squared norm (a few tokens with large
+  activations are common) are cast whole; the others are drawn with replacement with probability
+  proportional to their squared norm, which makes the mean of the drawn rows' own relative
+  squared errors an unbiased estimate of theirs, with the standard error of that mean;
+- the underflow and saturated fractions: a simple random sample of rows, a ratio estimator of
+  the live elements' fraction, with its standard error for sampling without replacement.
+
+The squared norm and the live elements of every row are counted exactly (no cast needed).
+:func:`estimate` turns the sums into values with 95 % intervals (see there; they shrink to the
+value when every row was cast); the tests check by simulation how often they cover the exact
+value.
 """
 
 from __future__ import annotations
@@ -24,109 +34,183 @@ import torch
 
 from precision_nb.engine.numerics.blocks import BLOCK_FORMATS, MX_SCALE_MODE, cast_back, pad_last
 
-#: Casts of larger matrices use a random sample of whole rows with about this many elements.
+#: Casts of larger matrices use a sample of whole rows with about this many elements.
 SAMPLE_ELEMENTS = 2**16
 #: Two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
 
-#: Order of the values in the tensor :func:`block_stats` returns: sums over the cast rows of
-#: the per-row values e (squared error), n (squared norm), l (live), u (underflow), s
-#: (saturated) and their products (for the standard errors), then the row and element counts.
+
+def t95(df: float) -> float:
+    """Two-sided 95 % quantile of Student's t with ``df`` degrees of freedom (Cornish-Fisher
+    expansion around the normal one: within 0.2 % of the exact value from 5 degrees on)."""
+    if df < 1:
+        return math.inf
+    z = Z95
+    return (
+        z
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
+    )
+
+
+#: Order of the values in the tensor :func:`block_stats` returns: estimated totals of the
+#: squared error, underflowed and saturated elements (exact when every row was cast), the exact
+#: squared norm and live elements, the variances of the three estimates, then counts.
 BLOCK_FIELDS: tuple[str, ...] = (
-    "e", "n", "l", "u", "s", "ee", "nn", "en", "ll", "uu", "ul", "ss", "sl",
-    "rows_cast", "rows", "elements", "padded",
+    "error", "norm", "underflow", "saturated", "live", "error_var", "underflow_var",
+    "saturated_var", "sample", "live_sample", "rows_cast", "rows", "elements", "padded",
 )  # fmt: skip
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """A sorted random sample of row indices (fixed seed) when ``x`` is too large, else None."""
+def sample_rows(
+    x: torch.Tensor, norms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(uniform, certain, drawn)`` row indices when ``x`` is too large to cast whole, else
+    None. ``uniform``: a simple random sample (half the budget). ``certain``: the rows so heavy
+    that a draw in proportion to the squared norm would pick each at least once in expectation
+    (cast whole, beyond the budget, at most half of it). ``drawn``: half the budget, drawn with
+    replacement from the other rows in proportion to their squared norms. Fixed seed."""
     rows, cols = x.shape
-    want = max(2, math.ceil(SAMPLE_ELEMENTS / max(cols, 1)))
+    want = max(8, math.ceil(SAMPLE_ELEMENTS / max(cols, 1)))
     if want >= rows:
         return None
+    half = want // 2
     gen = torch.Generator(device=x.device).manual_seed(0)
-    return torch.randperm(rows, generator=gen, device=x.device)[:want].sort().values
+    uniform = torch.randperm(rows, generator=gen, device=x.device)[:half]
+    order = norms.argsort(descending=True)
+    ranked = norms[order]
+    rest = ranked.flip(0).cumsum(0).flip(0)  # the norm of this row and all lighter ones
+    heavy = (ranked * half >= rest) & (rest > 0)
+    certain_n = int(heavy[:half].long().cumprod(0).sum())
+    others = order[certain_n:]
+    weights = norms[others]
+    weights = weights + (weights.sum() == 0).double()  # all zero: any row will do
+    drawn = others[torch.multinomial(weights, half, replacement=True, generator=gen)]
+    return uniform, order[:certain_n], drawn
+
+
+def _per_row(x: torch.Tensor, name: str, scale_mode: str, amax: Any) -> torch.Tensor:
+    """``(4, rows)``: squared error, live, underflow and saturated elements of each row of
+    ``x`` cast to ``name``."""
+    fmt = BLOCK_FORMATS[name]
+    padded, _ = pad_last(x, fmt.block)
+    back, scales = cast_back(padded, name, scale_mode, amax=amax)
+    live = padded != 0
+    rows, nblocks = padded.shape[0], padded.shape[1] // fmt.block
+    limit = (scales * fmt.element_max).reshape(rows, nblocks, 1)
+    over = padded.abs().reshape(rows, nblocks, fmt.block) > limit
+    return torch.stack(
+        [
+            (back - padded).double().square().sum(1),
+            live.sum(1).double(),
+            (live & (back == 0)).sum(1).double(),
+            over.reshape(rows, -1).sum(1).double(),
+        ]
+    )
+
+
+def _ratio_total(
+    y: torch.Tensor, live: torch.Tensor, total: torch.Tensor, rows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Estimated total of ``y`` (a simple random sample of rows out of ``rows``) from the ratio
+    ``sum y / sum live`` times the exact ``total`` live, and that estimate's variance."""
+    m = y.numel()
+    ratio = y.sum() / live.sum().clamp(min=1.0)
+    resid = (y - ratio * live).square().sum()
+    mean_live = (live.sum() / m).clamp(min=1e-300)
+    var = (1 - m / rows) * resid / (m * (m - 1)) / mean_live.square()
+    return ratio * total, var * total.square()
 
 
 def block_stats(x: torch.Tensor, name: str, scale_mode: str = MX_SCALE_MODE) -> torch.Tensor:
     """Float64 device tensor (order :data:`BLOCK_FIELDS`) of ``x`` blocked along its last
     dimension and cast to ``name`` (leading dimensions are rows; non-finite elements count as
     0; a last dimension that is not a multiple of the block is zero-padded, ``padded`` says by
-    how many elements)."""
+    how many elements). Sums of several calls add up (a layer called twice)."""
     fmt = BLOCK_FORMATS[name]
     x = x.detach()
     x = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     x = x.float()
-    out = torch.zeros(len(BLOCK_FIELDS), dtype=torch.float64, device=x.device)
     if x.numel() == 0:
-        return out
+        return torch.zeros(len(BLOCK_FIELDS), dtype=torch.float64, device=x.device)
     x = torch.where(torch.isfinite(x), x, torch.zeros((), device=x.device))
+    rows = x.shape[0]
+    norms = x.double().square().sum(1)
+    norm, live = norms.sum(), (x != 0).sum().double()
     amax = x.abs().amax() if fmt.family == "nvfp4" else None
-    pick = _rows(x)
-    part = x if pick is None else x.index_select(0, pick)
-    padded, _ = pad_last(part, fmt.block)
-    back, scales = cast_back(padded, name, scale_mode, amax=amax)
-    live = padded != 0
-    rows, nblocks = padded.shape[0], padded.shape[1] // fmt.block
-    limit = (scales * fmt.element_max).reshape(rows, nblocks, 1)
-    over = padded.abs().reshape(rows, nblocks, fmt.block) > limit
-    per_row = torch.stack(
-        [
-            (back - padded).double().square().sum(1),
-            padded.double().square().sum(1),
-            live.sum(1).double(),
-            (live & (back == 0)).sum(1).double(),
-            over.reshape(rows, -1).sum(1).double(),
-        ]
-    )
-    e, n, lv, u, s = per_row
-    out[:13] = torch.stack(
-        [e.sum(), n.sum(), lv.sum(), u.sum(), s.sum(), (e * e).sum(), (n * n).sum(),
-         (e * n).sum(), (lv * lv).sum(), (u * u).sum(), (u * lv).sum(), (s * s).sum(),
-         (s * lv).sum()]
-    )  # fmt: skip
-    out[13] = rows
-    out[14] = x.shape[0]
-    out[15] = x.numel()
-    out[16] = (-x.shape[1]) % fmt.block * x.shape[0]
-    return out
+    sample = sample_rows(x, norms)
+    if sample is None:
+        e, _live, u, s = _per_row(x.contiguous(), name, scale_mode, amax)
+        values: list[Any] = [e.sum(), norm, u.sum(), s.sum(), live, 0.0, 0.0, 0.0, 0, 0, rows]
+    else:
+        uniform, certain, drawn = sample
+        parts = [uniform, certain, drawn]
+        picked, where = torch.unique(torch.cat(parts), return_inverse=True)
+        e, lv, u, s = _per_row(x.index_select(0, picked), name, scale_mode, amax)
+        at_u, at_c, at_d = where.split([p.numel() for p in parts])
+        # the heavy rows exactly; the others drawn in proportion to their norms, where the mean
+        # of e_i / n_i estimates their sum e / sum n
+        certain_norm = norms[certain].sum()
+        rest = norm - certain_norm
+        r = e[at_d] / norms[drawn].clamp(min=1e-300)
+        error = e[at_c].sum() + rest * r.mean()
+        error_var = rest.square() * r.var() / r.numel()
+        u_hat, u_var = _ratio_total(u[at_u], lv[at_u], live, rows)
+        s_hat, s_var = _ratio_total(s[at_u], lv[at_u], live, rows)
+        values = [error, norm, u_hat, s_hat, live, error_var, u_var, s_var, drawn.numel(),
+                  lv[at_u].sum(), picked.numel()]  # fmt: skip
+    values += [rows, x.numel(), (-x.shape[1]) % fmt.block * rows]
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=x.device) for v in values])
 
 
-def _ratio(sy: float, sx: float, syy: float, sxx: float, sxy: float, m: float, big_m: float):
-    """``sum y / sum x`` over the cast rows and its standard error as an estimate of the
-    whole matrix's ratio (simple random sample of ``m`` of ``big_m`` rows; 0 when all were)."""
-    if sx <= 0:
-        return None, None
-    r = sy / sx
-    if m >= big_m or m < 2:
-        return r, 0.0
-    resid = max(syy - 2 * r * sxy + r * r * sxx, 0.0)
-    mean_x = sx / m
-    var = (1 - m / big_m) * resid / (m * (m - 1)) / mean_x**2
-    return r, math.sqrt(var)
+def _wilson(p: float, n: float, q: float) -> tuple[float, float]:
+    """Wilson's score interval of a proportion ``p`` from ``n`` (effective) observations."""
+    if n <= 0:
+        return 0.0, 1.0
+    denom = 1 + q * q / n
+    centre = (p + q * q / (2 * n)) / denom
+    half = q / denom * math.sqrt(max(p * (1 - p), 0.0) / n + q * q / (4 * n * n))
+    return max(centre - half, 0.0), min(centre + half, 1.0)
 
 
 def estimate(values: list[float]) -> dict[str, Any]:
     """Host values of :func:`block_stats` -> the relative error, underflow and saturated
-    fractions (of the live elements), each with the half-width of its 95 % interval
-    (``*_pm``, 0 when exact), and the counts."""
+    fractions (of the live elements), each with its 95 % interval (``*_low``, ``*_high``;
+    equal to the value when every row was cast), and the counts.
+
+    The relative error's interval is ``sqrt`` of the squared one's, ``r +- t se``. A fraction's
+    is Wilson's score interval for the sample's effective size (``p (1 - p) / variance``, the
+    design effect of sampling whole rows; the live elements cast when no variance was seen),
+    which stays honest for rare events (a few underflows), where ``p +- t se`` is not."""
     v = dict(zip(BLOCK_FIELDS, values, strict=True))
-    m, big_m = v["rows_cast"], v["rows"]
+    q = t95(v["sample"] - 1) if v["sample"] else 0.0  # each sample: half the rows cast
     out: dict[str, Any] = {
         "elements": int(v["elements"]),
         "padded": int(v["padded"]),
-        "rows": int(big_m),
-        "rows_cast": int(m),
+        "rows": int(v["rows"]),
+        "rows_cast": int(v["rows_cast"]),
     }
-    r, se = _ratio(v["e"], v["n"], v["ee"], v["nn"], v["en"], m, big_m)
-    out["rel_error"] = math.sqrt(r) if r is not None else None
-    # delta method: d sqrt(r) = dr / (2 sqrt(r))
-    out["rel_error_pm"] = Z95 * se / (2 * out["rel_error"]) if r else (0.0 if r == 0 else None)
-    for key, field in (("underflow", "u"), ("saturated", "s")):
-        sxy = v["ul"] if field == "u" else v["sl"]
-        f, fse = _ratio(v[field], v["l"], v[field * 2], v["ll"], sxy, m, big_m)
-        out[f"{key}_fraction"] = f
-        out[f"{key}_pm"] = Z95 * fse if fse is not None else None
+    if v["norm"] > 0:
+        r = max(v["error"], 0.0) / v["norm"]
+        se = math.sqrt(max(v["error_var"], 0.0)) / v["norm"]
+        out["rel_error"] = math.sqrt(r)
+        out["rel_error_low"] = math.sqrt(max(r - q * se, 0.0))
+        out["rel_error_high"] = math.sqrt(r + q * se)
+    else:
+        out["rel_error"] = out["rel_error_low"] = out["rel_error_high"] = None
+    for key in ("underflow", "saturated"):
+        if not v["live"] > 0:
+            out[f"{key}_fraction"] = out[f"{key}_low"] = out[f"{key}_high"] = None
+            continue
+        p = min(max(v[key] / v["live"], 0.0), 1.0)
+        out[f"{key}_fraction"] = p
+        if not v["sample"]:
+            out[f"{key}_low"] = out[f"{key}_high"] = p
+            continue
+        var = max(v[f"{key}_var"], 0.0) / v["live"] ** 2
+        n = p * (1 - p) / var if var > 0 else v["live_sample"]
+        out[f"{key}_low"], out[f"{key}_high"] = _wilson(p, min(n, v["live_sample"]), q)
     return out
 
 

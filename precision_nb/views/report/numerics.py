@@ -20,6 +20,8 @@ from precision_nb.engine.numerics.scale_window import (
     ERROR_SAMPLE_LIMIT,
     history_vs_window,
 )
+from precision_nb.engine.numerics.hardware import ASSUMPTIONS
+from precision_nb.views.report.blocks import blocks_html, hardware_rows, summary_rows
 from precision_nb.views.report.figure_base import PlanFigure, figure_to_png
 from precision_nb.views.report.markup import fmt, img_html, table_html
 from precision_nb.views.report.numerics_figures import scale_window_figure, underflow_heatmap
@@ -122,6 +124,32 @@ class Numerics:
         return pd.DataFrame(self.result.fp8)
 
     @property
+    def blocks(self) -> pd.DataFrame:
+        """Block formats: one row per GEMM layer, cast (tensor, GEMM, blocks along) and format."""
+        return pd.DataFrame(self.result.blocks)
+
+    @property
+    def gemms(self) -> pd.DataFrame:
+        """The traced step's GEMM layers: (M, K, N), FLOPs, shape rules and padding."""
+        return pd.DataFrame(self.result.gemms)
+
+    @property
+    def keep_bf16(self) -> dict[str, Any]:
+        """Per block format: the rule, the layers it keeps in bf16 (with reasons), the share of
+        the GEMM FLOPs that stays in the format."""
+        return dict(self.result.blocks_info.get("keep", {}))
+
+    def hardware(self, gpus: Sequence[str] = ("h100", "h200", "b200", "gb200")) -> pd.DataFrame:
+        """Per what-if GPU and format: native or emulated, the datasheet peaks, and the roofline
+        estimate of the GEMM speedup over bf16 (an estimate from datasheet figures, never a
+        measurement); ``.attrs["per_layer"]`` holds each layer's estimate."""
+        summary, per_layer = hardware_rows(self.result, gpus)
+        frame = pd.DataFrame(summary)
+        frame.attrs["per_layer"] = pd.DataFrame(per_layer)
+        frame.attrs["assumptions"] = ASSUMPTIONS
+        return frame
+
+    @property
     def window(self) -> dict[str, Any]:
         """``lo``/``hi`` exponents of the safe fp16 window (``None`` when empty), ``reason``,
         ``threshold``; with a run, ``run`` counts its attempts below / inside / above it."""
@@ -190,6 +218,7 @@ class Numerics:
             f"Numerics of {info.get('model')} on {info.get('device')} "
             f"(loss {fmt(info.get('loss'))}, formats {', '.join(info.get('formats', []))})",
             self.window_text(),
+            *_blocks_lines(self.result),
             *(f"- {e.message}" for e in self.result.findings),
         ]
         return "\n".join(lines)
@@ -216,11 +245,30 @@ class Numerics:
         parts.append("<h4>FP8 what-if (per-tensor amax scaling)</h4>")
         parts.append(f"<p>{html.escape(str(info.get('fp8', {}).get('text', '')))}</p>")
         parts.append(_fp8_table(self.result.fp8))
+        parts.append(blocks_html(self.result))
         parts.append(
             f"<p><small>Activation gradients covered: {html.escape(str(info.get('coverage')))}. "
             f"Memory: {html.escape(str(info.get('memory')))}</small></p></div>"
         )
         return "\n".join(parts)
+
+
+def _blocks_lines(result: NumericsResult) -> list[str]:
+    """The block formats in a few lines of text (none when none was asked for)."""
+    info = result.blocks_info
+    if not info:
+        return []
+    if info.get("reason"):
+        return [f"Block formats: {info['reason']}."]
+    lines = []
+    for row in summary_rows(result):
+        lines.append(
+            f"{row['format']}: median relative error {fmt(row['median_rel_error'])} "
+            f"({fmt(row['median_vs_bf16'])}x bf16's, {fmt(row['median_vs_fp8'])}x per-tensor "
+            f"{row['fp8_reference']}'s); {row['kept_in_bf16']} layer(s) kept in bf16; "
+            f"{fmt(row['low_precision_flop_share'])} of the GEMM FLOPs stay in the format"
+        )
+    return lines
 
 
 def _subnormal_text(w: dict[str, Any]) -> str:

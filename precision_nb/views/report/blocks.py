@@ -189,9 +189,7 @@ def blocks_html(result: Any, heading: str = "h4") -> str:
                  "mx_pad_M"]  # fmt: skip
     parts.append(f"<div class='scroll'>{table_html(result.gemms, gemm_cols)}</div>")
     summary, _ = hardware_rows(result)
-    parts.append(
-        f"<p>What-if hardware (datasheet figures; speedups are a {e(ASSUMPTIONS)}):</p>"
-    )
+    parts.append(f"<p>What-if hardware (datasheet figures; speedups are a {e(ASSUMPTIONS)}):</p>")
     hw_cols = ["hardware", "compute_capability", "format", "runs", "datasheet_tflops",
                "datasheet_bf16_tflops", "layers", "speedup_estimate"]  # fmt: skip
     hw_headers = {"speedup_estimate": "GEMM speedup over bf16 (estimate)"}

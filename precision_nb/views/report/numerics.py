@@ -15,12 +15,12 @@ import pandas as pd
 
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
+from precision_nb.engine.numerics.hardware import ASSUMPTIONS
 from precision_nb.engine.numerics.scale_window import (
     DEFAULT_THRESHOLD,
     ERROR_SAMPLE_LIMIT,
     history_vs_window,
 )
-from precision_nb.engine.numerics.hardware import ASSUMPTIONS
 from precision_nb.views.report.blocks import blocks_html, hardware_rows, summary_rows
 from precision_nb.views.report.figure_base import PlanFigure, figure_to_png
 from precision_nb.views.report.markup import fmt, img_html, table_html

@@ -1,4 +1,5 @@
-"""The ``precision-nb`` command line: ``plan`` (core only), ``profile`` (the main job), ``inspect``.
+"""The ``precision-nb`` command line: ``plan`` (core only), ``profile`` (the main job), ``inspect``,
+``numerics``.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
 ``run(args) -> int``; this module wires them together and owns what every command shares: exit
@@ -22,7 +23,7 @@ from typing import Any
 
 from precision_nb import __version__
 
-SUBCOMMANDS = ("plan", "profile", "inspect", "nodes", "gather")
+SUBCOMMANDS = ("plan", "profile", "inspect", "numerics", "nodes", "gather")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 

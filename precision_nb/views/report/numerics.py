@@ -185,7 +185,9 @@ class Numerics:
         )
 
     def figures(self) -> dict[str, PlanFigure]:
-        figs = {"gradient_underflow": self.heatmap("gradients")}
+        figs = {}
+        if self.result.gradients:  # none when only block formats were asked for
+            figs["gradient_underflow"] = self.heatmap("gradients")
         if self.result.activations:
             figs["activation_underflow"] = self.heatmap("activations")
         figs["scale_window"] = self.window_figure()

@@ -74,9 +74,18 @@ class Operands:
 
 
 def _param_index(model: nn.Module) -> dict[Any, tuple[str, nn.Parameter]]:
+    """Each weight (2-D or more) by identity and by storage, named after its module; a weight
+    tied to an embedding (GPT-2's LM head) is named after the module that is no embedding."""
     index: dict[Any, tuple[str, nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
+    owners: dict[int, nn.Module] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module.named_parameters(recurse=False):
+            if p.dim() < 2:
+                continue
+            if id(p) in owners and not isinstance(owners[id(p)], nn.Embedding):
+                continue
+            owners[id(p)] = module
+            name = f"{prefix}.{pname}" if prefix else pname
             index[id(p)] = (name, p)
             index[(p.untyped_storage().data_ptr(), p.numel())] = (name, p)
     return index

@@ -150,6 +150,10 @@ BLOCK_VARIANTS: dict[str, tuple[str, ...] | None] = {
 def gpt2_tiny() -> tuple[Any, list[Any]] | None:
     """A tiny Hugging Face GPT-2 from a config (2 layers, width 64, vocabulary 1000) and one
     batch of 4 x 16 tokens, or None without transformers."""
+    try:  # torchvision's C ops do not load beside a CPU build of torch; transformers imports
+        import torchvision  # noqa: F401 - it when installed, so hide a torchvision that fails
+    except (ImportError, RuntimeError):
+        sys.modules["torchvision"] = None  # type: ignore[assignment]
     try:
         import transformers
     except ImportError:
@@ -201,9 +205,9 @@ def print_block_ratios(name: str, pairs: list[dict[str, float]]) -> None:
 
 def blocks_main(calls: int) -> None:
     """Part 4: the block formats' cost side by side with today's calls."""
-    try:
-        import torchao  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
         print("block formats: skipped (torchao is not installed: the blocks extra)")
         return
     print_block_ratios("mlp/small", block_pairs("mlp", None, "small", calls))

@@ -1,5 +1,4 @@
-"""The ``precision-nb`` command line: ``plan`` (core only), ``profile`` (the main job), ``inspect``,
-``numerics``.
+"""The ``precision-nb`` command line: ``plan`` (core only), ``profile`` (the main job), ``inspect``.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
 ``run(args) -> int``; this module wires them together and owns what every command shares: exit

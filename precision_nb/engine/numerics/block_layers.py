@@ -143,9 +143,9 @@ class BlockCollector:
         for t_name, _gemm, along in CASTS:
             if t_name != tensor:
                 continue
-            view = operand_views(ops, tensor, along)
-            for f in self.formats:
-                self._add(layer, f"{tensor}|{along}|{f}", block_stats(view, f))
+            stats = block_stats(operand_views(ops, tensor, along), self.formats)
+            for f, values in zip(self.formats, stats, strict=True):
+                self._add(layer, f"{tensor}|{along}|{f}", values)
 
     def _on_gemm(self, gemm: Gemm, ops: Operands) -> None:
         layer = self.stats.setdefault(gemm.layer, {})

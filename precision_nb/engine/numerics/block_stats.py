@@ -28,6 +28,7 @@ value.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ import torch
 from precision_nb.engine.numerics.blocks import BLOCK_FORMATS, MX_SCALE_MODE, cast_back, pad_last
 
 #: Casts of larger matrices use a sample of whole rows with about this many elements.
-SAMPLE_ELEMENTS = 2**16
+SAMPLE_ELEMENTS = 2**15
 #: Two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
 
@@ -123,45 +124,74 @@ def _ratio_total(
     return ratio * total, var * total.square()
 
 
-def block_stats(x: torch.Tensor, name: str, scale_mode: str = MX_SCALE_MODE) -> torch.Tensor:
-    """Float64 device tensor (order :data:`BLOCK_FIELDS`) of ``x`` blocked along its last
+def block_stats(
+    x: torch.Tensor, name: str | Sequence[str], scale_mode: str = MX_SCALE_MODE
+) -> torch.Tensor:
+    """Float64 device tensor (order :data:`BLOCK_FIELDS`; one row per format when ``name`` is a
+    list of them, which share the preparation and the row sample) of ``x`` blocked along its last
     dimension and cast to ``name`` (leading dimensions are rows; non-finite elements count as
     0; a last dimension that is not a multiple of the block is zero-padded, ``padded`` says by
     how many elements). Sums of several calls add up (a layer called twice)."""
-    fmt = BLOCK_FORMATS[name]
+    names = [name] if isinstance(name, str) else list(name)
     x = x.detach()
     x = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
     x = x.float()
     if x.numel() == 0:
-        return torch.zeros(len(BLOCK_FIELDS), dtype=torch.float64, device=x.device)
+        out = torch.zeros(len(names), len(BLOCK_FIELDS), dtype=torch.float64, device=x.device)
+        return out[0] if isinstance(name, str) else out
     x = torch.where(torch.isfinite(x), x, torch.zeros((), device=x.device))
     rows = x.shape[0]
     norms = x.double().square().sum(1)
     norm, live = norms.sum(), (x != 0).sum().double()
-    amax = x.abs().amax() if fmt.family == "nvfp4" else None
+    amax = x.abs().amax() if any(BLOCK_FORMATS[n].family == "nvfp4" for n in names) else None
     sample = sample_rows(x, norms)
     if sample is None:
-        e, _live, u, s = _per_row(x.contiguous(), name, scale_mode, amax)
-        values: list[Any] = [e.sum(), norm, u.sum(), s.sum(), live, 0.0, 0.0, 0.0, 0, 0, rows]
+        part, where = x.contiguous(), None
     else:
-        uniform, certain, drawn = sample
-        parts = [uniform, certain, drawn]
+        parts = list(sample)
         picked, where = torch.unique(torch.cat(parts), return_inverse=True)
-        e, lv, u, s = _per_row(x.index_select(0, picked), name, scale_mode, amax)
-        at_u, at_c, at_d = where.split([p.numel() for p in parts])
-        # the heavy rows exactly; the others drawn in proportion to their norms, where the mean
-        # of e_i / n_i estimates their sum e / sum n
-        certain_norm = norms[certain].sum()
-        rest = norm - certain_norm
-        r = e[at_d] / norms[drawn].clamp(min=1e-300)
-        error = e[at_c].sum() + rest * r.mean()
-        error_var = rest.square() * r.var() / r.numel()
-        u_hat, u_var = _ratio_total(u[at_u], lv[at_u], live, rows)
-        s_hat, s_var = _ratio_total(s[at_u], lv[at_u], live, rows)
-        values = [error, norm, u_hat, s_hat, live, error_var, u_var, s_var, drawn.numel(),
-                  lv[at_u].sum(), picked.numel()]  # fmt: skip
-    values += [rows, x.numel(), (-x.shape[1]) % fmt.block * rows]
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=x.device) for v in values])
+        part = x.index_select(0, picked)
+    out = []
+    for fmt_name in names:
+        per_row = _per_row(part, fmt_name, scale_mode, amax)
+        if where is None:
+            e, _live, u, s = per_row
+            values: list[Any] = [e.sum(), norm, u.sum(), s.sum(), live, 0.0, 0.0, 0.0, 0, 0, rows]
+        else:
+            values = _sampled(per_row, where, sample, norms, norm, live, rows)
+        block = BLOCK_FORMATS[fmt_name].block
+        values += [rows, x.numel(), (-x.shape[1]) % block * rows]
+        out.append(
+            torch.stack([torch.as_tensor(v, dtype=torch.float64, device=x.device) for v in values])
+        )
+    stacked = torch.stack(out)
+    return stacked[0] if isinstance(name, str) else stacked
+
+
+def _sampled(
+    per_row: torch.Tensor,
+    where: torch.Tensor,
+    sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    norms: torch.Tensor,
+    norm: torch.Tensor,
+    live: torch.Tensor,
+    rows: int,
+) -> list[Any]:
+    """The estimated totals and variances (see the module) from the cast rows of a sample."""
+    uniform, certain, drawn = sample
+    e, lv, u, s = per_row
+    at_u, at_c, at_d = where.split([uniform.numel(), certain.numel(), drawn.numel()])
+    # the heavy rows exactly; the others drawn in proportion to their norms, where the mean of
+    # e_i / n_i estimates their sum e / sum n
+    rest = norm - norms[certain].sum()
+    r = e[at_d] / norms[drawn].clamp(min=1e-300)
+    error = e[at_c].sum() + rest * r.mean()
+    error_var = rest.square() * r.var() / r.numel()
+    u_hat, u_var = _ratio_total(u[at_u], lv[at_u], live, rows)
+    s_hat, s_var = _ratio_total(s[at_u], lv[at_u], live, rows)
+    picked = where.max() + 1  # the rows cast
+    return [error, norm, u_hat, s_hat, live, error_var, u_var, s_var, drawn.numel(),
+            lv[at_u].sum(), picked]  # fmt: skip
 
 
 def _wilson(p: float, n: float, q: float) -> tuple[float, float]:

@@ -11,8 +11,11 @@ precision (bf16 or fp32):
   is not cast (a row says so).
 
 :class:`BlockCollector` casts each of these six operands to every requested block format as the
-traced step produces it (X and W in the forward, the weight once per step; dY in a tensor hook
-during backward) and keeps only sums (``block_stats``), like the rest of the analysis. Each is
+traced step produces it and keeps only sums (``block_stats``), like the rest of the analysis:
+X and W along K in the forward (the weight once per step), in one torchao call per format; dY
+along N and M, with W along N and X along M, in a tensor hook during backward, each group of
+operands with the same number of columns in one call. A layer's input is held until then, as
+autograd holds it for the weight gradient. Each is
 also cast to bf16 and to per-tensor fp8 (torchao.float8's recipe, ``fp8.scaled_error``) for the
 comparison columns. A convolution is treated as its implicit GEMM with channels last: blocks run
 along the input channels of each pixel (forward), the output channels (input gradient) and the
@@ -32,7 +35,7 @@ from typing import Any
 import torch
 
 from precision_nb.engine.numerics.block_stats import (
-    block_stats,
+    block_stats_many,
     estimate,
     reference_stats,
     relative,
@@ -139,30 +142,39 @@ class BlockCollector:
                 err = torch.cat([torch.maximum(old[:1], err[:1]), old[1:] + err[1:]])
             layer[f"{tensor}|{ref}"] = err
 
-    def _cast_all(self, layer: dict[str, Any], ops: Operands, tensor: str) -> None:
-        for t_name, _gemm, along in CASTS:
-            if t_name != tensor:
-                continue
-            stats = block_stats(operand_views(ops, tensor, along), self.formats)
+    def _cast(self, layer: dict[str, Any], ops: Operands, casts: list[tuple[str, str]]) -> None:
+        """Cast the operands ``casts`` ((tensor, blocks along) pairs of one GEMM call) to every
+        format; those sharing their number of columns in one torchao call per format."""
+        views = [operand_views(ops, tensor, along) for tensor, along in casts]
+        for (tensor, along), stats in zip(
+            casts, block_stats_many(views, self.formats), strict=True
+        ):
             for f, values in zip(self.formats, stats, strict=True):
                 self._add(layer, f"{tensor}|{along}|{f}", values)
 
     def _on_gemm(self, gemm: Gemm, ops: Operands) -> None:
         layer = self.stats.setdefault(gemm.layer, {})
+        first = gemm.calls == 1  # the weight is the same in every call of one forward
+        weight = [("weight", "K")] if first else []
         with torch.no_grad():
-            self._cast_all(layer, ops, "input")
+            self._cast(layer, ops, [("input", "K"), *weight])
             self._reference(layer, "input", ops.x)
-            if gemm.calls == 1:  # the weight is the same in every call of one forward
-                self._cast_all(layer, ops, "weight")
+            if first:
                 self._reference(layer, "weight", ops.w)
-        if ops.out.requires_grad:
-            ops.out.register_hook(self._grad_hook(layer, ops))
+        later = [("input", "M")] + ([("weight", "N")] if first else [])
+        if ops.out.requires_grad:  # cast with the output gradient, whose columns they share
+            ops.out.register_hook(self._grad_hook(layer, ops.x, ops.w, ops.conv, later))
+        else:
+            with torch.no_grad():
+                self._cast(layer, ops, later)
 
-    def _grad_hook(self, layer: dict[str, Any], ops: Operands) -> Any:
+    def _grad_hook(
+        self, layer: dict[str, Any], x: Any, w: Any, conv: int, later: list[tuple[str, str]]
+    ) -> Any:
         def hook(grad: torch.Tensor) -> None:
             with torch.no_grad():
-                done = Operands(ops.x, ops.w, grad, ops.conv)
-                self._cast_all(layer, done, "output_grad")
+                done = Operands(x, w, grad, conv)
+                self._cast(layer, done, [("output_grad", "N"), ("output_grad", "M"), *later])
                 self._reference(layer, "output_grad", grad)
 
         return hook

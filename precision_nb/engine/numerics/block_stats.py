@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -93,10 +94,11 @@ def sample_rows(
 
 def _per_row(x: torch.Tensor, name: str, scale_mode: str, amax: Any) -> torch.Tensor:
     """``(4, rows)``: squared error, live, underflow and saturated elements of each row of
-    ``x`` cast to ``name``."""
+    ``x`` cast to ``name`` (a 3-D ``x``: NVFP4 per expert, rows counted across experts)."""
     fmt = BLOCK_FORMATS[name]
     padded, _ = pad_last(x, fmt.block)
     back, scales = cast_back(padded, name, scale_mode, amax=amax)
+    padded = padded.reshape(-1, padded.shape[-1])
     live = padded != 0
     rows, nblocks = padded.shape[0], padded.shape[1] // fmt.block
     limit = (scales * fmt.element_max).reshape(rows, nblocks, 1)
@@ -124,61 +126,103 @@ def _ratio_total(
     return ratio * total, var * total.square()
 
 
-def block_stats(
-    x: torch.Tensor, name: str | Sequence[str], scale_mode: str = MX_SCALE_MODE
-) -> torch.Tensor:
-    """Float64 device tensor (order :data:`BLOCK_FIELDS`; one row per format when ``name`` is a
-    list of them, which share the preparation and the row sample) of ``x`` blocked along its last
-    dimension and cast to ``name`` (leading dimensions are rows; non-finite elements count as
-    0; a last dimension that is not a multiple of the block is zero-padded, ``padded`` says by
-    how many elements). Sums of several calls add up (a layer called twice)."""
-    names = [name] if isinstance(name, str) else list(name)
+@dataclass
+class _Operand:
+    """One matrix prepared for casting: finite, 2-D fp32, its row norms, totals and sample."""
+
+    x: torch.Tensor
+    norms: torch.Tensor
+    norm: torch.Tensor
+    live: torch.Tensor
+    sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    part: torch.Tensor  # the rows to cast
+    where: torch.Tensor | None  # for each sampled index, its row in ``part``
+
+
+def _prepare(x: torch.Tensor) -> _Operand:
     x = x.detach()
     x = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
-    x = x.float()
-    if x.numel() == 0:
-        out = torch.zeros(len(names), len(BLOCK_FIELDS), dtype=torch.float64, device=x.device)
-        return out[0] if isinstance(name, str) else out
-    x = torch.where(torch.isfinite(x), x, torch.zeros((), device=x.device))
-    rows = x.shape[0]
+    x = torch.where(torch.isfinite(x), x.float(), torch.zeros((), device=x.device))
     norms = x.double().square().sum(1)
-    norm, live = norms.sum(), (x != 0).sum().double()
-    amax = x.abs().amax() if any(BLOCK_FORMATS[n].family == "nvfp4" for n in names) else None
     sample = sample_rows(x, norms)
     if sample is None:
         part, where = x.contiguous(), None
     else:
-        parts = list(sample)
-        picked, where = torch.unique(torch.cat(parts), return_inverse=True)
+        picked, where = torch.unique(torch.cat(list(sample)), return_inverse=True)
         part = x.index_select(0, picked)
-    out = []
+    return _Operand(x, norms, norms.sum(), (x != 0).sum().double(), sample, part, where)
+
+
+def _cast_rows(ops: list[_Operand], name: str, scale_mode: str) -> list[torch.Tensor]:
+    """:func:`_per_row` of every operand's rows to cast, in one torchao call (the operands share
+    their number of columns; MX: their rows stacked, every block lies in a row; NVFP4: stacked
+    as a 3-D tensor with one per-tensor scale each, torchao's per-expert scaling)."""
+    sizes = [op.part.shape[0] for op in ops]
+    if BLOCK_FORMATS[name].family != "nvfp4":
+        return list(_per_row(torch.cat([op.part for op in ops]), name, scale_mode, None).split(
+            sizes, dim=1
+        ))  # fmt: skip
+    if len(ops) == 1:
+        return [_per_row(ops[0].part, name, scale_mode, ops[0].x.abs().amax())]
+    longest = max(sizes)
+    pad = torch.nn.functional.pad
+    stacked = torch.stack([pad(op.part, (0, 0, 0, longest - op.part.shape[0])) for op in ops])
+    amax = torch.stack([op.x.abs().amax() for op in ops])
+    rows = _per_row(stacked, name, scale_mode, amax).reshape(4, len(ops), longest)
+    return [rows[:, i, :n] for i, n in enumerate(sizes)]
+
+
+def block_stats_many(
+    views: Sequence[torch.Tensor], names: Sequence[str], scale_mode: str = MX_SCALE_MODE
+) -> list[torch.Tensor]:
+    """:func:`block_stats` of several matrices, one ``(len(names), fields)`` tensor each; those
+    with the same number of columns are cast together, one torchao call per format (each row
+    is cast exactly as on its own)."""
+    ops = [_prepare(v) for v in views]
+    out: list[list[torch.Tensor]] = [[] for _ in ops]
+    groups: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if op.x.numel():
+            groups.setdefault(op.x.shape[1], []).append(i)
     for fmt_name in names:
-        per_row = _per_row(part, fmt_name, scale_mode, amax)
-        if where is None:
-            e, _live, u, s = per_row
-            values: list[Any] = [e.sum(), norm, u.sum(), s.sum(), live, 0.0, 0.0, 0.0, 0, 0, rows]
-        else:
-            values = _sampled(per_row, where, sample, norms, norm, live, rows)
         block = BLOCK_FORMATS[fmt_name].block
-        values += [rows, x.numel(), (-x.shape[1]) % block * rows]
-        out.append(
-            torch.stack([torch.as_tensor(v, dtype=torch.float64, device=x.device) for v in values])
-        )
-    stacked = torch.stack(out)
-    return stacked[0] if isinstance(name, str) else stacked
+        for i in (i for i, op in enumerate(ops) if not op.x.numel()):
+            out[i].append(
+                torch.zeros(len(BLOCK_FIELDS), dtype=torch.float64, device=views[i].device)
+            )
+        for members in groups.values():
+            per_rows = _cast_rows([ops[i] for i in members], fmt_name, scale_mode)
+            for i, per_row in zip(members, per_rows, strict=True):
+                out[i].append(_values(ops[i], per_row, block))
+    return [torch.stack(per_format) for per_format in out]
 
 
-def _sampled(
-    per_row: torch.Tensor,
-    where: torch.Tensor,
-    sample: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    norms: torch.Tensor,
-    norm: torch.Tensor,
-    live: torch.Tensor,
-    rows: int,
-) -> list[Any]:
+def _values(op: _Operand, per_row: torch.Tensor, block: int) -> torch.Tensor:
+    """The :data:`BLOCK_FIELDS` of one operand from its cast rows."""
+    rows = op.x.shape[0]
+    if op.where is None:
+        e, _live, u, s = per_row
+        values: list[Any] = [e.sum(), op.norm, u.sum(), s.sum(), op.live, 0.0, 0.0, 0.0, 0, 0, rows]
+    else:
+        values = _sampled(per_row, op, rows)
+    values += [rows, op.x.numel(), (-op.x.shape[1]) % block * rows]
+    device = op.x.device
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in values])
+
+
+def block_stats(x: torch.Tensor, name: str, scale_mode: str = MX_SCALE_MODE) -> torch.Tensor:
+    """Float64 device tensor (order :data:`BLOCK_FIELDS`) of ``x`` blocked along its last
+    dimension and cast to ``name`` (leading dimensions are rows; non-finite elements count as
+    0; a last dimension that is not a multiple of the block is zero-padded, ``padded`` says by
+    how many elements). Sums of several calls add up (a layer called twice)."""
+    return block_stats_many([x], [name], scale_mode)[0][0]
+
+
+def _sampled(per_row: torch.Tensor, op: _Operand, rows: int) -> list[Any]:
     """The estimated totals and variances (see the module) from the cast rows of a sample."""
-    uniform, certain, drawn = sample
+    assert op.sample is not None and op.where is not None
+    uniform, certain, drawn = op.sample
+    where, norms, norm, live = op.where, op.norms, op.norm, op.live
     e, lv, u, s = per_row
     at_u, at_c, at_d = where.split([uniform.numel(), certain.numel(), drawn.numel()])
     # the heavy rows exactly; the others drawn in proportion to their norms, where the mean of

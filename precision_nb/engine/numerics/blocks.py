@@ -231,12 +231,12 @@ def torchao_notes() -> list[str]:
 
 
 def pad_last(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
-    """``x`` (2-D) with its last dimension zero-padded to a multiple of ``block``, contiguous,
-    and how many zeros were added."""
+    """``x`` with its last dimension zero-padded to a multiple of ``block``, contiguous, and how
+    many zeros were added."""
     extra = (-x.shape[-1]) % block
     if extra:
         x = torch.nn.functional.pad(x, (0, extra))
-    return x.contiguous(), extra * x.shape[0]
+    return x.contiguous(), extra * (x.numel() // x.shape[-1])
 
 
 def cast_back(
@@ -245,22 +245,28 @@ def cast_back(
     scale_mode: str = MX_SCALE_MODE,
     amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao's cast of ``x`` (2-D fp32, contiguous, last dimension a multiple of the block) to
-    ``name`` and back to fp32, and each block's effective scale (shape ``(rows, cols / block)``;
-    an element saturates when ``|x| / scale`` exceeds the largest element). ``scale_mode``:
-    how an MX block's E8M0 scale is rounded (:data:`MX_SCALE_MODES`). ``amax``: NVFP4's
-    per-tensor amax when ``x`` is some rows of a larger tensor (default: ``x``'s own)."""
+    """torchao's cast of ``x`` (fp32, contiguous, last dimension a multiple of the block) to
+    ``name`` and back to fp32 as a 2-D ``(rows, cols)`` tensor, and each block's effective scale
+    (``(rows, cols / block)``; an element saturates when ``|x| / scale`` exceeds the largest
+    element). ``scale_mode``: how an MX block's E8M0 scale is rounded (:data:`MX_SCALE_MODES`).
+    ``amax``: NVFP4's per-tensor amax when ``x`` is some rows of a larger tensor (default:
+    ``x``'s own); for a 3-D ``x``, one per leading index (torchao's per-expert scales)."""
     fmt = BLOCK_FORMATS[name]
     api = torchao_api()
+    cols = x.shape[-1]
     if fmt.family == "mx":
         mode = getattr(api.ScaleCalculationMode, MX_SCALE_MODES[scale_mode][0])
         mx = api.MXTensor.to_mx(x, fmt.dtype, block_size=fmt.block, scaling_mode=mode)
-        return mx.dequantize(torch.float32), api.get_fp_scale(mx.scale).reshape(x.shape[0], -1)
+        back = mx.dequantize(torch.float32).reshape(-1, cols)
+        return back, api.get_fp_scale(mx.scale).reshape(back.shape[0], -1)
     amax = x.abs().amax() if amax is None else amax
     # an all-zero tensor: torchao's per-tensor scale would be 0 and its cast NaN; 1 keeps zeros
     scale = torch.where(amax > 0, api.per_tensor_amax_to_scale(amax), torch.ones_like(amax))
+    if x.dim() == 3:
+        scale = scale.reshape(-1, 1, 1)
     nv = api.NVFP4Tensor.to_nvfp4(x, block_size=fmt.block, per_tensor_scale=scale)
-    return nv.dequantize(torch.float32), nv.get_hp_scales().reshape(x.shape[0], -1)
+    back = nv.dequantize(torch.float32).reshape(-1, cols)
+    return back, nv.get_hp_scales().reshape(back.shape[0], -1)
 
 
 def resolve_formats(values: Sequence[Any], field: str = "formats") -> tuple[list[str], list[str]]:

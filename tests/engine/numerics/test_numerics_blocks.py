@@ -257,3 +257,16 @@ def test_torchao_import_output_is_recorded_not_printed(capfd):
     out, err = capfd.readouterr()
     assert "Failed to load" not in out + err
     assert isinstance(notes, list) and all(isinstance(n, str) for n in notes)
+
+
+def test_operands_cast_together_give_what_each_gives_alone():
+    """Operands with the same number of columns share one torchao call per format (MX: rows
+    stacked; NVFP4: per-expert scales); every value is what the operand gives on its own."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(48, 40, generator=gen) * 100  # padded to 64 (MX) / 48 (NVFP4)
+    b = torch.randn(7, 40, generator=gen) * 1e-3  # another amax: NVFP4's per-tensor scale differs
+    c = torch.randn(5, 24, generator=gen)  # other columns: cast on its own
+    together = S.block_stats_many([a, b, c], FORMATS)
+    for x, got in zip((a, b, c), together, strict=True):
+        alone = torch.stack([S.block_stats(x, name) for name in FORMATS])
+        assert torch.equal(got, alone)

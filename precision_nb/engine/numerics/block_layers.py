@@ -10,14 +10,13 @@ precision (bf16 or fp32):
 - weight gradient ``dW = dY^T X``: dY and X, blocks along M. Its output, the weight gradient,
   is not cast (a row says so).
 
-:class:`BlockCollector` casts each of these six operands to every requested block format as the
-traced step produces it and keeps only sums (``block_stats``), like the rest of the analysis:
-X and W along K in the forward (the weight once per step), in one torchao call per format; dY
-along N and M, with W along N and X along M, in a tensor hook during backward, each group of
-operands with the same number of columns in one call. A layer's input is held until then, as
-autograd holds it for the weight gradient. Each is
-also cast to bf16 and to per-tensor fp8 (torchao.float8's recipe, ``fp8.scaled_error``) for the
-comparison columns. A convolution is treated as its implicit GEMM with channels last: blocks run
+:class:`BlockCollector` casts each of these six operands to every requested block format in the
+tensor hook that receives the GEMM's output gradient during backward (the weight once per step)
+and keeps only sums (``block_stats``), like the rest of the analysis; operands with the same
+number of columns go through one torchao call per format. A layer's input is held until then,
+as autograd holds it for the weight gradient; an output that gets no gradient is cast at once.
+Each is also cast to bf16 and to per-tensor fp8 (torchao.float8's recipe, ``fp8.scaled_error``)
+for the comparison columns. A convolution is treated as its implicit GEMM with channels last: blocks run
 along the input channels of each pixel (forward), the output channels (input gradient) and the
 batch x pixels (weight gradient); no library ships block-scaled convolution training, so its rows
 are what such a kernel would cast. NVFP4 here is torchao's cast, 1 x 16 blocks with round to
@@ -155,26 +154,26 @@ class BlockCollector:
     def _on_gemm(self, gemm: Gemm, ops: Operands) -> None:
         layer = self.stats.setdefault(gemm.layer, {})
         first = gemm.calls == 1  # the weight is the same in every call of one forward
-        weight = [("weight", "K")] if first else []
+        casts = [("input", "K"), ("input", "M")]
+        if first:
+            casts += [("weight", "K"), ("weight", "N")]
         with torch.no_grad():
-            self._cast(layer, ops, [("input", "K"), *weight])
             self._reference(layer, "input", ops.x)
             if first:
                 self._reference(layer, "weight", ops.w)
-        later = [("input", "M")] + ([("weight", "N")] if first else [])
-        if ops.out.requires_grad:  # cast with the output gradient, whose columns they share
-            ops.out.register_hook(self._grad_hook(layer, ops.x, ops.w, ops.conv, later))
+        if ops.out.requires_grad:  # cast with the output gradient: fewer, larger torchao calls
+            ops.out.register_hook(self._grad_hook(layer, ops.x, ops.w, ops.conv, casts))
         else:
             with torch.no_grad():
-                self._cast(layer, ops, later)
+                self._cast(layer, ops, casts)
 
     def _grad_hook(
-        self, layer: dict[str, Any], x: Any, w: Any, conv: int, later: list[tuple[str, str]]
+        self, layer: dict[str, Any], x: Any, w: Any, conv: int, casts: list[tuple[str, str]]
     ) -> Any:
         def hook(grad: torch.Tensor) -> None:
             with torch.no_grad():
                 done = Operands(x, w, grad, conv)
-                self._cast(layer, done, [("output_grad", "N"), ("output_grad", "M"), *later])
+                self._cast(layer, done, [*casts, ("output_grad", "N"), ("output_grad", "M")])
                 self._reference(layer, "output_grad", grad)
 
         return hook

@@ -36,8 +36,10 @@ import torch
 
 from precision_nb.engine.numerics.blocks import BLOCK_FORMATS, MX_SCALE_MODE, cast_back, pad_last
 
-#: Casts of larger matrices use a sample of whole rows with about this many elements.
-SAMPLE_ELEMENTS = 2**15
+#: Casts of larger matrices use a sample of whole rows with about this many elements...
+SAMPLE_ELEMENTS = 2**14
+#: ... and at least this many rows (half for each of the two samples).
+MIN_SAMPLE_ROWS = 32
 #: Two-sided 95 % normal quantile.
 Z95 = 1.959963984540054
 
@@ -74,7 +76,7 @@ def sample_rows(
     (cast whole, beyond the budget, at most half of it). ``drawn``: half the budget, drawn with
     replacement from the other rows in proportion to their squared norms. Fixed seed."""
     rows, cols = x.shape
-    want = max(8, math.ceil(SAMPLE_ELEMENTS / max(cols, 1)))
+    want = max(MIN_SAMPLE_ROWS, math.ceil(SAMPLE_ELEMENTS / max(cols, 1)))
     if want >= rows:
         return None
     half = want // 2

@@ -16,13 +16,13 @@ and keeps only sums (``block_stats``), like the rest of the analysis; operands w
 number of columns go through one torchao call per format. A layer's input is held until then,
 as autograd holds it for the weight gradient; an output that gets no gradient is cast at once.
 Each is also cast to bf16 and to per-tensor fp8 (torchao.float8's recipe, ``fp8.scaled_error``)
-for the comparison columns. A convolution is treated as its implicit GEMM with channels last: blocks run
-along the input channels of each pixel (forward), the output channels (input gradient) and the
-batch x pixels (weight gradient); no library ships block-scaled convolution training, so its rows
-are what such a kernel would cast. NVFP4 here is torchao's cast, 1 x 16 blocks with round to
-nearest: Transformer Engine's NVFP4 recipe also uses 16 x 16 weight blocks, random Hadamard
-transforms on the weight-gradient GEMM's inputs and stochastic rounding of gradients, which are
-not simulated.
+for the comparison columns. A convolution is treated as its implicit GEMM with channels last:
+blocks run along the input channels of each pixel (forward), the output channels (input
+gradient) and the batch x pixels (weight gradient); no library ships block-scaled convolution
+training, so its rows are what such a kernel would cast. NVFP4 here is torchao's cast, 1 x 16
+blocks with round to nearest: Transformer Engine's NVFP4 recipe also uses 16 x 16 weight blocks,
+random Hadamard transforms on the weight-gradient GEMM's inputs and stochastic rounding of
+gradients, which are not simulated.
 """
 
 from __future__ import annotations

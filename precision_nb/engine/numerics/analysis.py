@@ -95,7 +95,9 @@ def analyze(
 ) -> NumericsResult:
     """Analyse one batch of ``model`` (a module, a built-in workload or its name) in fp32.
 
-    ``formats``: names from :data:`~precision_nb.engine.numerics.formats.FORMATS`. ``scale``: the
+    ``formats``: names from :data:`~precision_nb.engine.numerics.formats.FORMATS` and the
+    block-scaled :data:`~precision_nb.engine.numerics.blocks.BLOCK_FORMATS` (torchao's casts,
+    the ``blocks`` extra; ``ImportError`` naming it when torchao is missing). ``scale``: the
     loss scale of the fp16 "at scale" column (default 2^16). ``threshold``: the largest underflowed
     fraction the safe window accepts. ``optimizer``: the caller's optimizer (its state is copied,
     the analysis runs where the model's parameters are), an ``OptimizerConfig`` or ``None`` (a

@@ -63,6 +63,9 @@ def numerics(
     """Analyse one batch of ``model`` (a module, or a built-in workload name such as ``"mlp"``
     with ``preset``) and return a :class:`Numerics`.
 
+    ``formats``: the formats analysed, names or aliases (``"fp16"``, ``"bf16"``, ``"fp8_e4m3"``,
+    ``"fp8_e5m2"``, and the block-scaled ``"mxfp8_e4m3"``, ``"mxfp8_e5m2"``, ``"mxfp4"``,
+    ``"nvfp4"``, which need torchao: the ``blocks`` extra).
     ``scale``: the loss scale of the "fp16 x scale" column; by default the last scale of ``run``
     (a ``RunResult``) when given, else 2^16. ``run``: its ``scale_history`` is drawn over the
     safe window. ``optimizer``: your optimizer (its state is copied, never changed) for the
@@ -96,7 +99,8 @@ def numerics(
 
 class Numerics:
     """The analysis as DataFrames (``gradients``, ``activations``, ``scale_window``,
-    ``stagnation``, ``fp8``), figures (``heatmap()``, ``window_figure()``) and HTML."""
+    ``stagnation``, ``fp8``; with a block-scaled format ``blocks``, ``gemms``, ``keep_bf16`` and
+    ``hardware()``), figures (``heatmap()``, ``window_figure()``) and HTML."""
 
     def __init__(self, result: NumericsResult, run: Any = None) -> None:
         self.result = result

@@ -21,7 +21,9 @@ from precision_nb.engine.numerics.hardware import (
     ASSUMPTIONS,
     WHATIF_GPUS,
     estimate_rows,
+    runs_natively,
     support_rows,
+    this_machine,
     total_speedup,
     whatif_gpu,
 )
@@ -189,7 +191,14 @@ def blocks_html(result: Any, heading: str = "h4") -> str:
                  "mx_pad_M"]  # fmt: skip
     parts.append(f"<div class='scroll'>{table_html(result.gemms, gemm_cols)}</div>")
     summary, _ = hardware_rows(result)
-    parts.append(f"<p>What-if hardware (datasheet figures; speedups are a {e(ASSUMPTIONS)}):</p>")
+    here = this_machine()
+    formats = ["fp8_e4m3", *info["formats"]]
+    native = [f for f in formats if runs_natively(f, here["compute_capability"])]
+    parts.append(
+        f"<p>What-if hardware (datasheet figures; speedups are a {e(ASSUMPTIONS)}). This "
+        f"machine, read from torch: {e(here['text'])}; native here: "
+        f"{e(', '.join(native) or 'none of these formats')}.</p>"
+    )
     hw_cols = ["hardware", "compute_capability", "format", "runs", "datasheet_tflops",
                "datasheet_bf16_tflops", "layers", "speedup_estimate"]  # fmt: skip
     hw_headers = {"speedup_estimate": "GEMM speedup over bf16 (estimate)"}

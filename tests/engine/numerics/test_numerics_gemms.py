@@ -173,6 +173,11 @@ def test_which_gpu_runs_which_format_natively():
     }
     with pytest.raises(ValueError, match="hardware: invalid value 'b100'; allowed: 'h100'"):
         H.whatif_gpu("b100")
+    here = H.this_machine()  # read from torch
+    if not torch.cuda.is_available():
+        assert here["compute_capability"] is None and here["text"] == "no CUDA GPU here"
+    else:
+        assert here["compute_capability"] == tuple(torch.cuda.get_device_capability(0))
 
 
 @pytest.mark.parametrize(

@@ -160,3 +160,15 @@ def test_numerics_tab_takes_block_formats_and_shows_a_bad_one_in_the_panel() -> 
     assert "formats: invalid value &#x27;mxfp6&#x27;" in box.value or "'mxfp6'" in box.value
     assert "nvfp4" in box.value and "Traceback" not in box.value
     panel.close()
+
+
+def test_numerics_tab_says_which_extra_a_block_format_needs(monkeypatch) -> None:
+    from precision_nb.engine.numerics import blocks
+
+    monkeypatch.setattr(blocks, "_import", lambda: (None, "ModuleNotFoundError: torchao"))
+    panel = Panel(steps=3, log_every=1, mode="fp32", workload="mlp", preset="tiny")
+    panel.widgets.numerics_formats.value = "mxfp4"
+    box = panel.widgets.error_box
+    assert box.layout.display != "none" and "blocks" in box.value
+    assert "precision-nb[blocks]" in html.unescape(box.value)
+    panel.close()

@@ -269,6 +269,41 @@ def cast_back(
     return back, nv.get_hp_scales().reshape(back.shape[0], -1)
 
 
+def block_cast(
+    x: torch.Tensor, fmt: str, scale_mode: str = MX_SCALE_MODE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` cast to the block format ``fmt`` with torchao and read back in fp32 (same shape),
+    and each block's effective scale (``(rows, blocks per row)``: rows are ``x``'s leading
+    dimensions, blocks run along its last one, zero-padded to a multiple of the block).
+
+    ``fmt``: a name or alias of :data:`BLOCK_FORMATS`; ``scale_mode``: ``"rceil"`` or
+    ``"floor"`` (:data:`MX_SCALE_MODES`, MX formats only). Non-finite elements count as 0."""
+    name = block_format_name(fmt)
+    if name is None:
+        raise ValueError(
+            f"fmt: invalid value {short_repr(fmt)}; allowed: "
+            + ", ".join(repr(n) for n in BLOCK_FORMATS)
+            + " (aliases: "
+            + ", ".join(BLOCK_ALIASES)
+            + ")"
+        )
+    if scale_mode not in MX_SCALE_MODES:
+        raise ValueError(
+            f"scale_mode: invalid value {short_repr(scale_mode)}; allowed: "
+            + ", ".join(repr(m) for m in MX_SCALE_MODES)
+        )
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() == 0:
+        raise ValueError(
+            f"x: invalid value of type {type(x).__name__}; allowed: a floating-point tensor with "
+            "at least one dimension"
+        )
+    flat = x.detach().reshape(-1, x.shape[-1]).float()
+    flat = torch.where(torch.isfinite(flat), flat, torch.zeros((), device=flat.device))
+    padded, _ = pad_last(flat, BLOCK_FORMATS[name].block)
+    back, scales = cast_back(padded, name, scale_mode)
+    return back[:, : x.shape[-1]].reshape(x.shape), scales
+
+
 def resolve_formats(values: Sequence[Any], field: str = "formats") -> tuple[list[str], list[str]]:
     """``(formats of FORMATS, block formats)`` named by ``values`` (names, aliases, torch
     dtypes), each once, in order; ``ValueError`` naming the bad value and every allowed one."""

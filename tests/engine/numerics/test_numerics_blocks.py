@@ -271,3 +271,22 @@ def test_operands_cast_together_give_what_each_gives_alone():
     for x, got in zip((a, b, c), together, strict=True):
         alone = torch.stack([S.block_stats(x, name) for name in FORMATS])
         assert torch.equal(got, alone)
+
+
+def test_block_cast_keeps_the_shape_and_refuses_bad_input():
+    import precision_nb as pnb
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3, 40, generator=gen)  # rows 2 x 3, blocks along the last dimension
+    back, scales = pnb.block_cast(x, "MXFP8")
+    padded = torch.nn.functional.pad(x.reshape(6, 40), (0, 24))
+    assert torch.equal(back, torchao_back(padded, "mxfp8_e4m3")[:, :40].reshape(2, 3, 40))
+    assert scales.shape == (6, 2)
+    floor, _ = pnb.block_cast(x, "mxfp8_e4m3", scale_mode="floor")
+    assert torch.equal(floor.reshape(6, 40), torchao_back(padded, "mxfp8_e4m3", "floor")[:, :40])
+    with pytest.raises(ValueError, match=r"fmt: invalid value 'fp8_e4m3'; allowed: 'mxfp8_e4m3'"):
+        pnb.block_cast(x, "fp8_e4m3")
+    with pytest.raises(ValueError, match="scale_mode: invalid value 'even'; allowed: 'rceil'"):
+        pnb.block_cast(x, "mxfp4", scale_mode="even")
+    with pytest.raises(ValueError, match="x: invalid value of type list"):
+        pnb.block_cast([1.0, 2.0], "nvfp4")

@@ -40,7 +40,8 @@ from precision_nb.engine.numerics.block_stats import (
     relative,
 )
 from precision_nb.engine.numerics.blocks import BLOCK_FORMATS
-from precision_nb.engine.numerics.fp8 import relative_error, scaled_error
+from precision_nb.engine.numerics.formats import magnitudes
+from precision_nb.engine.numerics.fp8 import merge, relative_error, scaled_error
 from precision_nb.engine.numerics.gemm_shapes import (
     SHAPE_RULES,
     Gemm,
@@ -134,12 +135,9 @@ class BlockCollector:
 
     def _reference(self, layer: dict[str, Any], tensor: str, t: torch.Tensor) -> None:
         self._add(layer, f"{tensor}|bf16", reference_stats(t))
+        m = magnitudes(t)  # shared by the per-tensor fp8 casts
         for ref in self.refs:
-            err = scaled_error(t, ref)
-            old = layer.get(f"{tensor}|{ref}")
-            if old is not None:
-                err = torch.cat([torch.maximum(old[:1], err[:1]), old[1:] + err[1:]])
-            layer[f"{tensor}|{ref}"] = err
+            layer[f"{tensor}|{ref}"] = merge(layer.get(f"{tensor}|{ref}"), scaled_error(m, ref))
 
     def _cast(self, layer: dict[str, Any], ops: Operands, casts: list[tuple[str, str]]) -> None:
         """Cast the operands ``casts`` ((tensor, blocks along) pairs of one GEMM call) to every

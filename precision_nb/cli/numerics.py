@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_nb.cli.main import EXIT_FAILED, HelpFormatter, cli_text, error, paragraphs
+from precision_nb.cli.main import (
+    EXIT_FAILED,
+    HelpFormatter,
+    cli_text,
+    error,
+    paragraphs,
+    run_failed,
+)
 
 DEFAULT_FORMATS = "fp16,bf16,fp8_e4m3,fp8_e5m2"
 DEFAULT_HARDWARE = "h100,h200,b200,gb200"
@@ -216,8 +223,10 @@ def run(args: argparse.Namespace) -> int:
         result = numerics(model, batches, formats=args.formats, device=args.device, preset=preset)
     except (ValueError, ImportError) as err:  # bad input; torchao missing for a block format
         return error("numerics", err)
-    except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
+    except RuntimeError as err:  # the step failed: out of memory, ...
         return error("numerics", f"failed: {err}", EXIT_FAILED)
+    except Exception as err:  # noqa: BLE001 - your model's own error: its type, message, line
+        return run_failed("numerics", err)
     print(cli_text(_text(result, args.hardware)))
     if args.out is not None:
         try:

@@ -46,6 +46,17 @@ def user_module(tmp_path, monkeypatch):
 
             def scale_batches():
                 return [torch.randn(4, 8)]
+
+            class Broken(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.lin = nn.Linear(8, 8)
+
+                def forward(self, x):
+                    raise TypeError("the model's own bug")
+
+            def broken():
+                return Broken()
             """
         )
     )
@@ -81,6 +92,14 @@ def test_a_model_without_gemm_layers_says_why(user_module, capsys):
     rc = main([*argv, "--batches", f"{user_module}:scale_batches", "--formats", "mxfp4"])
     assert rc == 0
     assert "Block formats: no linear or convolution layer" in capsys.readouterr().out
+
+
+def test_a_models_own_error_is_one_line_with_its_type(user_module, capsys):
+    argv = ["numerics", "--model", f"{user_module}:broken"]
+    assert main([*argv, "--batches", f"{user_module}:scale_batches", "--formats", "mxfp4"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("precision-nb numerics: run failed: TypeError: the model's own bug")
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

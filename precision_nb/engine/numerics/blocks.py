@@ -64,15 +64,15 @@ BLOCK_FORMATS: Mapping[str, BlockFormat] = MappingProxyType(
     {
         "mxfp8_e4m3": BlockFormat(
             "mxfp8_e4m3", "float8_e4m3fn", 32, "E8M0 (a power of two) per 32 elements", 448.0,
-            "mx", "fp8_e4m3", "MXTensor.to_mx(x, torch.float8_e4m3fn, block_size=32)",
+            "mx", "fp8_e4m3", "MXTensor.to_mx(x, float8_e4m3fn, 32, RCEIL)",
         ),
         "mxfp8_e5m2": BlockFormat(
             "mxfp8_e5m2", "float8_e5m2", 32, "E8M0 (a power of two) per 32 elements", 57344.0,
-            "mx", "fp8_e5m2", "MXTensor.to_mx(x, torch.float8_e5m2, block_size=32)",
+            "mx", "fp8_e5m2", "MXTensor.to_mx(x, float8_e5m2, 32, RCEIL)",
         ),
         "mxfp4": BlockFormat(
             "mxfp4", "float4_e2m1fn_x2", 32, "E8M0 (a power of two) per 32 elements", 6.0,
-            "mx", "fp8_e4m3", "MXTensor.to_mx(x, torch.float4_e2m1fn_x2, block_size=32)",
+            "mx", "fp8_e4m3", "MXTensor.to_mx(x, float4_e2m1fn_x2, 32, RCEIL)",
         ),
         "nvfp4": BlockFormat(
             "nvfp4", "float4_e2m1fn_x2", 16,

@@ -12,10 +12,16 @@
    one step in ten pays) is compared.
 3. ``precision_nb.numerics()`` on the same workload (median of ``--calls`` calls), also as a
    multiple of one plain step.
+4. The block-scaled formats (``--blocks``, needs torchao): ``numerics(formats=all block
+   formats)`` against today's fp8 what-if, ``numerics(formats=("fp8_e4m3", "fp8_e5m2"))``, and
+   against the default ``numerics()``, side by side (alternating, order rotated, ``--calls``
+   pairs each) on mlp/small and on a tiny Hugging Face GPT-2 built from a config; the ratios'
+   medians with their range.
 
     python benchmarks/bench_numerics.py            # default workload (mlp, small) on CPU
     python benchmarks/bench_numerics.py --quick    # a smoke run
     python benchmarks/bench_numerics.py --threads 1   # steadier on a machine shared with others
+    python benchmarks/bench_numerics.py --blocks-only --threads 1   # part 4 alone
 """
 
 from __future__ import annotations
@@ -132,6 +138,86 @@ def numerics_seconds(workload: str, preset: str, calls: int, device: str = "cpu"
     return out
 
 
+BLOCK_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4")
+#: The variants part 4 times, by label: the formats each ``numerics()`` call gets.
+BLOCK_VARIANTS: dict[str, tuple[str, ...] | None] = {
+    "fp8 what-if": ("fp8_e4m3", "fp8_e5m2"),
+    "default": None,
+    "block formats": BLOCK_FORMATS,
+}
+
+
+def gpt2_tiny() -> tuple[Any, list[Any]] | None:
+    """A tiny Hugging Face GPT-2 from a config (2 layers, width 64, vocabulary 1000) and one
+    batch of 4 x 16 tokens, or None without transformers."""
+    try:  # torchvision's C ops do not load beside a CPU build of torch; transformers imports
+        import torchvision  # noqa: F401 - it when installed, so hide a torchvision that fails
+    except (ImportError, RuntimeError):
+        sys.modules["torchvision"] = None  # type: ignore[assignment]
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    config = transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=64, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 1000, (4, 16), generator=torch.Generator().manual_seed(0))
+    return model, [{"input_ids": ids, "labels": ids}]
+
+
+def block_pairs(target: Any, batches: Any, preset: str, calls: int) -> list[dict[str, float]]:
+    """Per repeat, wall seconds of ``numerics()`` for each of :data:`BLOCK_VARIANTS` on
+    ``target`` (a workload name or a module), alternating, the order rotated per repeat; one
+    warm-up call each first (torchao's import included there)."""
+    import precision_nb
+
+    def once(formats: tuple[str, ...] | None) -> float:
+        kwargs = {} if formats is None else {"formats": formats}
+        t0 = time.perf_counter()
+        precision_nb.numerics(target, batches, preset=preset, device="cpu", **kwargs)
+        return time.perf_counter() - t0
+
+    labels = list(BLOCK_VARIANTS)
+    for label in labels:
+        once(BLOCK_VARIANTS[label])
+    out = []
+    for r in range(calls):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+        out.append({label: once(BLOCK_VARIANTS[label]) for label in order})
+    return out
+
+
+def print_block_ratios(name: str, pairs: list[dict[str, float]]) -> None:
+    for base in ("fp8 what-if", "default"):
+        ratios = [p["block formats"] / p[base] for p in pairs]
+        lo, hi = _iqr(ratios)
+        print(
+            f"{name}: numerics(all block formats) / numerics({base}): "
+            f"{statistics.median(ratios):.2f} (IQR {lo:.2f}-{hi:.2f}, {len(ratios)} rotated "
+            f"repeats; block formats {statistics.median(p['block formats'] for p in pairs):.2f} "
+            f"s, {base} {statistics.median(p[base] for p in pairs):.2f} s)"
+        )
+
+
+def blocks_main(calls: int) -> None:
+    """Part 4: the block formats' cost side by side with today's calls."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        print("block formats: skipped (torchao is not installed: the blocks extra)")
+        return
+    print_block_ratios("mlp/small", block_pairs("mlp", None, "small", calls))
+    gpt2 = gpt2_tiny()
+    if gpt2 is None:
+        print("GPT-2 tiny: skipped (transformers is not installed)")
+        return
+    print_block_ratios("GPT-2 tiny", block_pairs(gpt2[0], gpt2[1], "tiny", calls))
+
+
 def _iqr(values: list[float]) -> tuple[float, float]:
     if len(values) < 2:
         return values[0], values[0]
@@ -148,12 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="few steps and repeats")
+    parser.add_argument(
+        "--blocks-only", action="store_true", help="only part 4, the block-scaled formats' cost"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
         args.steps, args.repeats, args.calls = 3, 2, 1
+    if args.blocks_only:
+        blocks_main(1 if args.quick else max(args.calls, 3))
+        return 0
     pairs = step_times(args.workload, args.preset, args.steps, args.repeats, args.device)
     ratios = [s / p for p, s, _ in pairs]
     alone = [a / p for p, _, a in pairs]
@@ -186,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     secs = numerics_seconds(args.workload, args.preset, args.calls, args.device)
     med = statistics.median(secs)
     print(f"numerics(): {med:.2f} s (median of {len(secs)} calls) = {med / plain:.0f} plain steps")
+    blocks_main(1 if args.quick else max(args.calls, 3))
     return 0
 
 

@@ -64,6 +64,7 @@ _EXPORTS: dict[str, str] = {
     "node_commands": "precision_nb.engine.distributed.nodes",
     "gather": "precision_nb.engine.distributed.gather",
     "autocast_policy": "precision_nb.engine.inspect.policy",
+    "block_cast": "precision_nb.engine.numerics.blocks",
     # views (loaded only when asked for: they import matplotlib, pandas, ipywidgets)
     "Panel": "precision_nb.views.panel.api",
     "to_frame": "precision_nb.views.report.tables",

@@ -2,7 +2,8 @@
 # Creates .venv (if missing) and installs precision_nb into it.
 #   bash scripts/setup.sh          the package and JupyterLab (the `notebook` extra)
 #   bash scripts/setup.sh test     ... plus the test tools (pytest, nbval, playwright, ruff,
-#                                  transformers) and torchvision, without its dependencies
+#                                  transformers), torchao (the `blocks` extra: numerics' block-scaled
+#                                  formats) and torchvision, without its dependencies
 #   bash scripts/setup.sh dev      ... plus the benchmark tools (accelerate)
 # torch is installed first, on its own (scripts/torch_source.py says from where and why): the CPU
 # build on Linux without an NVIDIA driver, pip's default (the CUDA build on Linux) with one.

@@ -94,6 +94,18 @@ def test_bench_numerics_times_both_variants_and_a_full_call():
     assert len(fits) == 2 and all(set(f) == {None, 1} and min(f.values()) > 0 for f in fits)
 
 
+def test_bench_numerics_times_the_block_formats_beside_todays_calls():
+    import pytest
+
+    pytest.importorskip("torchao", reason="the test extra installs torchao (the blocks extra)")
+    bench = _load("bench_numerics")
+    pairs = bench.block_pairs("mlp", None, "tiny", calls=1)
+    assert len(pairs) == 1 and set(pairs[0]) == set(bench.BLOCK_VARIANTS)
+    assert min(pairs[0].values()) > 0
+    model, batches = bench.gpt2_tiny()  # the test extra installs transformers
+    assert len(bench.block_pairs(model, batches, "tiny", calls=1)) == 1
+
+
 def test_bench_calibration_prints_rates_from_the_product_statistics():
     bench = _load("bench_calibration")
     lines = bench.simulated_rates(trials=40)

@@ -22,7 +22,7 @@ from typing import Any
 
 from precision_nb import __version__
 
-SUBCOMMANDS = ("plan", "profile", "inspect", "nodes", "gather")
+SUBCOMMANDS = ("plan", "profile", "inspect", "numerics", "nodes", "gather")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 

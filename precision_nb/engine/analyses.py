@@ -14,14 +14,14 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.events import Event
 from precision_nb.engine.compile.visibility import mark_compiled
 from precision_nb.engine.inspect import InspectionData, run_inspection
-from precision_nb.engine.numerics.analysis import NumericsResult, analyze
+from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
 from precision_nb.engine.results import RunResult
 
 __all__ = [
@@ -143,12 +143,18 @@ def scaled_run(results: Mapping[str, RunResult], label: str | None = None) -> Ru
     return None
 
 
-def analyse_numerics(source: ModelSource, device: Any, run: RunResult | None) -> NumericsResult:
-    """One numerics analysis of the model on ``device``, at the last loss scale of ``run``."""
+def analyse_numerics(
+    source: ModelSource,
+    device: Any,
+    run: RunResult | None,
+    formats: Sequence[Any] = DEFAULT_FORMATS,
+) -> NumericsResult:
+    """One numerics analysis of the model on ``device`` in ``formats``, at the last loss scale
+    of ``run``."""
     history = run.scale_history if run is not None else []
     scales = [h.get("loss_scale") for h in history if h.get("loss_scale")]
     return analyze(
-        source.model, source.batches, loss_fn=source.loss_fn, device=device,
+        source.model, source.batches, loss_fn=source.loss_fn, device=device, formats=formats,
         scale=scales[-1] if scales else None, preset=source.preset,
     )  # fmt: skip
 

@@ -36,18 +36,48 @@ log = logging.getLogger(__name__)
 # Lightning's lightning/fabric/utilities/throughput.py; RTX 3090 Ti: its spec sheet's 40 shader
 # TFLOPS and 320 sparse fp16 tensor TFLOPS, dense with fp32 accumulation a quarter of that (80),
 # tf32 half of that as on every GA102 part. T4 (Turing) has no TF32.
+# fp8 (float8_e4m3fn / float8_e5m2: per-tensor fp8 on Hopper; fp8 and MXFP8 on Blackwell) and
+# fp4 (float4_e2m1fn_x2: MXFP4 and NVFP4, Blackwell only) are half the datasheets' sparse
+# figures: H100 SXM and H200 3,958, H100 PCIe 3,026, H100/H200 NVL 3,341. B200: an HGX B200
+# board's figures over its 8 GPUs (fp4 144, fp8 72, bf16 36, tf32 18 sparse PFLOPS, fp32 600
+# TFLOPS), GB200: a GB200 NVL72 rack's over its 72 (fp4 1,440, fp8 720, bf16 360, tf32 180 sparse
+# PFLOPS, fp32 5,760 TFLOPS); dense is half the sparse figure.
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "h200": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5},
-    "h200 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
-    "h100 sxm": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5},
-    "h100 pcie": {"float32": 51.0, "tf32": 378.0, "bfloat16": 756.5, "float16": 756.5},
-    "h100 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+    "b200": {"float32": 75.0, "tf32": 1125.0, "bfloat16": 2250.0, "float16": 2250.0}
+    | dict.fromkeys(_FP8, 4500.0)
+    | {"float4_e2m1fn_x2": 9000.0},
+    "gb200": {"float32": 80.0, "tf32": 1250.0, "bfloat16": 2500.0, "float16": 2500.0}
+    | dict.fromkeys(_FP8, 5000.0)
+    | {"float4_e2m1fn_x2": 10000.0},
+    "h200": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5}
+    | dict.fromkeys(_FP8, 1979.0),
+    "h200 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5}
+    | dict.fromkeys(_FP8, 1670.5),
+    "h100 sxm": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5}
+    | dict.fromkeys(_FP8, 1979.0),
+    "h100 pcie": {"float32": 51.0, "tf32": 378.0, "bfloat16": 756.5, "float16": 756.5}
+    | dict.fromkeys(_FP8, 1513.0),
+    "h100 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5}
+    | dict.fromkeys(_FP8, 1670.5),
     "a100": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
     "l4": {"float32": 30.3, "tf32": 60.0, "bfloat16": 121.0, "float16": 121.0},
     "t4": {"float32": 8.1, "float16": 65.0},
     "rtx 4090": {"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2},
     "rtx 3090 ti": {"float32": 40.0, "tf32": 40.0, "bfloat16": 80.0, "float16": 80.0},
     "rtx 3090": {"float32": 35.6, "tf32": 35.6, "bfloat16": 71.0, "float16": 71.0},
+}
+# Datasheet memory bandwidth in TB/s of the rows that have fp8 peaks (the roofline estimates of
+# numerics' block-format what-if need it): H100 SXM 3.35, PCIe 2.0, NVL 3.9; H200 SXM and NVL
+# 4.8; B200 (HGX) and GB200 8.
+GPU_MEMORY_TB_PER_S: dict[str, float] = {
+    "b200": 8.0,
+    "gb200": 8.0,
+    "h200": 4.8,
+    "h200 nvl": 4.8,
+    "h100 sxm": 3.35,
+    "h100 pcie": 2.0,
+    "h100 nvl": 3.9,
 }
 
 # CUDA device names -> table rows: (row, the chip's token, variant tokens the name must carry,
@@ -57,6 +87,8 @@ GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
 _GPU_NAMES: tuple[tuple[str, str, frozenset[str], frozenset[str]], ...] = tuple(
     (row, chip, frozenset(need.split()), frozenset(may.split()) | frozenset(need.split()))
     for row, chip, need, may in (
+        ("gb200", "gb200", "", ""),
+        ("b200", "b200", "", "sxm sxm6 hgx"),
         ("h200 nvl", "h200", "nvl", ""),
         ("h200", "h200", "", "sxm sxm5 hbm3e"),
         ("h100 nvl", "h100", "nvl", "hbm3"),

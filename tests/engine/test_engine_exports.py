@@ -17,6 +17,7 @@ from precision_nb.engine.callbacks import Callback
 from precision_nb.engine.distributed.results import DistributedError
 from precision_nb.engine.entry import fit
 from precision_nb.engine.inspect.policy import autocast_policy
+from precision_nb.engine.numerics.blocks import block_cast
 from precision_nb.engine.precision import Precision
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import FitError, LossScaleFloorError
@@ -36,6 +37,7 @@ NAMES = {
     "ring_seconds": ring_seconds,
     "DistributedError": DistributedError,
     "autocast_policy": autocast_policy,
+    "block_cast": block_cast,
 }
 
 

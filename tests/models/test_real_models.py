@@ -259,3 +259,83 @@ def test_numerics_sees_the_loss_the_model_is_trained_on(case: Case) -> None:
     ]
     assert {r["layer"] for r in fp32} == {n for n, _p in model.named_parameters()}
     assert sum(r["elements"] for r in fp32) == case.params
+
+
+# --------------------------------------------------------------- block-scaled formats (torchao)
+BLOCK_FORMATS = ("mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4")
+
+
+def _block_tables(case: Case, formats: tuple[str, ...]) -> Any:
+    pytest.importorskip("torchao", reason="the test extra installs torchao (the blocks extra)")
+    result = pnb.numerics(case.build(), case.batches, formats=formats)
+    rows = [r for r in result.result.blocks if r["status"] == "ok"]
+    assert {r["format"] for r in rows} == set(formats)
+    for r in rows:  # every cast of every layer: finite, fractions in [0, 1]
+        assert math.isfinite(r["rel_error"]) and 0 < r["rel_error"] < 1
+        assert math.isfinite(r["fp8_rel_error"]) and math.isfinite(r["bf16_rel_error"])
+        assert 0 <= r["underflow_fraction"] <= 1 and 0 <= r["saturated_fraction"] <= 1
+    casts = {(r["layer"], r["tensor"], r["blocks_along"]) for r in rows}
+    assert len(casts) == 6 * len(result.result.gemms)  # six casts per GEMM layer
+    return result
+
+
+def _share(shapes: list[tuple[str, int, int, int]], multiple: int) -> float:
+    """Hand count: the share of 6 M K N (a training step's three GEMMs) whose K and N are
+    multiples of ``multiple``."""
+    total = sum(6 * m * k * n for _, m, k, n in shapes)
+    ok = sum(6 * m * k * n for _, m, k, n in shapes if k % multiple == 0 and n % multiple == 0)
+    return ok / total
+
+
+def test_block_formats_on_gpt2_every_projection_and_the_tied_head(transformers) -> None:
+    result = _block_tables(_gpt2(transformers), BLOCK_FORMATS)
+    m = 4 * T  # every token of the batch, padding included
+    shapes = []
+    for i in range(LAYERS):  # Conv1D projections: addmm with a (K, N) weight
+        shapes += [
+            (f"transformer.h.{i}.attn.c_attn", m, E, 3 * E),
+            (f"transformer.h.{i}.attn.c_proj", m, E, E),
+            (f"transformer.h.{i}.mlp.c_fc", m, E, 4 * E),
+            (f"transformer.h.{i}.mlp.c_proj", m, 4 * E, E),
+        ]
+    shapes.append(("lm_head", m, E, VOCAB))  # tied to wte, named after the Linear using it
+    got = [(r["layer"], r["M"], r["K"], r["N"]) for r in result.result.gemms]
+    assert got == shapes
+    info = result.result.blocks_info
+    assert info["qualifying_share"]["mx"] == pytest.approx(_share(shapes, 32), rel=1e-12)
+    assert info["qualifying_share"]["fp8"] == pytest.approx(_share(shapes, 16), rel=1e-12)
+    keep = info["keep"]["mxfp8_e4m3"]
+    kept = {k["layer"] for k in keep["keep"]}
+    assert {"transformer.h.0.attn.c_attn", "lm_head"} <= kept  # first and last GEMM layers
+
+
+def test_block_formats_on_resnet18_convolutions_as_implicit_gemms(torchvision) -> None:
+    result = _block_tables(_resnet18(torchvision), ("mxfp8_e4m3", "nvfp4"))
+    batch, side = 2, 32
+    side //= 2  # the 7x7 stride-2 stem
+    shapes = [("conv1", batch * side * side, 3 * 7 * 7, 64)]
+    side //= 2  # max pool
+    c_in = 64
+    for stage, width in enumerate((64, 128, 256, 512), start=1):
+        if width != c_in:
+            side //= 2  # the first block of a widening stage has stride 2
+        m = batch * side * side
+        shapes += [
+            (f"layer{stage}.0.conv1", m, c_in * 9, width),
+            (f"layer{stage}.0.conv2", m, width * 9, width),
+        ]
+        if width != c_in:
+            shapes.append((f"layer{stage}.0.downsample.0", m, c_in, width))
+        shapes += [
+            (f"layer{stage}.1.conv1", m, width * 9, width),
+            (f"layer{stage}.1.conv2", m, width * 9, width),
+        ]
+        c_in = width
+    shapes.append(("fc", batch, 512, 10))
+    got = sorted((r["layer"], r["M"], r["K"], r["N"]) for r in result.result.gemms)
+    assert got == sorted(shapes)
+    info = result.result.blocks_info
+    assert info["qualifying_share"]["mx"] == pytest.approx(_share(shapes, 32), rel=1e-12)
+    assert info["qualifying_share"]["nvfp4"] == pytest.approx(_share(shapes, 16), rel=1e-12)
+    kept = {k["layer"] for k in info["keep"]["nvfp4"]["keep"]}
+    assert {"conv1", "fc"} <= kept  # the stem (K = 147) and the classifier (N = 10)

@@ -15,6 +15,7 @@ activations live until it returns.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable, Sequence
@@ -32,6 +33,8 @@ from precision_nb.core.resolution import resolve_precision
 from precision_nb.core.validate import number
 from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch, to_device
 from precision_nb.engine.numerics import rows as R
+from precision_nb.engine.numerics.block_layers import BlockCollector, block_result
+from precision_nb.engine.numerics.blocks import resolve_formats, torchao_api
 from precision_nb.engine.numerics.collect import (
     COVERAGE,
     ActivationCollector,
@@ -39,7 +42,7 @@ from precision_nb.engine.numerics.collect import (
     to_host,
     value_stats,
 )
-from precision_nb.engine.numerics.formats import format_name, overflow_behaviour
+from precision_nb.engine.numerics.formats import overflow_behaviour
 from precision_nb.engine.numerics.fp8 import hardware_note
 from precision_nb.engine.numerics.fp16_run import Fp16Trace, counted_in_fp16, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
@@ -70,6 +73,11 @@ class NumericsResult:
     stagnation: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Event] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    #: Block-scaled formats (empty unless one was asked for): per GEMM layer, cast and format;
+    #: the traced GEMMs' shapes; and ``blocks_info`` (keep-in-bf16 lists, FLOP shares, notes).
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    gemms: list[dict[str, Any]] = field(default_factory=list)
+    blocks_info: dict[str, Any] = field(default_factory=dict)
 
 
 def analyze(
@@ -87,7 +95,9 @@ def analyze(
 ) -> NumericsResult:
     """Analyse one batch of ``model`` (a module, a built-in workload or its name) in fp32.
 
-    ``formats``: names from :data:`~precision_nb.engine.numerics.formats.FORMATS`. ``scale``: the
+    ``formats``: names from :data:`~precision_nb.engine.numerics.formats.FORMATS` and the
+    block-scaled :data:`~precision_nb.engine.numerics.blocks.BLOCK_FORMATS` (torchao's casts,
+    the ``blocks`` extra; ``ImportError`` naming it when torchao is missing). ``scale``: the
     loss scale of the fp16 "at scale" column (default 2^16). ``threshold``: the largest underflowed
     fraction the safe window accepts. ``optimizer``: the caller's optimizer (its state is copied,
     the analysis runs where the model's parameters are), an ``OptimizerConfig`` or ``None`` (a
@@ -97,9 +107,11 @@ def analyze(
     """
     if isinstance(formats, (str, torch.dtype)):
         formats = (formats,)
-    names = list(dict.fromkeys(format_name(f) for f in formats))
-    if not names:
+    names, block = resolve_formats(formats)
+    if not names and not block:
         raise ValueError("formats: invalid value () (tuple); allowed: at least one format")
+    if block:
+        torchao_api()  # ImportError naming the extra before anything runs
     scale_v = DEFAULT_SCALE if scale is None else number("scale", scale, minimum=0.0, strict=True)
     threshold = number("threshold", threshold, minimum=0.0, maximum=1.0)
     if optimizer is not None and not isinstance(
@@ -113,7 +125,9 @@ def analyze(
         model, batches, workload = prepare(model, batches, preset, device, seed)
         if not isinstance(model, nn.Module):
             raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
-        return _run(model, batches, loss_fn, names, device, scale_v, threshold, optimizer, workload)
+        return _run(
+            model, batches, loss_fn, names, device, scale_v, threshold, optimizer, workload, block
+        )
 
 
 def _rng_devices() -> list[int]:
@@ -145,6 +159,7 @@ def _run(
     threshold: float,
     optimizer: Any,
     workload: dict[str, Any],
+    block: list[str],
 ) -> NumericsResult:
     twin, opt, where = _copy(model, optimizer, device)
     twin.zero_grad(set_to_none=True)
@@ -153,11 +168,14 @@ def _run(
     amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
     collector = ActivationCollector(formats, scale)
     collector.attach(twin)
+    blocks = BlockCollector(twin, block) if block else None
     try:
         args, kwargs, labels = split_batch(batch, twin, loss_fn)
         # fp32 even inside a caller's autocast region
         with torch.autocast(where.type, enabled=False), amp.forward_context():
-            loss, _task = output_to_loss(twin(*args, **kwargs), labels, loss_fn)
+            with blocks.tracer if blocks is not None else contextlib.nullcontext():
+                out = twin(*args, **kwargs)
+            loss, _task = output_to_loss(out, labels, loss_fn)
         loss = loss.float()
         amp.backward(loss)
     finally:
@@ -175,6 +193,7 @@ def _run(
                 if p.grad is not None
             },
             "stagnation": _stagnation(params, opt, amp),
+            "blocks": blocks.stats if blocks is not None else {},
         }
     host = to_host(
         {
@@ -194,6 +213,10 @@ def _run(
     )
     result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
     result.stagnation = R.stagnation_rows(params, host["stagnation"])
+    if blocks is not None:
+        done = block_result(blocks, host["blocks"], twin)
+        result.blocks, result.gemms = done["blocks"], done["gemms"]
+        result.blocks_info = done["info"]
     traced = trace.error is None
     in_fp16 = lambda n: counted_in_fp16(held_p.get(n), traced)  # noqa: E731
     p_in, p_all = R.sweep_totals({n: v["grad"] for n, v in host["params"].items()}, in_fp16)
@@ -210,6 +233,10 @@ def _run(
         )
     loss_value = float(host["loss"])
     result.findings = R.findings(result, loss_value, scale)
+    if blocks is not None and done["info"]["reason"]:
+        result.findings.append(
+            Event("warning", f"Block formats: {done['info']['reason']}.", {"finding": "no_gemm"})
+        )
     if trace.error:
         result.findings.append(
             Event(
@@ -225,7 +252,7 @@ def _run(
         "workload": workload,
         "device": str(where),
         "loss": loss_value if math.isfinite(loss_value) else None,
-        "formats": formats,
+        "formats": formats + block,
         "scale": scale,
         "threshold": threshold,
         "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},

@@ -29,6 +29,7 @@ import ipywidgets as widgets
 from precision_nb.core.resolution import Explanation
 from precision_nb.engine.analyses import AnalysisTarget, ModelSource, analyse_numerics, cache_key
 from precision_nb.engine.analyses import inspect_targets as inspect_all
+from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.views.panel.analysis_html import memory_chart_svg, numerics_html, ops_html
 from precision_nb.views.panel.selection import SIM_PREFIX
@@ -84,12 +85,21 @@ class AnalysisViews:
         self.memory_html = widgets.HTML()
         self.ops_html = widgets.HTML()
         self.numerics_html = widgets.HTML()
+        self.formats = widgets.Text(
+            value=", ".join(DEFAULT_FORMATS),
+            description="Formats",
+            continuous_update=False,
+            tooltip="the numerics analysis's formats, comma-separated: fp16, bf16, fp8_e4m3, "
+            "fp8_e5m2, and the block-scaled mxfp8_e4m3, mxfp8_e5m2, mxfp4, nvfp4 (torchao)",
+            layout=widgets.Layout(width="100%"),
+        )
         for w, css in (
             (self.button, "pnb-inspect"),
             (self.note, "pnb-analysis-note"),
             (self.memory_html, "pnb-memory"),
             (self.ops_html, "pnb-ops"),
             (self.numerics_html, "pnb-numerics"),
+            (self.formats, "pnb-numerics-formats"),
         ):
             w.add_class(css)
         self.inspections: dict[Any, Any] = {}  # (plan, device, model key) -> InspectionData
@@ -137,7 +147,12 @@ class AnalysisViews:
         return shown != wanted or numerics is None or numerics is not self.numerics
 
     def _numerics_key(self) -> Any:
-        return (self._model_key(), id(self._numerics_run()))
+        return (self._model_key(), id(self._numerics_run()), tuple(self.numerics_formats()))
+
+    def numerics_formats(self) -> list[str]:
+        """The formats typed into the Numerics tab (checked by the analysis: a bad one is an
+        error shown in the panel, naming every allowed format)."""
+        return [f.strip() for f in self.formats.value.split(",") if f.strip()]
 
     def _numerics_run(self) -> Any:
         """The last run's result of the selected plan when it used a loss scaler, else None."""
@@ -173,7 +188,8 @@ class AnalysisViews:
             selected = self._selected()
             device = "cpu" if selected is None or selected.capabilities else selected.device
             run = self._numerics_run()
-            self.numerics_cache[nkey] = Numerics(analyse_numerics(source, device, run), run)
+            result = analyse_numerics(source, device, run, formats=self.numerics_formats())
+            self.numerics_cache[nkey] = Numerics(result, run)
             self._learn(time.perf_counter() - t0)
         self.numerics = self.numerics_cache[nkey]
         self.render()

@@ -6,7 +6,8 @@
 - :func:`ops_html`: the op trace summary of one plan (verdicts, calls, FLOP share, cast bytes)
   and its flags.
 - :func:`numerics_html`: the safe fp16 loss-scale window and the gradient underflow table (one row
-  per parameter tensor, one column per format, shaded by the fraction lost).
+  per parameter tensor, one column per format, shaded by the fraction lost), then the block-scaled
+  formats' section when one was asked for (``views.report.blocks``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from precision_nb.views.panel.results import table_html
+from precision_nb.views.report.blocks import blocks_html
 
 __all__ = ["memory_chart_svg", "numerics_html", "ops_html", "stacked_bars_svg"]
 
@@ -211,4 +213,5 @@ def numerics_html(numerics: Any, max_rows: int = 40) -> str:
         + "<div style='font-size:12px'><i>Exact counts for one batch and one step; other "
         "batches give other fractions.</i></div>"
     )
+    parts.append(blocks_html(numerics.result, heading="b"))  # "" without a block format
     return "".join(parts)

@@ -171,6 +171,7 @@ def build_panel(
         figure=controller.on_figure_click,
     )
     analysis.button.on_click(controller.on_inspect_click)
+    analysis.formats.observe(lambda _change: controller.inspect_now(), "value")
     named.tabs.observe(controller.on_tab_change, "selected_index")
 
     controls.apply(controls.normalise(**initial))

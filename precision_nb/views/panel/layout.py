@@ -133,6 +133,7 @@ class PanelWidgets:
     memory_html: widgets.HTML
     ops_html: widgets.HTML
     numerics_html: widgets.HTML
+    numerics_formats: widgets.Text
     # Distributed
     strategy: widgets.ToggleButtons
     nproc: widgets.IntText
@@ -184,7 +185,7 @@ def build_layout(
         "Compare": [o.results_html],
         "Memory": [widgets.HBox([a.button, a.note]), a.memory_html],
         "Ops": [a.ops_html],
-        "Numerics": [a.numerics_html],
+        "Numerics": [a.formats, a.numerics_html],
         "Distributed": [dist.box, per_rank.box],
     }
     tabs = widgets.Tab(
@@ -212,7 +213,7 @@ def build_layout(
         figure_image=o.figure_image,
         results_html=o.results_html,
         inspect_button=a.button, analysis_note=a.note, memory_html=a.memory_html,
-        ops_html=a.ops_html, numerics_html=a.numerics_html,
+        ops_html=a.ops_html, numerics_html=a.numerics_html, numerics_formats=a.formats,
         strategy=d.strategy, nproc=d.nproc, backend=d.backend, comm_hook=d.comm_hook,
         param_dtype=d.param_dtype, reduce_dtype=d.reduce_dtype, output_dtype=d.output_dtype,
         dist_note=d.note, rank_html=per_rank.html,

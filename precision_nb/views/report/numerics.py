@@ -15,11 +15,13 @@ import pandas as pd
 
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
+from precision_nb.engine.numerics.hardware import ASSUMPTIONS
 from precision_nb.engine.numerics.scale_window import (
     DEFAULT_THRESHOLD,
     ERROR_SAMPLE_LIMIT,
     history_vs_window,
 )
+from precision_nb.views.report.blocks import blocks_html, hardware_rows, summary_rows
 from precision_nb.views.report.figure_base import PlanFigure, figure_to_png
 from precision_nb.views.report.markup import fmt, img_html, table_html
 from precision_nb.views.report.numerics_figures import scale_window_figure, underflow_heatmap
@@ -61,6 +63,9 @@ def numerics(
     """Analyse one batch of ``model`` (a module, or a built-in workload name such as ``"mlp"``
     with ``preset``) and return a :class:`Numerics`.
 
+    ``formats``: the formats analysed, names or aliases (``"fp16"``, ``"bf16"``, ``"fp8_e4m3"``,
+    ``"fp8_e5m2"``, and the block-scaled ``"mxfp8_e4m3"``, ``"mxfp8_e5m2"``, ``"mxfp4"``,
+    ``"nvfp4"``, which need torchao: the ``blocks`` extra).
     ``scale``: the loss scale of the "fp16 x scale" column; by default the last scale of ``run``
     (a ``RunResult``) when given, else 2^16. ``run``: its ``scale_history`` is drawn over the
     safe window, and its measured lost updates (``RunResult.update_stats``: a true plan's, or any
@@ -96,7 +101,8 @@ def numerics(
 
 class Numerics:
     """The analysis as DataFrames (``gradients``, ``activations``, ``scale_window``,
-    ``stagnation``, ``fp8``), figures (``heatmap()``, ``window_figure()``) and HTML."""
+    ``stagnation``, ``fp8``; with a block-scaled format ``blocks``, ``gemms``, ``keep_bf16`` and
+    ``hardware()``), figures (``heatmap()``, ``window_figure()``) and HTML."""
 
     def __init__(self, result: NumericsResult, run: Any = None) -> None:
         self.result = result
@@ -138,6 +144,32 @@ class Numerics:
         return pd.DataFrame(rows)
 
     @property
+    def blocks(self) -> pd.DataFrame:
+        """Block formats: one row per GEMM layer, cast (tensor, GEMM, blocks along) and format."""
+        return pd.DataFrame(self.result.blocks)
+
+    @property
+    def gemms(self) -> pd.DataFrame:
+        """The traced step's GEMM layers: (M, K, N), FLOPs, shape rules and padding."""
+        return pd.DataFrame(self.result.gemms)
+
+    @property
+    def keep_bf16(self) -> dict[str, Any]:
+        """Per block format: the rule, the layers it keeps in bf16 (with reasons), the share of
+        the GEMM FLOPs that stays in the format."""
+        return dict(self.result.blocks_info.get("keep", {}))
+
+    def hardware(self, gpus: Sequence[str] = ("h100", "h200", "b200", "gb200")) -> pd.DataFrame:
+        """Per what-if GPU and format: native or emulated, the datasheet peaks, and the roofline
+        estimate of the GEMM speedup over bf16 (an estimate from datasheet figures, never a
+        measurement); ``.attrs["per_layer"]`` holds each layer's estimate."""
+        summary, per_layer = hardware_rows(self.result, gpus)
+        frame = pd.DataFrame(summary)
+        frame.attrs["per_layer"] = pd.DataFrame(per_layer)
+        frame.attrs["assumptions"] = ASSUMPTIONS
+        return frame
+
+    @property
     def window(self) -> dict[str, Any]:
         """``lo``/``hi`` exponents of the safe fp16 window (``None`` when empty), ``reason``,
         ``threshold``; with a run, ``run`` counts its attempts below / inside / above it."""
@@ -173,7 +205,9 @@ class Numerics:
         )
 
     def figures(self) -> dict[str, PlanFigure]:
-        figs = {"gradient_underflow": self.heatmap("gradients")}
+        figs = {}
+        if self.result.gradients:  # none when only block formats were asked for
+            figs["gradient_underflow"] = self.heatmap("gradients")
         if self.result.activations:
             figs["activation_underflow"] = self.heatmap("activations")
         figs["scale_window"] = self.window_figure()
@@ -206,6 +240,7 @@ class Numerics:
             f"Numerics of {info.get('model')} on {info.get('device')} "
             f"(loss {fmt(info.get('loss'))}, formats {', '.join(info.get('formats', []))})",
             self.window_text(),
+            *_blocks_lines(self.result),
             *(f"- {e.message}" for e in self.result.findings),
         ]
         return "\n".join(lines)
@@ -241,11 +276,30 @@ class Numerics:
         parts.append("<h4>FP8 what-if (per-tensor amax scaling)</h4>")
         parts.append(f"<p>{html.escape(str(info.get('fp8', {}).get('text', '')))}</p>")
         parts.append(_fp8_table(self.result.fp8))
+        parts.append(blocks_html(self.result))
         parts.append(
             f"<p><small>Activation gradients covered: {html.escape(str(info.get('coverage')))}. "
             f"Memory: {html.escape(str(info.get('memory')))}</small></p></div>"
         )
         return "\n".join(parts)
+
+
+def _blocks_lines(result: NumericsResult) -> list[str]:
+    """The block formats in a few lines of text (none when none was asked for)."""
+    info = result.blocks_info
+    if not info:
+        return []
+    if info.get("reason"):
+        return [f"Block formats: {info['reason']}."]
+    lines = []
+    for row in summary_rows(result):
+        lines.append(
+            f"{row['format']}: median relative error {fmt(row['median_rel_error'])} "
+            f"({fmt(row['median_vs_bf16'])}x bf16's, {fmt(row['median_vs_fp8'])}x per-tensor "
+            f"{row['fp8_reference']}'s); {row['kept_in_bf16']} layer(s) kept in bf16; "
+            f"{fmt(row['low_precision_flop_share'])} of the GEMM FLOPs stay in the format"
+        )
+    return lines
 
 
 def _subnormal_text(w: dict[str, Any]) -> str:

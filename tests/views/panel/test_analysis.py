@@ -140,3 +140,35 @@ def test_a_simulated_device_shows_hand_arithmetic_and_the_policy_read_from_torch
     assert "autocast's policy in this torch, not a trace" in ops
     assert all(row["op"] in ops for row in data.policy)
     panel.close()
+
+
+def test_numerics_tab_takes_block_formats_and_shows_a_bad_one_in_the_panel() -> None:
+    pytest.importorskip("torchao", reason="the test extra installs torchao (the blocks extra)")
+    panel = Panel(steps=3, log_every=1, mode="fp32", workload="mlp", preset="tiny")
+    panel.widgets.tabs.selected_index = TABS.index("Numerics")  # the user opens the tab
+    assert "Block-scaled" not in panel.widgets.numerics_html.value  # default formats: none
+    panel.widgets.numerics_formats.value = "bf16, mxfp8, nvfp4"  # typed, then Enter
+    assert panel.error is None, panel.error
+    assert list(panel.numerics.blocks["format"].unique()) == ["mxfp8_e4m3", "nvfp4"]
+    view = panel.widgets.numerics_html.value
+    assert "Block-scaled formats" in view and "What-if hardware" in view
+    for layer in panel.numerics.gemms["layer"]:
+        assert f"<td>{layer}</td>" in view
+    panel.widgets.numerics_formats.value = "bf16, mxfp6"
+    box = panel.widgets.error_box
+    assert box.layout.display != "none"
+    assert "formats: invalid value &#x27;mxfp6&#x27;" in box.value or "'mxfp6'" in box.value
+    assert "nvfp4" in box.value and "Traceback" not in box.value
+    panel.close()
+
+
+def test_numerics_tab_says_which_extra_a_block_format_needs(monkeypatch) -> None:
+    from precision_nb.engine.numerics import blocks
+
+    monkeypatch.setattr(blocks, "_import", lambda: (None, "ModuleNotFoundError: torchao"))
+    panel = Panel(steps=3, log_every=1, mode="fp32", workload="mlp", preset="tiny")
+    panel.widgets.numerics_formats.value = "mxfp4"
+    box = panel.widgets.error_box
+    assert box.layout.display != "none" and "blocks" in box.value
+    assert "precision-nb[blocks]" in html.unescape(box.value)
+    panel.close()

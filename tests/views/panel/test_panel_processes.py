@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from precision_nb.core.defaults import DEFAULT_BUDGET_S
+from precision_nb.core.defaults import DEFAULT_BUDGET_S, MAX_PROCESSES
 from precision_nb.views.panel import Panel
 
 TIMEOUT = 300
@@ -63,7 +63,10 @@ def test_compare_of_a_notebook_model_measures_in_fresh_processes_within_the_budg
         m = panel.result.measurement
         n = m.process_count
         assert n >= 2, m.stopped_by
-        assert m.stopped_by.startswith(("target:", "budget: 120 s")), m.stopped_by
+        # the three ways a measurement over processes ends; a tiny model on a fork server can
+        # start the most processes one measurement allows well within the budget
+        stops = ("target:", "budget: 120 s", f"the maximum of {MAX_PROCESSES} processes")
+        assert m.stopped_by.startswith(stops), m.stopped_by
         assert any(
             h.startswith("process 2: measuring every plan in a fresh process") for h in headers
         )

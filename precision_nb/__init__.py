@@ -57,7 +57,6 @@ _EXPORTS: dict[str, str] = {
     "time_adamw": "precision_nb.engine.adamw_timing",
     "AdamWTiming": "precision_nb.engine.adamw_timing",
     "Comparison": "precision_nb.engine.compare",
-    "ComparisonError": "precision_nb.engine.compare",
     "MeasureConfig": "precision_nb.engine.measure",
     "fit_distributed": "precision_nb.engine.distributed.launcher",
     "DistributedError": "precision_nb.engine.distributed.results",

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs
+from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs, run_failed
 
 DEFAULT_OUT = "inspect-out"
 DEFAULT_PRECISION = "fp32,bf16"
@@ -155,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
         print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - your model's own error: its type, message, line
+        return run_failed("inspect", err)
     from precision_nb.views.report.folder import ReportWriteError
 
     try:  # staged and moved in when complete: a failed write leaves --out as it was

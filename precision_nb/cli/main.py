@@ -59,6 +59,43 @@ def error(command: str, message: Any, code: int = EXIT_USAGE) -> int:
     return code
 
 
+def run_failed(command: str, exc: BaseException) -> int:
+    """Print ``precision-nb COMMAND: run failed: ...`` for a run that raised ``exc``; returns
+    :data:`EXIT_FAILED`. The product's own failure reads as its message; an error raised inside
+    the run by your code or torch (one carrying a partial result, or of a type the product never
+    raises) with its type, the plan of a comparison that raised it, and the last line outside
+    torch and precision_nb that it passed through (your code, usually)."""
+    from precision_nb.engine.results import FitError, partial_result
+
+    text, partial = str(exc), partial_result(exc)
+    product = isinstance(exc, (RuntimeError, ValueError, OSError)) and partial is None
+    if not (product or isinstance(exc, FitError)):
+        text = f"{type(exc).__name__}: {text}{_raised_at(exc)}"
+    failed = getattr(partial, "failures", None) or {}
+    if failed:  # a comparison raises its first failing plan's error
+        text = f"plan {next(iter(failed))}: {text}"
+    print(f"precision-nb {command}: run failed: {cli_text(text)}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _raised_at(exc: BaseException) -> str:
+    import traceback
+    from pathlib import Path
+
+    import torch
+
+    import precision_nb
+
+    inside = (str(Path(torch.__file__).parent), str(Path(precision_nb.__file__).parent))
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(inside)
+    ]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (raised at {last.filename}:{last.lineno} in {last.name})"
+
+
 def fused_arg(value: str) -> str:
     """argparse type of ``--fused``: any case and surrounding space; the key of :data:`FUSED`."""
     key = value.strip().lower()

@@ -25,6 +25,7 @@ from precision_nb.cli.main import (
     error,
     fused_arg,
     paragraphs,
+    run_failed,
 )
 
 DEFAULT_COMPARE = "fp32,bf16,fp16"
@@ -307,11 +308,14 @@ def _run(args: argparse.Namespace) -> int:
             )
     except ReportWriteError as err:
         return error("profile", err.strerror, EXIT_FAILED)
-    except ValueError as err:
-        return error("profile", err)
-    except (RuntimeError, OSError) as err:  # a run failed (FitError and friends carry the reason)
-        print(f"precision-nb profile: run failed: {cli_text(str(err))}", file=sys.stderr)
-        return EXIT_FAILED
+    except Exception as err:  # noqa: BLE001 - a failed run or a bad value is said; others raise
+        from precision_nb.engine.results import partial_result
+
+        if partial_result(err) is not None or isinstance(err, (RuntimeError, OSError)):
+            return run_failed("profile", err)  # raised in a run (your code's error included)
+        if isinstance(err, ValueError):
+            return error("profile", err)
+        raise
     _print_outcome(output)
     failures = getattr(output.comparison, "failures", None) or {}
     for label, why in failures.items():

@@ -6,10 +6,11 @@ back to back in each round with the order alternated (as the measurement rotates
 (:data:`SCENARIOS`) are the step-time shapes a shared machine produces: lognormal noise,
 heavy tails, a slow drift over the run, occasional outliers; ``process_sd`` adds a per-process,
 per-plan slow-down (memory layout, allocator state, kernel choice drawn once per process).
-:func:`verdict_rates` runs the statistics of :mod:`precision_nb.engine.stats` on them, for one
-process, a fixed number of processes or the target-driven procedure, and returns how often each
-verdict came out. With ``effect=1`` (identical plans) every "faster"/"slower" is false; with
-``effect=1.3`` "faster" is the power. The tests assert the false rate, the benchmark prints both.
+:func:`verdict_rates` runs the statistics of :mod:`precision_nb.engine.stats` and
+:mod:`precision_nb.engine.signed_rank` on them, for one process, a fixed number of processes or
+the target-driven procedure, and returns how often each verdict came out. With ``effect=1``
+(identical plans) every "faster"/"slower" is false; with ``effect=1.3`` "faster" is the power.
+The tests assert the false rate, the benchmark prints both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from precision_nb.engine import stats
+from precision_nb.engine.signed_rank import hodges_lehmann, signed_rank_interval
 
 __all__ = ["SCENARIOS", "Rates", "simulate", "verdict_rates"]
 
@@ -108,12 +110,12 @@ def verdict_rates(
     trials, processes = d.shape[0], d.shape[1]
     used = np.full(trials, float(processes))
     if mode == "rounds":
-        _, low, high = stats.signed_rank_interval(d[:, 0, :], confidence)
+        _, low, high = signed_rank_interval(d[:, 0, :], confidence)
         used[:] = 1
     elif mode == "fixed":
-        _, low, high = stats.process_interval(stats.hodges_lehmann(d), confidence)
+        _, low, high = stats.process_interval(hodges_lehmann(d), confidence)
     elif mode == "target":
-        m = stats.hodges_lehmann(d)
+        m = hodges_lehmann(d)
         stop = stats.first_stop(m, target)
         stop = np.where(stop == 0, processes, stop)
         low, high = np.full(trials, np.nan), np.full(trials, np.nan)

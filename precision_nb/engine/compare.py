@@ -36,7 +36,7 @@ from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
 from precision_nb.engine.metrics import PeakRatio, compute_dtype, peak_ratios, tf32_state
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.engine.request import RunRequest
-from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.results import RunResult, attach_result, partial_result
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
@@ -78,21 +78,6 @@ class Comparison:
     def records(self) -> list[dict[str, Any]]:
         """Every record of every run, in run order (the ``run`` key tells them apart)."""
         return [r for res in self.results.values() for r in res.records]
-
-
-class ComparisonError(FitError):
-    """A plan of a comparison failed; ``.result`` is the whole :class:`Comparison` (the other
-    plans finished, ``failures`` says which plan stopped where). The first plan's failure is the
-    ``__cause__``."""
-
-    result: Comparison
-
-
-class ComparisonValueError(ComparisonError, ValueError):
-    """A comparison whose first failing plan failed on a bad value (a ``ValueError``)."""
-
-
-ComparisonError.value_error = ComparisonValueError
 
 
 def _tokens_per_sample(result: RunResult) -> float | None:
@@ -312,9 +297,9 @@ def compare(
     the warm-up rule, the rounds and the processes (:class:`MeasureConfig`: this process only by
     default; see :mod:`precision_nb.engine.measure_processes`); ``steps`` (a TrainConfig field) is
     the number of measured steps per plan, split over the rounds. When a plan fails, the others
-    still finish; then a :class:`ComparisonError` is raised with the whole comparison as
-    ``.result`` (``failures`` says which plans stopped where) and the first plan's failure as its
-    ``__cause__``. ``compile``: one mode or several ("off", "default", "reduce-overhead",
+    still finish; then the first plan's failure is raised as it was (your own error keeps its
+    type and traceback) with the whole comparison as ``.result`` (``failures`` says which plans
+    stopped where). ``compile``: one mode or several ("off", "default", "reduce-overhead",
     "max-autotune"); every precision is measured under every mode.
     """
     if isinstance(modes, (str, PrecisionConfig)):
@@ -393,7 +378,7 @@ def run_comparison(
     ref_label: str | None = None
     for label, session in sessions.items():
         failure = failures.get(label)
-        partial = failure.result if isinstance(failure, FitError) else None
+        partial = partial_result(failure)
         result = partial if isinstance(partial, RunResult) else session.result
         if failure is None:
             result = session.finish()
@@ -432,8 +417,8 @@ def run_comparison(
         d["param_rel_diff"] = float((params - reference).norm()) / denom
     if reference is None:
         out.events.append(Event("warning", "no fp32 run among the requests: drift is None"))
-    if failures:  # loud, after the other plans finished; the comparison travels with the error
+    if failures:  # loud, after the other plans finished: the first failure as it was raised
         label, first = next(iter(failures.items()))
-        kind = ComparisonError.value_error if isinstance(first, ValueError) else ComparisonError
-        raise kind(f"plan {label} failed: {first}", out) from first
+        where = f"plan {label} of the comparison failed with this error (every failed plan: "
+        raise attach_result(first, out, where + "`.result.failures`); ")
     return out

@@ -1,9 +1,11 @@
 """What a run produces: :class:`RunResult`, and errors that carry what was recorded.
 
 Records are flat dicts with the stable keys listed in docs/architecture.md (``RECORD_KEYS``).
-A failure carries its partial result one way only: it is a :class:`FitError` (or a subclass) with
-``.result``; an error raised by the user's code or by torch inside a run becomes its
-``__cause__``, so the user still sees their own error in the traceback.
+A failure carries its partial result one way: as ``exc.result``. An error raised by your code
+(model, batches, loss, callback) or by torch inside a run reaches you as itself, its type and
+traceback intact, with the partial result set on it by :func:`attach_result` (and a note saying
+so); the product's own failures are :class:`FitError` subclasses built with it.
+:func:`partial_result` reads it back.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.events import Event
 from precision_nb.core.svg_chart import chart_svg
@@ -157,49 +159,63 @@ class RunResult:
         )
 
 
+#: The first words of the note :func:`attach_result` adds to an exception.
+NOTE_PREFIX = "precision_nb:"
+#: How that note ends when the partial result was attached.
+_ATTACHED = "is `.result` on this exception"
+
+
 class FitError(RuntimeError):
-    """A run failed; ``.result`` holds everything recorded before the failure.
+    """A run failed for a reason of the product's own (a non-finite loss, the loss scale at its
+    floor, out of memory, a failed rank); ``.result`` holds everything recorded before it.
 
-    A :class:`RunResult` here; a comparison's failure (``ComparisonError``) carries the partial
-    ``Comparison`` and a distributed run's (``DistributedError``) its ``DistributedResult``.
+    A :class:`RunResult` here; a comparison's (raised by ``compare``) the partial ``Comparison``
+    and a distributed run's (``DistributedError``) its ``DistributedResult``. An error of your own
+    code is not wrapped in one: see :func:`attach_result`.
     """
-
-    #: The class :meth:`caused_by` picks when the cause is a ``ValueError``.
-    value_error: ClassVar[type[FitError]]
 
     def __init__(self, message: str, result: Any = None) -> None:
         super().__init__(message)
         self.result = result
-        self._wraps: BaseException | None = None
-
-    @property
-    def original(self) -> BaseException:
-        """The error to show first: the user's (or torch's) error this one only wraps to carry
-        the result (see :meth:`caused_by`), else this error itself."""
-        return self._wraps if self._wraps is not None else self
-
-    @classmethod
-    def caused_by(cls, exc: Exception, result: Any) -> FitError:
-        """``exc``, raised inside a run, as this error with the partial ``result``.
-
-        ``exc`` is the new error's ``__cause__``. A ``ValueError`` (a bad value found while
-        running: a loss that is not a scalar, a batch that is not one) stays a ``ValueError``:
-        the error is then of :attr:`value_error`, which is both.
-        """
-        if isinstance(exc, ValueError):
-            error = cls.value_error(str(exc), result)
-        else:
-            error = cls(f"{type(exc).__name__}: {exc}", result)
-        error.__cause__ = exc
-        error._wraps = exc
-        return error
 
 
-class FitValueError(FitError, ValueError):
-    """A bad value found while running (its ``ValueError`` is the ``__cause__``); ``.result``."""
+def _ours(exc: BaseException) -> bool:
+    """Whether ``exc.result`` was set by precision_nb (a FitError's, or :func:`attach_result`'s
+    with its note)."""
+    notes = [str(n) for n in getattr(exc, "__notes__", None) or ()]
+    attached = any(n.startswith(NOTE_PREFIX) and n.endswith(_ATTACHED) for n in notes)
+    return isinstance(exc, FitError) or attached
 
 
-FitError.value_error = FitValueError
+def attach_result(exc: BaseException, result: Any, where: str = "") -> BaseException:
+    """Set the partial ``result`` on ``exc`` as ``exc.result`` and say so in a note (replacing
+    an earlier note of this kind: a comparison attaches its ``Comparison`` over the plan's
+    ``RunResult``); returns ``exc``, to be re-raised as it is (its type and traceback intact).
+    ``where``: what failed, for the note ("plan bf16 failed ...").
+
+    An exception with a ``result`` attribute of its own keeps it: the note then says the partial
+    result was not attached.
+    """
+    kind = type(result).__name__
+    if hasattr(exc, "result") and not _ours(exc):
+        text = (
+            f"{NOTE_PREFIX} {where}this exception has a `.result` of its own, left as it was: "
+            f"the partial {kind} is not attached"
+        )
+    else:
+        # object.__setattr__: an exception class that refuses attributes (a frozen dataclass)
+        # still carries the result
+        object.__setattr__(exc, "result", result)
+        text = f"{NOTE_PREFIX} {where}the partial {kind} recorded so far {_ATTACHED}"
+    notes = [n for n in getattr(exc, "__notes__", None) or () if not str(n).startswith(NOTE_PREFIX)]
+    object.__setattr__(exc, "__notes__", [*notes, text])
+    return exc
+
+
+def partial_result(exc: BaseException | None) -> Any:
+    """The partial result a failed run left on ``exc`` (``exc.result`` when precision_nb set it),
+    else None."""
+    return getattr(exc, "result", None) if exc is not None and _ours(exc) else None
 
 
 class NonFiniteLossError(FitError):

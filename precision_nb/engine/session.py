@@ -46,7 +46,7 @@ from precision_nb.engine.numerics.scale_window import cast_limits
 from precision_nb.engine.numerics.training import grad_underflow_stats
 from precision_nb.engine.preflight import fallback_events, verify_event
 from precision_nb.engine.recorder import Chunk, Recorder, RunContext
-from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult
+from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult, attach_result
 from precision_nb.engine.run_setup import check_loss, describe_run, seed_everything
 from precision_nb.engine.step_timer import StepTimer
 from precision_nb.engine.train_config import CountedLR, TrainConfig
@@ -153,7 +153,8 @@ class FitSession:
             result.events += [Event("compile", line, data) for line in record.lines()[1:]]
         finite = [r["loss"] for r in result.records if math.isfinite(r["loss"])]
         result.final_loss = finite[-1] if finite else None
-        self.callbacks.fit_end(result)
+        with self._guard():  # an on_fit_end callback's error carries the result too
+            self.callbacks.fit_end(result)
         return result
 
     # ------------------------------------------------------------------------ setup
@@ -405,8 +406,10 @@ class FitSession:
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:
-        """Every failure is a ``FitError`` carrying the result (OOM: ``DeviceOutOfMemoryError``;
-        anything else raised in the run: its ``__cause__``); the session closes."""
+        """Every failure carries the result and closes the session: out of memory becomes a
+        ``DeviceOutOfMemoryError``; a ``FitError`` has it already; anything else (your model's,
+        batches', loss's or callback's error, torch's, Ctrl-C before the first step) is
+        re-raised as itself with the result attached (:func:`attach_result`)."""
         try:
             yield
         except torch.OutOfMemoryError as exc:
@@ -415,11 +418,9 @@ class FitSession:
         except FitError:
             self._close()
             raise
-        except Exception as exc:
+        except BaseException as exc:
             self._close()
-            raise FitError.caused_by(exc, self.result) from exc
-        except BaseException:  # Ctrl-C outside the loop, SystemExit: not a failure of the run
-            self._close()
+            attach_result(exc, self.result)
             raise
 
     def _close(self) -> None:

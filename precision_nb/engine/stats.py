@@ -8,18 +8,19 @@ Method (docs/profiling.md, "How speed is measured"):
   machine cancels.
 - **One process** (:func:`paired_speedup`): the estimate is the Hodges-Lehmann estimate of the
   rounds' ``d`` (the median of their pairwise averages) and the interval inverts the exact
-  Wilcoxon signed-rank test (:func:`signed_rank_interval`): distribution-free for ``d``
+  Wilcoxon signed-rank test (:mod:`precision_nb.engine.signed_rank`): distribution-free for ``d``
   symmetric about its centre, which "no difference" guarantees (the plans are exchangeable
   within a round). Below :data:`MIN_ROUNDS` rounds no 95 % interval of this kind exists; the
   verdict says so and gives the raw ratios instead of a narrower interval. It covers the rounds
   of that one process, not the variation from one process to the next.
 - **Several processes** (:func:`process_speedup`): each process contributes one value, its own
   Hodges-Lehmann estimate, and the interval is a Student-t interval over processes
-  (:func:`process_interval`), the level that varies (memory layout, allocator state and kernel
-  choice are drawn once per process). When the number of processes is chosen by looking at the
-  interval (a precision target, :func:`first_stop`), every look uses :data:`LOOK_CONFIDENCE`:
-  stopping when an interval happens to be narrow would otherwise favour samples whose spread came
-  out small, and the whole procedure would cover less than it says.
+  (:func:`process_interval`, its quantile from ``scipy.stats.t``), the level that varies (memory
+  layout, allocator state and kernel choice are drawn once per process). When the number of
+  processes is chosen by looking at the interval (a precision target, :func:`first_stop`), every
+  look uses :data:`LOOK_CONFIDENCE`: stopping when an interval happens to be narrow would
+  otherwise favour samples whose spread came out small, and the whole procedure would cover less
+  than it says.
 - :func:`verdict`: "faster" / "slower" only where the interval excludes 1, with the interval, its
   half-width, what it covers and how the measurement stopped.
 
@@ -37,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from precision_nb.engine.signed_rank import hodges_lehmann, signed_rank_interval
+
 __all__ = [
     "CONFIDENCE",
     "LOOK_CONFIDENCE",
@@ -47,13 +50,11 @@ __all__ = [
     "Verdict",
     "classify",
     "first_stop",
-    "hodges_lehmann",
     "log_ratios",
     "paired_speedup",
     "process_estimates",
     "process_interval",
     "process_speedup",
-    "signed_rank_interval",
     "spread",
     "t_quantile",
     "verdict",
@@ -74,8 +75,6 @@ PRACTICAL_ROUNDS = 200
 PRACTICAL_PROCESSES = 60
 #: A spread (IQR / median) above this makes "a larger model or batch" part of the advice.
 NOISY_IQR = 0.25
-#: Exact signed-rank distribution up to this many rounds; a normal approximation above.
-_EXACT_SIGNED_RANK = 400
 
 
 @dataclass(frozen=True)
@@ -111,116 +110,15 @@ def spread(times: Sequence[float]) -> Spread:
 # ----------------------------------------------------------------------------- interval maths
 
 
-def _walsh_averages(d: np.ndarray) -> np.ndarray:
-    """The n(n+1)/2 pairwise averages (d_i + d_j) / 2, i <= j, along the last axis."""
-    i, j = np.triu_indices(d.shape[-1])
-    return (d[..., i] + d[..., j]) / 2
-
-
-def hodges_lehmann(d: np.ndarray) -> np.ndarray:
-    """The Hodges-Lehmann estimate along the last axis: the median of the Walsh averages."""
-    d = np.asarray(d, dtype=float)
-    return np.median(_walsh_averages(d), axis=-1)
-
-
-@functools.lru_cache(maxsize=512)
-def _signed_rank_critical(n: int, confidence: float) -> int | None:
-    """The largest c with P(T <= c) <= (1 - confidence) / 2 for the signed-rank statistic T of
-    n values under the null (exact up to :data:`_EXACT_SIGNED_RANK`); None when even c = 0 fails.
-    """
-    alpha = (1 - confidence) / 2
-    if n > _EXACT_SIGNED_RANK:
-        mean, sd = n * (n + 1) / 4, math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
-        return int(math.floor(mean - _normal_quantile(1 - alpha) * sd - 0.5))
-    counts = np.zeros(n * (n + 1) // 2 + 1)
-    counts[0] = 1.0
-    for k in range(1, n + 1):  # subsets of {1..k}: each rank is in T or not
-        counts[k:] = counts[k:] + counts[:-k].copy()
-    cdf = np.cumsum(counts) / 2.0**n
-    ok = np.nonzero(cdf <= alpha * (1 + 1e-12))[0]
-    return int(ok[-1]) if ok.size else None
-
-
-def signed_rank_interval(
-    d: np.ndarray, confidence: float = CONFIDENCE
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(estimate, low, high) along the last axis: the Hodges-Lehmann estimate and the interval
-    that inverts the exact Wilcoxon signed-rank test (NaN bounds below :data:`MIN_ROUNDS`-like
-    sizes where no such interval reaches ``confidence``)."""
-    d = np.asarray(d, dtype=float)
-    walsh = np.sort(_walsh_averages(d), axis=-1)
-    estimate = np.median(walsh, axis=-1)
-    c = _signed_rank_critical(d.shape[-1], confidence)
-    if c is None:
-        nan = np.full(estimate.shape, np.nan)
-        return estimate, nan, nan.copy()
-    return estimate, walsh[..., c], walsh[..., walsh.shape[-1] - 1 - c]
-
-
-def _normal_quantile(p: float) -> float:
-    return statistics.NormalDist().inv_cdf(p)
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularised incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (
-            m * (b - m) * x / ((qam + m2) * (a + m2)),
-            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
-        ):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def _t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
 @functools.lru_cache(maxsize=512)
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on its CDF)."""
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t``,
+    imported on first use: a process that only measures never loads SciPy)."""
     if not 0.0 < p < 1.0 or df <= 0:
         raise ValueError(f"t_quantile: p must be in (0, 1) and df > 0, got p={p!r}, df={df!r}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while _t_cdf(high, df) < p:
-        high *= 2.0
-    for _ in range(200):
-        mid = (low + high) / 2
-        if _t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return (low + high) / 2
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
 
 
 def process_interval(

@@ -26,12 +26,36 @@ def user_module(tmp_path, monkeypatch):
                 g = torch.Generator().manual_seed(0)
                 x = torch.randn(4, 8, generator=g)
                 return [(x, torch.randint(0, 3, (4,), generator=g))]
+
+            class ColumnMissing(Exception):
+                pass
+
+            class NeedsAColumn(nn.Linear):
+                def forward(self, x):
+                    raise ColumnMissing("column 'age' is missing")
+
+            def needs_a_column():
+                return NeedsAColumn(8, 3)
             """
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "usermodel"
     sys.modules.pop("usermodel", None)
+
+
+def test_your_models_own_error_is_one_line_with_its_type_and_line(user_module, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["inspect", "--model", f"{user_module}:needs_a_column", "--batches"]
+    assert main([*argv, f"{user_module}:batches", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    source = (tmp_path / "usermodel.py").read_text().splitlines()
+    (line,) = [i + 1 for i, text in enumerate(source) if "raise ColumnMissing" in text]
+    assert err == (
+        "precision-nb inspect: run failed: ColumnMissing: column 'age' is missing "
+        f"(raised at {tmp_path / 'usermodel.py'}:{line} in forward)\n"
+    )
+    assert not out.exists()
 
 
 def test_inspect_a_user_model_writes_the_report(user_module, tmp_path, capsys):

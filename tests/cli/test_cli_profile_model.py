@@ -31,6 +31,20 @@ MODULE = textwrap.dedent(
 
     strings = ["a", "b"]
     number = 3
+
+    class ColumnMissing(Exception):
+        pass
+
+    class NeedsAColumn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, x):
+            raise ColumnMissing("column 'age' is missing")
+
+    def needs_a_column():
+        return NeedsAColumn()
     """
 )
 
@@ -84,10 +98,26 @@ def test_model_and_workload_together_are_refused(user_module, capsys, tmp_path):
     assert "give one of them" in capsys.readouterr().err
 
 
+def test_your_models_error_is_a_failed_run_naming_its_type_plan_and_line(
+    user_module, capsys, tmp_path
+):
+    m = user_module
+    args = ["profile", "--no-progress", "--model", f"{m}:needs_a_column", "--batches", f"{m}:data"]
+    args += ["--compare", "fp32", "--processes", "1", "--out", str(tmp_path / "o")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    (line,) = [i for i, text in enumerate(MODULE.splitlines()) if "raise ColumnMissing" in text]
+    assert (
+        "precision-nb profile: run failed: plan fp32: ColumnMissing: column 'age' is missing "
+        f"(raised at {tmp_path / m}.py:{line + 1} in forward)"
+    ) in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+
+
 def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
     tmp_path, capsys, monkeypatch, make_result, make_comparison
 ):
-    from precision_nb.engine.compare import ComparisonError
+    from precision_nb.engine.results import attach_result
     from precision_nb.views.report import profile as report
 
     comparison = make_comparison(
@@ -96,7 +126,7 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
     )
 
     def partial(request, *args):
-        raise ComparisonError("plan bf16 failed: bf16 kernel failed", comparison)
+        raise attach_result(RuntimeError("bf16 kernel failed"), comparison, "plan bf16 failed; ")
 
     monkeypatch.setattr(report, "_compare", partial)
     out = tmp_path / "out"
@@ -109,18 +139,19 @@ def test_a_plan_failing_part_way_still_gets_a_report_and_exit_1(
 
 
 def test_a_failure_without_any_completed_plan_is_raised(monkeypatch, tmp_path, capsys):
-    from types import SimpleNamespace
-
-    from precision_nb.engine.compare import ComparisonError
+    from precision_nb.engine.compare import Comparison
+    from precision_nb.engine.results import attach_result
     from precision_nb.views.report import profile as report
 
     def failing(request, *args):
-        nothing = SimpleNamespace(results={}, failures={"fp32": "failed in round 1"})
-        raise ComparisonError("plan fp32 failed: every plan failed", nothing)
+        nothing = Comparison(failures={"fp32": "failed in round 1"})
+        raise attach_result(OSError("shard gone"), nothing, "plan fp32 failed; ")
 
     monkeypatch.setattr(report, "_compare", failing)
     assert main(["profile", "--no-progress", "--out", str(tmp_path / "o")]) == 1
-    assert "run failed: plan fp32 failed: every plan failed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "run failed: plan fp32: OSError: shard gone (raised at " in err
+    assert "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
 

@@ -10,9 +10,9 @@ from engine_helpers import quiet
 
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.batches import BatchesExhausted
-from precision_nb.engine.compare import ComparisonError, compare, plan_figures
+from precision_nb.engine.compare import Comparison, compare, plan_figures
 from precision_nb.engine.measure import MeasureConfig, Measurement, PlanTiming, Warmup
-from precision_nb.engine.results import FitError, RunResult
+from precision_nb.engine.results import RunResult, partial_result
 from precision_nb.engine.trainer import Trainer
 
 FAST = MeasureConfig(rounds=6, warmup_min=2, warmup_max=3)
@@ -95,10 +95,13 @@ def test_a_plan_failing_part_way_is_kept_with_its_rounds(make_model, batches):
             train=quiet(steps=8),
             measure=MeasureConfig(rounds=4, warmup_min=3, warmup_max=3),
         )
-    assert isinstance(info.value, ComparisonError) and "plan bf16 failed" in str(info.value)
-    assert isinstance(info.value.__cause__, FitError)  # bf16's own failure, with its cause
-    assert str(info.value.__cause__.__cause__) == "bf16 kernel failed"
-    out = info.value.result  # raised after fp32 finished, with everything
+    # the loss function's own error, as it was raised (not wrapped), after fp32 finished
+    assert type(info.value) is RuntimeError and str(info.value) == "bf16 kernel failed"
+    assert info.traceback[-1].name == "loss_fn"  # its traceback reaches the line that raised it
+    (note,) = info.value.__notes__
+    assert "plan bf16 of the comparison failed" in note and "Comparison" in note
+    out = info.value.result  # the whole comparison rides on it
+    assert isinstance(out, Comparison) and partial_result(info.value) is out
     assert set(out.failures) == {"bf16"} and "round 3" in out.failures["bf16"]
     assert out.figures["bf16"]["rounds"] == 2 and out.figures["fp32"]["rounds"] == 4
     assert out.results["bf16"].steps == 4 and out.results["fp32"].steps == 8

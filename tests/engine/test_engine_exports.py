@@ -14,7 +14,6 @@ from precision_nb.core.distributed import (
     ring_seconds,
 )
 from precision_nb.engine.callbacks import Callback
-from precision_nb.engine.compare import ComparisonError
 from precision_nb.engine.distributed.results import DistributedError
 from precision_nb.engine.entry import fit
 from precision_nb.engine.inspect.policy import autocast_policy
@@ -30,7 +29,6 @@ NAMES = {
     "RunRequest": RunRequest,
     "fit": fit,
     "FitError": FitError,
-    "ComparisonError": ComparisonError,
     "LossScaleFloorError": LossScaleFloorError,
     "Distributed": Distributed,
     "CLUSTER_PRESETS": CLUSTER_PRESETS,
@@ -45,7 +43,7 @@ def test_the_names_are_the_engine_objects():
     for name, obj in NAMES.items():
         assert getattr(precision_nb, name) is obj and name in precision_nb.__all__
     assert issubclass(precision_nb.LossScaleFloorError, FitError)
-    assert issubclass(precision_nb.ComparisonError, FitError)
+    assert not hasattr(precision_nb, "ComparisonError")  # a plan's own error is raised
 
 
 def test_importing_the_package_loads_none_of_them():

@@ -1,5 +1,6 @@
 import math
 import threading
+import traceback
 
 import pytest
 import torch
@@ -174,18 +175,26 @@ def test_out_of_memory_is_reported_with_plan_batch_and_peak(batches):
     assert info.value.result is not None and "released" in str(info.value)
 
 
-def test_other_errors_carry_the_result(make_model, batches):
+def test_your_error_reaches_you_as_itself_with_the_result(make_model, batches):
     def source(i):
         if i == 5:
-            raise RuntimeError("disk gone")
+            raise OSError("disk gone")
         return batches(i)
 
-    with pytest.raises(FitError, match="RuntimeError: disk gone") as info:
+    try:
         Trainer(make_model(), source, device="cpu", train=quiet(steps=10, log_every=2)).fit()
+    except OSError as exc:  # the user's own except clause catches it
+        error = exc
+    assert type(error) is OSError and str(error) == "disk gone"
+    assert error.__traceback__ is not None
+    *_, last = traceback.extract_tb(error.__traceback__)
+    assert last.name == "source" and last.line == 'raise OSError("disk gone")'  # intact
     # microbatch 5 is attempt 6: attempts 1-5 are recorded, the last one in a partial record
-    assert [r["step"] for r in info.value.result.records] == [2, 4, 5]
-    cause = info.value.__cause__  # the user's own error, unchanged
-    assert type(cause) is RuntimeError and str(cause) == "disk gone"
+    assert isinstance(error.result, RunResult)
+    assert [r["step"] for r in error.result.records] == [2, 4, 5]
+    assert error.__notes__ == [
+        "precision_nb: the partial RunResult recorded so far is `.result` on this exception"
+    ]
 
 
 def test_a_bad_value_found_while_running_stays_a_value_error_with_the_result(make_model, batches):
@@ -194,9 +203,8 @@ def test_a_bad_value_found_while_running_stays_a_value_error_with_the_result(mak
 
     with pytest.raises(ValueError, match="expected a scalar") as info:
         fit(make_model(), batches, device="cpu", loss_fn=scalar_less, train=quiet(steps=2))
-    assert isinstance(info.value, FitError) and isinstance(info.value.result, RunResult)
-    assert isinstance(info.value.__cause__, ValueError)
-    assert not hasattr(info.value.__cause__, "precision_nb_result")
+    assert type(info.value) is ValueError and isinstance(info.value.result, RunResult)
+    assert not isinstance(info.value, FitError) and info.value.__cause__ is None
 
 
 @pytest.mark.parametrize(

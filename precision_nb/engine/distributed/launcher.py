@@ -41,8 +41,9 @@ from precision_nb.engine.distributed.process import (
     stopped_not_failed,
 )
 from precision_nb.engine.distributed.rank import import_path
-from precision_nb.engine.distributed.results import DistributedResult, read_rank_log
+from precision_nb.engine.distributed.results import DistributedResult, merge_records, read_rank_log
 from precision_nb.engine.request import RunRequest
+from precision_nb.engine.results import attach_result
 from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload
 
 __all__ = [
@@ -256,7 +257,8 @@ def fit_distributed(
     ``"package.module:function"``. Every batch is a global
     batch; each rank trains its 1/nproc slice. ``callbacks`` get rank 0's records live
     (``on_log(record)``) and ``on_fit_end(result)``. Raises :class:`DistributedError` (every
-    rank's records kept, the failing rank's error in the message) when a rank fails.
+    rank's records kept, the failing rank's error in the message) when a rank fails; an error
+    of a callback is raised as itself, every rank ended and their records on it as ``.result``.
 
     ``run_dir``: the folder of the run file and the ranks' logs; None (a temporary folder,
     removed afterwards) or a folder that is kept (``gather`` reads it again later). With
@@ -304,7 +306,17 @@ def _launch(
     def follow() -> None:
         seen[0] = _follow(rank0, seen[0], callbacks)
 
-    run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
+    try:
+        run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
+    except BaseException as exc:  # a callback of yours raised (or a start failed); ranks ended
+        ranks = read_ranks(run_dir)
+        partial = DistributedResult(
+            plan, ranks, merge_records(ranks), stopped=True, run_dir=str(run_dir)
+        )
+        attach_result(exc, partial)
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     ranks = read_ranks(run_dir)
     if run.stopped:
         stopped_not_failed(ranks)
@@ -322,9 +334,14 @@ def _launch(
             run_dir,
             len(ranks),
         )
-    callbacks.fit_end(result)
-    if not keep:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        callbacks.fit_end(result)
+    except BaseException as exc:
+        attach_result(exc, result)
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 

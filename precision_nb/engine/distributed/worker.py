@@ -43,7 +43,7 @@ from precision_nb.engine.distributed.rank import (
     write_memory,
 )
 from precision_nb.engine.distributed.rank_measure import run_measured
-from precision_nb.engine.results import FitError
+from precision_nb.engine.results import partial_result
 
 __all__ = ["RankLog", "import_path", "init_rank", "main", "make_trainer", "run"]
 
@@ -96,13 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(spec, log)
     except BaseException as exc:  # noqa: BLE001 - recorded for the launcher, then exit code 1
-        partial = exc.result if isinstance(exc, FitError) else None
-        error = exc.original if isinstance(exc, FitError) else exc  # the rank's own error
+        partial = partial_result(exc)  # the rank's own error, with what it recorded
         log.write(
             "error",
-            type=type(error).__name__,
-            message=str(error),
-            traceback="".join(traceback.format_exception(error)),
+            type=type(exc).__name__,
+            message=str(exc),
+            traceback="".join(traceback.format_exception(exc)),
             result=partial.to_dict() if hasattr(partial, "to_dict") else None,
         )
         return 1

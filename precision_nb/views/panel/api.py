@@ -11,6 +11,7 @@ user's verbs (``set``, ``run``, ``compare``, ``stop``, ``wait``, ``inspect``, ``
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,11 +20,21 @@ from typing import Any
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
+from precision_nb.core.validate import short_repr
 from precision_nb.views.panel.builder import build_panel, panel_options
+from precision_nb.views.panel.distributed import DIST_CONTROLS
 from precision_nb.views.panel.layout import PanelWidgets
 from precision_nb.views.panel.selection import DEFAULT_COMPARE, Selection
 
-__all__ = ["Panel", "Timings"]
+__all__ = ["CONTROLS", "Panel", "Timings"]
+
+#: The names :meth:`Panel.set` takes: the selection's fields, the Distributed tab's, and the
+#: framework of "copy as code".
+CONTROLS = (
+    *(f.name for f in dataclasses.fields(Selection)),
+    *DIST_CONTROLS,
+    "code_framework",
+)
 
 
 @dataclass(frozen=True)
@@ -95,10 +106,24 @@ class Panel:
 
             initial["workload"] = workload if workload is not None else DEFAULT_WORKLOAD
             initial["preset"] = preset if preset is not None else "tiny"
-        self._controller = build_panel(options, initial, distributed)
+        controller = build_panel(options, initial, distributed)
+        # the panel's only two attributes, set past the front door that refuses every other
+        object.__setattr__(self, "_controller", controller)
         # A panel nobody references any more is collected: its run stops, its widgets close.
-        self._finalizer = weakref.finalize(self, self._controller.release, self.CLOSE_TIMEOUT_S)
-        self._finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
+        finalizer = weakref.finalize(self, controller.release, self.CLOSE_TIMEOUT_S)
+        finalizer.atexit = False  # at exit the kernel's widgets and threads go anyway
+        object.__setattr__(self, "_finalizer", finalizer)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Refused: ``panel.steps = -5`` would change nothing the panel runs. A control changes
+        through :meth:`set` (which checks the value and refreshes the plan once); the state is
+        read-only; no other attribute can be created."""
+        raise AttributeError(_refusal(name, f"panel.{name} = {short_repr(value)}", value))
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(
+            f"del panel.{name}: a Panel's attributes cannot be deleted; panel.close() releases it"
+        )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         bundle = self.widget._repr_mimebundle_(**kwargs)
@@ -345,3 +370,20 @@ class Panel:
             final_render_s=c.session.last_render_seconds,
             inspect_s=c.analysis.seconds,
         )
+
+
+def _refusal(name: str, what: str, value: Any) -> str:
+    """Why ``what`` (``panel.<name> = value``) is refused, and what does it instead."""
+    if name in CONTROLS:
+        reads = {f.name for f in dataclasses.fields(Selection)}
+        read = f"; panel.selection.{name} reads it" if name in reads else ""
+        return (
+            f"{what}: a control is not an attribute; use panel.set({name}={short_repr(value)}) "
+            f"(it checks the value, shows a bad one in the panel and refreshes the plan once){read}"
+        )
+    if isinstance(getattr(Panel, name, None), property):
+        return f"{what}: panel.{name} is read-only; controls change with panel.set(...)"
+    return (
+        f"{what}: a Panel has no attribute {name!r} to set and takes no new ones; controls "
+        f"change with panel.set(...), allowed names: {', '.join(CONTROLS)}"
+    )

@@ -228,12 +228,16 @@ def describe_failure(exc: BaseException, *, batch_hint: str = "") -> str:
     """A short, user-facing message for a failed run (plain text, no traceback).
 
     The engine's errors (``FitError``, its ``DeviceOutOfMemoryError`` included) already name the
-    plan, what happened and what to change, so they are shown as they are. A torch out-of-memory
-    error that did not pass through the engine gets the advice added here.
+    plan, what happened and what to change, so they are shown as they are; any other error (your
+    model's, say) with its type. A comparison's failure names the plan that raised it. A torch
+    out-of-memory error that did not pass through the engine gets the advice added here.
     """
-    from precision_nb.engine.results import FitError
+    from precision_nb.engine.results import FitError, partial_result
 
     text = str(exc).strip() or type(exc).__name__
+    failed = getattr(partial_result(exc), "failures", None) or {}
+    if failed:  # a comparison raises its first failing plan's error
+        text = f"plan {next(iter(failed))}: {text}"
     if isinstance(exc, FitError):
         if is_out_of_memory(exc):
             return f"Out of memory: {text}"
@@ -253,12 +257,11 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch's out-of-memory error, the engine's, or a failure whose partial result
     recorded an ``oom`` event (decided by type and event kind, never by message text)."""
     from precision_nb.core.events import of_kind
-    from precision_nb.engine.results import DeviceOutOfMemoryError, FitError
+    from precision_nb.engine.results import DeviceOutOfMemoryError, partial_result
 
     if isinstance(exc, (DeviceOutOfMemoryError, torch.OutOfMemoryError)):
         return True
-    partial = exc.result if isinstance(exc, FitError) else None
-    return bool(of_kind(getattr(partial, "events", None), "oom"))
+    return bool(of_kind(getattr(partial_result(exc), "events", None), "oom"))
 
 
 _CONTROLLED = ("steps", "accumulation", "seed", "progress", "label")

@@ -286,14 +286,13 @@ class RunSession:
             source = job.result
             if job.error is not None:
                 self.last_exception = job.error
-                # A failed fit keeps its RunResult on the error (a FitError's .result), a failed
-                # comparison its Comparison (a ComparisonError's); else the live records (below).
-                from precision_nb.engine.compare import ComparisonError
-                from precision_nb.engine.results import FitError
+                # A failed fit keeps its RunResult on the error (.result), a failed comparison
+                # its Comparison; else the live records (below).
+                from precision_nb.engine.compare import Comparison
+                from precision_nb.engine.results import partial_result
 
-                error = job.error
-                partial = error.result if isinstance(error, FitError) else None
-                wanted = job.kind == "run" or isinstance(error, ComparisonError)
+                partial = partial_result(job.error)
+                wanted = job.kind == "run" or isinstance(partial, Comparison)
                 source = partial if wanted else None
                 selection = job.context
                 hint = f"now {selection.preset}" if getattr(selection, "preset", None) else ""

@@ -425,17 +425,20 @@ def run_comparison(request: ProfileRequest, *, progress: bool = True, stop: Any 
     stay rare. When a plan fails part-way and another completed, the comparison is returned with
     ``failures`` set (the report shows the completed rounds); otherwise the failure is raised.
     """
-    from precision_nb.engine.compare import ComparisonError
+    from precision_nb.engine.compare import Comparison
+    from precision_nb.engine.results import partial_result
 
     try:
         return _compare(request, progress, stop)
-    except ComparisonError as exc:
-        comparison = exc.result
-        failed = getattr(comparison, "failures", None) or {}
-        done = [k for k in getattr(comparison, "results", {}) if k not in failed]
+    except Exception as exc:  # a plan's failure carries the comparison; anything else goes on
+        comparison = partial_result(exc)
+        if not isinstance(comparison, Comparison):
+            raise
+        failed = comparison.failures
+        done = [k for k in comparison.results if k not in failed]
         if not done:
             raise
-        log.warning("plan(s) %s failed part-way: %s", ", ".join(failed), exc)
+        log.warning("plan(s) %s failed part-way: %r", ", ".join(failed), exc)
         return comparison
 
 

@@ -18,7 +18,7 @@ from dist_runs import STEPS, leftovers
 from precision_nb import fit
 from precision_nb.core.distributed import Distributed
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.engine.distributed import DistributedError, fit_distributed
+from precision_nb.engine.distributed import DistributedError, DistributedResult, fit_distributed
 
 MLP_TINY_PARAMS = (64 * 128 + 128) + (128 * 128 + 128) + (128 * 10 + 10)
 
@@ -159,6 +159,25 @@ def test_bad_requests_are_refused_before_any_process_starts(monkeypatch) -> None
     with pytest.raises(ValueError, match="loss_fn"):
         fit_distributed("mlp", distributed=Distributed(), device="cpu", loss_fn=lambda out: out)
     assert started == []
+
+
+class DashboardDown(Exception):
+    """A callback's own error."""
+
+
+def test_a_callbacks_error_is_raised_as_itself_with_every_ranks_records() -> None:
+    class FailAtTwo:
+        def on_log(self, record: dict) -> None:
+            if record["step"] >= 2:
+                raise DashboardDown("dashboard down")
+
+    with pytest.raises(DashboardDown, match="dashboard down") as info:
+        _run(steps=100_000, callbacks=[FailAtTwo()])
+    result = info.value.result  # every rank ended first, their records gathered
+    assert isinstance(result, DistributedResult) and result.stopped
+    assert [r.rank for r in result.ranks] == [0, 1] and len(result.ranks[0].records) >= 2
+    assert not Path(result.run_dir).exists()
+    assert _leftovers(result.run_dir) == []
 
 
 def test_stop_ends_every_rank_between_steps_and_keeps_the_records() -> None:

@@ -55,7 +55,11 @@ def test_failed_comparison_keeps_the_records_of_finished_plans() -> None:
     panel = Panel(_NoAutocastModel(), batches, steps=3, log_every=1, compare_plans=("fp32", "bf16"))
     panel.widgets.compare_button.click()
     assert panel.wait(TIMEOUT)
-    assert panel.error is not None and "no kernel for BFloat16" in panel.error
+    expected = "Run failed (RuntimeError): plan bf16: custom_op has no kernel for BFloat16"
+    assert panel.error == expected
+    assert type(panel.last_exception) is RuntimeError  # the model's own error, not a wrapper
+    assert panel.result is panel.last_exception.result  # the comparison rides on it
+    assert set(panel.result.failures) == {"bf16"}
     frame = panel.records_frame
     assert set(frame["run"]) == {"fp32"} and len(frame) == 3
     assert "Failed" in panel.widgets.status.value

@@ -11,6 +11,7 @@ import pytest
 
 import precision_nb.views.panel.layout as layout_module
 from precision_nb.views.panel import Panel
+from precision_nb.views.panel.api import CONTROLS
 from precision_nb.views.panel.layout import TABS, PanelWidgets, tab_name
 
 TIMEOUT = 120
@@ -57,6 +58,68 @@ def test_the_panel_is_a_front_door(panel: Panel) -> None:
     verbs = {"set", "run", "compare", "stop", "wait", "inspect", "draw_figure", "close"}
     public = {n for n in vars(Panel) if not n.startswith("_") and callable(vars(Panel)[n])}
     assert public == verbs
+
+
+@pytest.fixture
+def fresh() -> Panel:
+    made = Panel(steps=30)
+    yield made
+    made.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "refused"),  # what set() answers the same value with
+    [("steps", -5, ValueError), ("mode", "fp8", ValueError), ("seed", "x", ValueError),
+     ("device", "cuda:99", RuntimeError)],
+)  # fmt: skip
+def test_assigning_a_control_names_set_and_changes_nothing(fresh, name, value, refused) -> None:
+    before = fresh.selection
+    with pytest.raises(AttributeError, match=rf"use panel\.set\({name}={value!r}\)"):
+        setattr(fresh, name, value)
+    assert fresh.selection == before and name not in vars(fresh)
+    assert f"panel.selection.{name} reads it" in str(_refused(fresh, name, value))
+    with pytest.raises(refused, match=name):  # the call the message names gives set()'s error
+        fresh.set(**{name: value})
+    assert fresh.selection == before
+
+
+def test_a_good_value_assigned_is_refused_too_and_set_applies_it(fresh) -> None:
+    with pytest.raises(AttributeError, match=r"panel\.set\(steps=12\)"):
+        fresh.steps = 12
+    assert fresh.selection.steps == 30  # never "reads 12 while 30 steps run"
+    fresh.set(steps=12)
+    assert fresh.selection.steps == 12
+    with pytest.raises(AttributeError, match=r"panel\.set\(strategy='ddp'\)"):
+        fresh.strategy = "ddp"  # a Distributed tab control: no panel.selection field
+    assert fresh.distributed is None
+
+
+def test_no_other_attribute_can_be_created_or_deleted(fresh) -> None:
+    for name in ("stepz", "foo", "_controller", "__dict__"):
+        with pytest.raises(AttributeError, match="takes no new ones.*allowed names: device"):
+            setattr(fresh, name, 1)
+    with pytest.raises(AttributeError, match="panel.result is read-only"):
+        fresh.result = None
+    with pytest.raises(AttributeError, match="cannot be deleted"):
+        del fresh._controller
+    assert set(vars(fresh)) == {"_controller", "_finalizer"}
+    fresh.set(steps=4)  # still whole
+    assert fresh.selection.steps == 4
+
+
+def test_the_controls_named_are_the_ones_set_takes(fresh) -> None:
+    with pytest.raises(ValueError, match="not a panel control") as info:
+        fresh.set(bogus=1)
+    listed = str(info.value).split("allowed: ", 1)[1].replace(";", ",").split(",")
+    assert {n.strip() for n in listed} | {"code_framework"} == set(CONTROLS)
+
+
+def _refused(panel: Panel, name: str, value: object) -> AttributeError:
+    try:
+        setattr(panel, name, value)
+    except AttributeError as exc:
+        return exc
+    raise AssertionError(f"panel.{name} = {value!r} was accepted")
 
 
 def test_the_header_says_device_request_and_plan_in_one_line(panel: Panel) -> None:

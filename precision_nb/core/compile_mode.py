@@ -54,7 +54,8 @@ class CompileSupport:
     ``cxx_candidates``: the compilers inductor tries on CPU, in order; ``cxx``: the first one
     found on ``PATH`` (its path), None when none is. ``triton``: Triton importable.
     ``codegen_devices``: device types with an inductor code generator registered.
-    ``gemm_backends``: what ``max-autotune`` chooses matmul kernels from.
+    ``gemm_backends`` / ``conv_backends``: what ``max-autotune`` chooses matmul / convolution
+    kernels from (``max_autotune_gemm_backends`` / ``max_autotune_conv_backends``).
     """
 
     torch_version: str
@@ -65,6 +66,7 @@ class CompileSupport:
     triton: bool
     codegen_devices: tuple[str, ...]
     gemm_backends: str = ""
+    conv_backends: str = ""
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -84,6 +86,7 @@ class CompileSupport:
             "triton": self.triton,
             "codegen_devices": list(self.codegen_devices),
             "gemm_backends": self.gemm_backends,
+            "conv_backends": self.conv_backends,
         }
 
 
@@ -138,12 +141,13 @@ def read_compile_support() -> CompileSupport:
         # TORCH_INDUCTOR_INSTALL_GXX is set; the named compilers are what it finds on PATH.
         candidates = tuple(str(c) for c in raw if c)
         gemm = str(getattr(config, "max_autotune_gemm_backends", ""))
+        conv = str(getattr(config, "max_autotune_conv_backends", ""))
         devices = _codegen_devices()
         triton_utils = importlib.import_module("torch.utils._triton")
         triton = bool(triton_utils.has_triton())
     except _QUERY_ERRORS as exc:
         error = error or f"torch._inductor could not be read: {type(exc).__name__}: {exc}"
-        modes, candidates, gemm, devices, triton = (), (), "", (), False
+        modes, candidates, gemm, conv, devices, triton = (), (), "", "", (), False
     return CompileSupport(
         torch_version=str(torch.__version__),
         dynamo_error=error,
@@ -153,6 +157,7 @@ def read_compile_support() -> CompileSupport:
         triton=triton,
         codegen_devices=devices,
         gemm_backends=gemm,
+        conv_backends=conv,
     )
 
 
@@ -235,10 +240,11 @@ def _mode_reason(mode: str, device: str, support: CompileSupport) -> tuple[str, 
         "run the generated code"
     ]
     if opts.get("max_autotune") == "True":
-        backends = support.gemm_backends or "the backends torch lists"
+        gemm = support.gemm_backends or "the backends torch lists"
+        conv = support.conv_backends or "the backends torch lists"
         parts.append(
-            "at compile time inductor benchmarks candidate kernels for each matmul and "
-            f"convolution (from {backends}) and keeps the fastest: a longer first compile"
+            "at compile time inductor benchmarks candidate kernels for each matmul (from "
+            f"{gemm}) and convolution (from {conv}) and keeps the fastest: a longer first compile"
         )
     if cudagraphs and device == "cuda":
         parts.append(

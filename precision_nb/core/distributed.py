@@ -13,7 +13,7 @@ labelled simulated.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from precision_nb.core import validate
@@ -267,8 +267,9 @@ def _fsdp_dtypes(
     if req.reduce_dtype is None:
         reduce = "fp32"
         why = (
-            "gradient reductions in low precision lose accuracy as more ranks are summed; "
-            "set reduce_dtype='bf16' to halve the reduce-scatter bytes"
+            "precision_nb's default: gradient reductions in low precision lose accuracy as more "
+            f"ranks are summed; {torch_reduce_default(param)}; set reduce_dtype='bf16' here to "
+            "halve the reduce-scatter bytes"
         )
     else:
         reduce = req.reduce_dtype
@@ -288,9 +289,23 @@ def _fsdp_dtypes(
     return decisions, (param, reduce, output, warnings)
 
 
+def torch_reduce_default(param: str) -> str:
+    """What torch's ``MixedPrecisionPolicy`` does with its own default ``reduce_dtype``."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    default = {f.name: f.default for f in fields(MixedPrecisionPolicy)}["reduce_dtype"]
+    return (
+        f"torch's own MixedPrecisionPolicy defaults to reduce_dtype={default}, which reduces in "
+        f"the param_dtype ({param}): plain FSDP2 code gets an fp32 reduction only by passing "
+        "reduce_dtype=torch.float32"
+    )
+
+
 _HOOK_REASONS = {
-    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32), an exact "
-    "average; comm_hook='bf16' halves the bytes sent",
+    "none": "gradients are all-reduced in their own dtype (fp32 parameters: fp32): an fp32 sum, "
+    "rounded at each addition in an order the backend chooses, divided by the world size, so "
+    "the last bits can differ from a sum in another order; comm_hook='bf16' halves the bytes "
+    "sent",
     "bf16": "torch's bf16_compress_hook: gradients cast to bf16 for the all-reduce, then back: "
     "half the bytes; the average keeps 8 significant bits",
     "fp16": "torch's fp16_compress_hook: half the bytes; values beyond fp16's range (65504) "

@@ -66,6 +66,11 @@ MATRIX: tuple[MatrixRow, ...] = (
 ROWS: dict[str, MatrixRow] = {row.id: row for row in MATRIX}
 
 _LAB = "loss-scale lab (loss_scale_lab=True)"
+#: Why MPS stays fp32: this project's rule, not a limit of torch or of the hardware.
+MPS_RULE = (
+    "this project's resolution rule, not a limit of torch: torch itself has autocast kernels "
+    "for MPS"
+)
 
 #: (device type, request, capability) -> (row id, reason). The capability is the CUDA BF16 query
 #: ("supported" | "unsupported" | "error") where it decides, else "*". Reasons are ``str.format``
@@ -112,10 +117,10 @@ RULES: dict[tuple[str, str, str], tuple[str, str]] = {
         "(by design) and depends on the torch build and custom operators - verify_autocast() "
         "checks what is really computed",
     ),
-    ("mps", "auto", "*"): ("mps-auto", "auto on MPS stays fp32"),
+    ("mps", "auto", "*"): ("mps-auto", f"auto on MPS stays fp32 ({MPS_RULE})"),
     ("mps", "fp32", "*"): ("mps-fp32", "explicit fp32 on MPS"),
-    ("mps", "bf16", "*"): ("mps-mixed", "explicit bf16 on MPS falls back to fp32 (MPS runs fp32)"),
-    ("mps", "fp16", "*"): ("mps-mixed", "explicit fp16 on MPS falls back to fp32 (MPS runs fp32)"),
+    ("mps", "bf16", "*"): ("mps-mixed", f"explicit bf16 on MPS falls back to fp32 ({MPS_RULE})"),
+    ("mps", "fp16", "*"): ("mps-mixed", f"explicit fp16 on MPS falls back to fp32 ({MPS_RULE})"),
     ("other", "any", "*"): (
         "other-device",
         "device type {device!r} is not in the resolution rules (CUDA, CPU, MPS): fp32 without "

@@ -37,12 +37,26 @@ FUSED_ERRORS = (TypeError, RuntimeError, ValueError)
 
 _FUSED_ALLOWED = "null/None (probe), true (attempt), false (disable)"
 
-#: What plain AdamW costs against fused, in words that hold on every device (it is measured, per
-#: device and model, by ``precision_nb.time_adamw``).
+
+def plain_adamw_kind(device_type: str) -> str:
+    """The implementation torch's AdamW picks with ``foreach`` and ``fused`` left at None on
+    ``device_type``: "foreach" where torch has foreach kernels for the device (its own list,
+    ``torch.utils._foreach_utils``), else "for-loop"; "unknown" where this torch has no list."""
+    try:
+        from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+    except ImportError:
+        return "unknown"
+    return "foreach" if device_type in _get_foreach_kernels_supported_devices() else "for-loop"
+
+
+#: What plain AdamW does on a CPU against fused, what is known, and where it is measured
+#: (``precision_nb.time_adamw``): the implementation is read from torch, no timing is claimed.
 PLAIN_ADAMW_COST = (
-    "plain AdamW runs several ops per parameter tensor where fused AdamW updates each tensor in "
-    "one kernel; depending on the device and the model that makes the optimizer step several "
-    "times slower, about as fast, or faster (precision_nb.time_adamw(model) times both here)"
+    f"plain AdamW on a CPU is torch's {plain_adamw_kind('cpu')} implementation: several ATen ops "
+    "per parameter tensor, each dispatched on its own and each a pass over the tensor's memory, "
+    "where fused AdamW is one op that updates each tensor in one pass; what that saves depends on "
+    "the number and sizes of the tensors and the threads, so precision_nb.time_adamw(model) "
+    "measures it on this machine"
 )
 
 

@@ -45,12 +45,10 @@ def cpu_facts(e: Explanation) -> list[str]:
             f"CPU vector ISA {cpu.vector_isa}: the level torch dispatches kernels to, not a "
             "BF16/FP16 test"
         )
-    for mode, native, names in (
-        ("bf16", cpu.native_bf16, "AVX512-BF16 / AMX-BF16"),
-        ("fp16", cpu.native_fp16, "AVX512-FP16 / AMX-FP16"),
-    ):
+    for mode, native in (("bf16", cpu.native_bf16), ("fp16", cpu.native_fp16)):
         if mode not in modes:
             continue
+        names = cpu.instruction_names(mode)
         what = mode if mode == e.plan.mode else f"{mode} (requested; the plan is {e.plan.mode})"
         if native is True:
             lines.append(f"{what}: this CPU reports native instructions ({names})")

@@ -34,6 +34,7 @@ from precision_nb.engine.measure import MeasureConfig, Measurement, PlanSpec
 from precision_nb.engine.measure_processes import measure as measure_in_processes
 from precision_nb.engine.measure_processes import rebuild_spec, trainer_sessions
 from precision_nb.engine.metrics import PeakRatio, compute_dtype, peak_ratios, tf32_state
+from precision_nb.engine.peaks import CLASS_WORDS, beyond_peak, flags_text, tf32_classes
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import RunResult, attach_result, partial_result
@@ -100,9 +101,10 @@ def plan_figures(
 
     Samples/s, tokens/s, FLOP/s and MFU all divide by the same steady-state median step time
     (all processes pooled), so they cannot disagree with the speedup. The MFU carries the range
-    its peak's calibration repeats allow (``mfu_low`` / ``mfu_high``). An MFU above 1 means the
-    peak was measured too low: it is recorded as a ``calibration`` event and left out (None),
-    not shown as utilisation. ``verdict_detail`` is the :class:`~precision_nb.engine.stats.
+    its peak's calibration repeats allow (``mfu_low`` / ``mfu_high``). An MFU above 1 is recorded
+    as a ``calibration`` event that says what it means for that peak's source
+    (:func:`~precision_nb.engine.peaks.beyond_peak`) and left out (None), not shown as
+    utilisation. ``verdict_detail`` is the :class:`~precision_nb.engine.stats.
     Verdict` (wording, interval, method, how the measurement stopped, the load note).
     """
     events: list[Event] = []
@@ -129,8 +131,8 @@ def plan_figures(
                 Event(
                     "calibration",
                     f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "
-                    f"({info.get('peak_source')}): a calibration error (the peak was measured "
-                    "while the machine was busy, or the FLOP count is off); MFU is not shown",
+                    f"({info.get('peak_source')}): {beyond_peak(info.get('peak_source'))}; MFU "
+                    "is not shown",
                     {"run": label, "mfu": mfu, "source": info.get("peak_source")},
                 )
             )
@@ -161,16 +163,15 @@ def plan_figures(
             str(getattr(result, "device", "")).startswith("cuda")
             and getattr(plan, "mode", "") == "fp32"
         ):
-            row["tf32"] = tf32 = tf32_state()
-            if tf32["cuda_matmul_allow_tf32"] or tf32["cudnn_allow_tf32"]:
+            row["tf32"] = tf32 = info.get("tf32") or tf32_state()
+            if tf32_classes(tf32):
                 events.append(
                     Event(
                         "measurement",
-                        f"{label}: the fp32 baseline may run as TF32 on tensor cores "
-                        f"(matmul allow_tf32={tf32['cuda_matmul_allow_tf32']}, float32 matmul "
-                        f"precision {tf32['float32_matmul_precision']!r}, cudnn allow_tf32="
-                        f"{tf32['cudnn_allow_tf32']}: convolutions default to TF32 on Ampere and "
-                        "newer); speedups are against that baseline",
+                        f"{label}: the fp32 baseline may run its "
+                        f"{' and '.join(CLASS_WORDS[c] for c in tf32_classes(tf32))} as TF32 on "
+                        f"tensor cores ({flags_text(tf32)}: convolutions default to TF32 on "
+                        "Ampere and newer); speedups are against that baseline",
                         {"run": label, **tf32},
                     )
                 )

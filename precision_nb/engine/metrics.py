@@ -28,24 +28,26 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 log = logging.getLogger(__name__)
 
-# Dense (no sparsity) datasheet peaks in TFLOP/s; fp32 is the non-tensor-core rate (torch's
-# default matmul precision "highest" does not use TF32). Sources: NVIDIA datasheets / whitepapers
-# (A100, H100 SXM/PCIe/NVL, H200 SXM/NVL, L4, T4, GA102 and AD102 whitepapers; the NVL parts'
-# bf16 is half their datasheet's sparse figure, 1,671), as also tabulated in Lightning's
-# lightning/fabric/utilities/throughput.py; RTX 3090 Ti: its spec sheet's 40 shader TFLOPS and
-# 320 sparse fp16 tensor TFLOPS, dense with fp32 accumulation a quarter of that (80).
+# Dense (no sparsity) datasheet peaks in TFLOP/s; fp32 is the non-tensor-core rate, tf32 the
+# tensor-core rate of fp32 work the TF32 flags send there (engine/tf32.py picks per op class).
+# Sources: NVIDIA datasheets / whitepapers (A100, H100 SXM/PCIe/NVL, H200 SXM/NVL, L4, T4, GA102
+# and AD102 whitepapers; the NVL parts' bf16 and tf32 are half their datasheet's sparse figures,
+# 1,671 and 835; H100 SXM and H200 tf32 the whitepaper's dense 494.7), as also tabulated in
+# Lightning's lightning/fabric/utilities/throughput.py; RTX 3090 Ti: its spec sheet's 40 shader
+# TFLOPS and 320 sparse fp16 tensor TFLOPS, dense with fp32 accumulation a quarter of that (80),
+# tf32 half of that as on every GA102 part. T4 (Turing) has no TF32.
 GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "h200": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
-    "h200 nvl": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
-    "h100 sxm": {"float32": 67.0, "bfloat16": 989.5, "float16": 989.5},
-    "h100 pcie": {"float32": 51.0, "bfloat16": 756.5, "float16": 756.5},
-    "h100 nvl": {"float32": 60.0, "bfloat16": 835.5, "float16": 835.5},
-    "a100": {"float32": 19.5, "bfloat16": 312.0, "float16": 312.0},
-    "l4": {"float32": 30.3, "bfloat16": 121.0, "float16": 121.0},
+    "h200": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5},
+    "h200 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+    "h100 sxm": {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.5, "float16": 989.5},
+    "h100 pcie": {"float32": 51.0, "tf32": 378.0, "bfloat16": 756.5, "float16": 756.5},
+    "h100 nvl": {"float32": 60.0, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+    "a100": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+    "l4": {"float32": 30.3, "tf32": 60.0, "bfloat16": 121.0, "float16": 121.0},
     "t4": {"float32": 8.1, "float16": 65.0},
-    "rtx 4090": {"float32": 82.6, "bfloat16": 165.2, "float16": 165.2},
-    "rtx 3090 ti": {"float32": 40.0, "bfloat16": 80.0, "float16": 80.0},
-    "rtx 3090": {"float32": 35.6, "bfloat16": 71.0, "float16": 71.0},
+    "rtx 4090": {"float32": 82.6, "tf32": 82.6, "bfloat16": 165.2, "float16": 165.2},
+    "rtx 3090 ti": {"float32": 40.0, "tf32": 40.0, "bfloat16": 80.0, "float16": 80.0},
+    "rtx 3090": {"float32": 35.6, "tf32": 35.6, "bfloat16": 71.0, "float16": 71.0},
 }
 
 # CUDA device names -> table rows: (row, the chip's token, variant tokens the name must carry,
@@ -196,12 +198,35 @@ def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[s
     return out
 
 
+def _legacy(read: Callable[[], Any]) -> Any:
+    """A legacy TF32 flag, or None where torch refuses to answer it (it raises once the per-op
+    ``fp32_precision`` API has set conv and RNN, or matmul, apart)."""
+    try:
+        return read()
+    except RuntimeError:
+        return None
+
+
+def _fp32_precision(*nodes: Any) -> str | None:
+    """The first ``fp32_precision`` other than "none" from an op up to its parents (torch's
+    inheritance), "ieee" when all say "none"; None in a torch without the per-op API."""
+    values = [getattr(node, "fp32_precision", None) for node in nodes]
+    if values[0] is None:
+        return None
+    return next((v for v in values if v not in (None, "none")), "ieee")
+
+
 def tf32_state() -> dict[str, Any]:
-    """Whether fp32 matmuls and convolutions on CUDA may run as TF32 (recorded with fp32 plans)."""
+    """Whether fp32 matmuls and convolutions on CUDA may run as TF32 (recorded with fp32 plans):
+    torch's per-op ``fp32_precision`` ("tf32" or "ieee", inherited as torch does) and the legacy
+    flags (None where torch refuses to read them)."""
+    backends = torch.backends
     return {
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "cudnn_conv_fp32_precision": _fp32_precision(backends.cudnn.conv, backends.cudnn, backends),
+        "cuda_matmul_fp32_precision": _fp32_precision(backends.cuda.matmul, backends),
+        "cuda_matmul_allow_tf32": _legacy(lambda: bool(backends.cuda.matmul.allow_tf32)),
+        "float32_matmul_precision": _legacy(torch.get_float32_matmul_precision),
+        "cudnn_allow_tf32": _legacy(lambda: bool(backends.cudnn.allow_tf32)),
     }
 
 
@@ -227,7 +252,31 @@ def peak_flops(device: torch.device, dtype: torch.dtype, calibrate: bool = True)
     return None
 
 
-_FLOP_CACHE: dict[tuple[Any, ...], int] = {}
+_FLOP_CACHE: dict[tuple[Any, ...], dict[str, int]] = {}
+
+#: ATen ops by the class of FLOPs they count (everything else counted is "other"): the classes
+#: the CUDA fp32 peak is chosen by (engine/tf32.py: which classes the TF32 flags send to TF32).
+FLOP_CLASSES: dict[str, frozenset[str]] = {
+    "convolution": frozenset(
+        {
+            "convolution",
+            "_convolution",
+            "convolution_backward",
+            "cudnn_convolution",
+            "convolution_overrideable",
+            "_slow_conv2d_forward",
+        }
+    ),  # fmt: skip
+    "matmul": frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_mm"}),
+}
+
+
+def flop_class(op_name: str) -> str:
+    """``"convolution"``, ``"matmul"``, ``"attention"`` (any attention kernel) or ``"other"``."""
+    for name, ops in FLOP_CLASSES.items():
+        if op_name in ops:
+            return name
+    return "attention" if "attention" in op_name else "other"
 
 
 def _attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any) -> int:
@@ -288,10 +337,17 @@ def count_step_flops(
     The model's gradients, buffers (e.g. BatchNorm statistics) and the RNG state are restored, so
     counting does not change what training does afterwards.
     """
+    return sum(count_step_flop_classes(model, batch_signature, step).values())
+
+
+def count_step_flop_classes(
+    model: nn.Module, batch_signature: tuple[Any, ...], step: Callable[[], torch.Tensor]
+) -> dict[str, int]:
+    """:func:`count_step_flops` by :func:`flop_class` (same count, same cache)."""
     params = [p for p in model.parameters() if p.requires_grad]
     key = (type(model).__qualname__, sum(p.numel() for p in params), batch_signature)
     if key in _FLOP_CACHE:
-        return _FLOP_CACHE[key]
+        return dict(_FLOP_CACHE[key])
     buffers = [b.detach().clone() for b in model.buffers()]
     grads = [p.grad for p in params]
     devices = [d for d in {p.device for p in params} if d.type == "cuda"]
@@ -299,14 +355,17 @@ def count_step_flops(
         counter = flop_counter()
         with counter:
             step().backward()
-        flops = int(counter.get_total_flops())
+        flops: dict[str, int] = {}
+        for op, n in counter.get_flop_counts().get("Global", {}).items():
+            name = flop_class(getattr(op, "__name__", str(op)).split(".")[-1])
+            flops[name] = flops.get(name, 0) + int(n)
     with torch.no_grad():
         for b, saved in zip(model.buffers(), buffers, strict=True):
             b.copy_(saved)
     for p, g in zip(params, grads, strict=True):
         p.grad = g
     _FLOP_CACHE[key] = flops
-    return flops
+    return dict(flops)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from precision_nb.core.events import Event
 from precision_nb.engine.batches import BatchShape
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.metrics import MemoryProbe, Peak
+from precision_nb.engine.peaks import beyond_peak
 from precision_nb.engine.precision import Precision, StepOutcome
 from precision_nb.engine.results import (
     RECORD_KEYS,
@@ -165,8 +166,8 @@ class Recorder:
                 Event(
                     "calibration",
                     f"mfu {values['mfu']:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s "
-                    f"beat the peak ({values['mfu_peak_source']}); a CPU peak measured while the "
-                    "machine was busy is too low, so read mfu as rough here",
+                    f"beat the peak ({values['mfu_peak_source']}): "
+                    f"{beyond_peak(values['mfu_peak_source'])}, so read mfu as rough here",
                     {"mfu": values["mfu"], "step": self.steps_done},
                 )
             )

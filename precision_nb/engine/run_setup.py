@@ -10,7 +10,14 @@ import torch
 
 from precision_nb.core.events import Event
 from precision_nb.engine.batches import BatchShape, batch_shape
-from precision_nb.engine.metrics import Peak, compute_dtype, count_step_flops, peak_flops
+from precision_nb.engine.metrics import (
+    Peak,
+    compute_dtype,
+    count_step_flop_classes,
+    peak_flops,
+    tf32_state,
+)
+from precision_nb.engine.peaks import cuda_fp32_peak
 
 if TYPE_CHECKING:
     from precision_nb.core.plan import PrecisionPlan
@@ -55,6 +62,9 @@ def describe_run(
 ) -> RunShape:
     """Shape, FLOPs per step and peak FLOP/s of a fit from its first microbatch ``first``.
 
+    A CUDA fp32 plan's peak is that of its FLOP mix (:func:`~precision_nb.engine.peaks.
+    cuda_fp32_peak`: convolutions and matmuls at the TF32 peak where the flags send them there).
+
     ``loss_and_task(batch)`` computes the loss as the fit does (FLOPs are counted by running it
     once per model and shape; the count is cached). ``info``: the workload info the trainer was
     given (its ``task`` names the task when the cached count ran no loss).
@@ -66,14 +76,20 @@ def describe_run(
         seen.append(task)
         return value
 
-    flops_mb = count_step_flops(model, batch_shape(first, None).signature, loss)
+    by_class = count_step_flop_classes(model, batch_shape(first, None).signature, loss)
+    flops_mb = sum(by_class.values())
     # The FLOP count is cached per model shape, so on a cache hit the loss did not run and the
     # task is unknown here (a built-in workload names its own); tokens per step do not depend on
     # it: batch_shape reads them from the batch's token ids.
     task = (seen[-1] if seen else None) or info.get("task")
     shape = batch_shape(first, task)
     flops_step = flops_mb * cfg.accumulation
-    peak = peak_flops(device, compute_dtype(plan), calibrate=cfg.measure_peak)
+    dtype = compute_dtype(plan)
+    peak = peak_flops(device, dtype, calibrate=cfg.measure_peak)
+    tf32 = tf32_state() if device.type == "cuda" and dtype == torch.float32 else None
+    if peak is not None and tf32 is not None:
+        # the datasheet fp32 column is only right for the FLOPs that did not run as TF32
+        peak = cuda_fp32_peak(torch.cuda.get_device_name(device), by_class, tf32) or peak
     workload = {
         "name": info.get("name", type(model).__name__),
         "preset": info.get("preset"),
@@ -82,12 +98,14 @@ def describe_run(
         "params": sum(p.numel() for p in model.parameters()),
         "flops_per_step": flops_step,
         "flops_source": "torch.utils.flop_counter (one microbatch forward+backward x K)",
+        "flops_by_class": {k: v * cfg.accumulation for k, v in by_class.items()},
         "peak_flops_per_s": peak.flops_per_s if peak else None,
         "peak_source": peak.source if peak else None,
         "peak_flops_low": peak.low if peak else None,
         "peak_flops_high": peak.high if peak else None,
         "task": task,
         "dims": info.get("dims", {}),
+        "tf32": tf32,
     }
     events = ()
     if peak is None:

@@ -116,8 +116,21 @@ def test_reduce_overhead_on_cuda_explains_cuda_graphs_without_fallback():
 
 
 def test_max_autotune_says_what_it_chooses_from():
-    plan = resolve_compile("max-autotune", "cpu", REAL, support(gemm_backends="ATEN,CPP"))
-    assert "from ATEN,CPP" in plan.reason and plan.fallback
+    plan = resolve_compile(
+        "max-autotune", "cpu", REAL, support(gemm_backends="ATEN,CPP", conv_backends="ATEN")
+    )
+    assert "each matmul (from ATEN,CPP) and convolution (from ATEN)" in plan.reason
+    assert plan.fallback
+
+
+def test_the_backends_are_read_from_torch_s_inductor_config():
+    from torch._inductor import config
+
+    from precision_nb.core.compile_mode import read_compile_support
+
+    got = read_compile_support()
+    assert got.gemm_backends == config.max_autotune_gemm_backends
+    assert got.conv_backends == config.max_autotune_conv_backends
 
 
 def test_cpu_without_a_cxx_compiler_is_refused_naming_what_to_install():

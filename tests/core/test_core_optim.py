@@ -218,3 +218,18 @@ def test_absent_device_is_a_runtime_error(fake_torch):
     fake_torch(cuda=False)
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         build_optimizer(_model(), None, "cuda")
+
+
+def test_plain_adamw_s_implementation_is_read_from_torch_and_no_speed_is_claimed():
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    from precision_nb.core.optim import PLAIN_ADAMW_COST, plain_adamw_kind
+
+    # what torch.optim.AdamW itself picks with foreach=None, fused=None for CPU parameters
+    _fused, foreach = _default_to_fused_or_foreach([torch.zeros(2)], False, False)
+    assert plain_adamw_kind("cpu") == ("foreach" if foreach else "for-loop")
+    assert plain_adamw_kind("cuda") == "foreach"  # torch's default on CUDA: multi-tensor ops
+    assert f"torch's {plain_adamw_kind('cpu')} implementation" in PLAIN_ADAMW_COST
+    assert "time_adamw" in PLAIN_ADAMW_COST
+    for claim in ("slower", "faster", "as fast", "kernel"):
+        assert claim not in PLAIN_ADAMW_COST  # speed is measured, not asserted

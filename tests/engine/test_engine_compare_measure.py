@@ -158,4 +158,5 @@ def test_fp32_on_cuda_records_the_tf32_state(monkeypatch):
     figures, events = plan_figures(m, {"fp32": result}, "fp32")
     assert figures["fp32"]["tf32"]["cudnn_allow_tf32"] is True
     (event,) = [e for e in events if e.kind == "measurement"]
-    assert "may run as TF32" in event.message and event.data["cudnn_allow_tf32"] is True
+    assert "may run its convolutions as TF32" in event.message
+    assert event.data["cudnn_conv_fp32_precision"] == "tf32"

@@ -88,8 +88,30 @@ def test_tf32_state_is_read_from_torch(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     state = metrics.tf32_state()
     assert state["cudnn_allow_tf32"] is False
+    assert state["cudnn_conv_fp32_precision"] == "ieee"  # "none" all the way up: IEEE fp32
     assert state["float32_matmul_precision"] == torch.get_float32_matmul_precision()
-    assert set(state) == {"cuda_matmul_allow_tf32", "float32_matmul_precision", "cudnn_allow_tf32"}
+    assert set(state) == {
+        "cudnn_conv_fp32_precision",
+        "cuda_matmul_fp32_precision",
+        "cuda_matmul_allow_tf32",
+        "float32_matmul_precision",
+        "cudnn_allow_tf32",
+    }
+
+
+def test_tf32_state_survives_flags_set_with_torch_s_per_op_api():
+    # Once conv and RNN differ, torch refuses to answer the legacy cudnn.allow_tf32 (it raises)
+    cudnn = torch.backends.cudnn
+    before = cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision
+    try:
+        cudnn.conv.fp32_precision = "ieee"
+        with pytest.raises(RuntimeError):
+            _ = cudnn.allow_tf32
+        state = metrics.tf32_state()
+        assert state["cudnn_allow_tf32"] is None and state["cudnn_conv_fp32_precision"] == "ieee"
+    finally:
+        cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = before
+    assert metrics.tf32_state()["cudnn_conv_fp32_precision"] == "tf32"  # torch 2.13's default
 
 
 def test_the_op_trace_counts_the_flops_a_run_counts_cpu_flash_attention_included():

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from precision_nb.engine.inspect.op_trace import short
+from precision_nb.engine.inspect.op_trace import short, storage_key
 from precision_nb.engine.metrics import host_rss
 
 PARAMS = "parameters"
@@ -255,7 +255,8 @@ class SavedTensors:
         self.param_storages = param_storages
         self.input_storages = input_storages
         self.tracer = tracer
-        self.seen: dict[int, tuple[str, torch.dtype, int]] = {}
+        #: each saved storage (by identity, see :func:`~.op_trace.storage_key`) -> its kind
+        self.seen: dict[Any, tuple[str, torch.dtype, int]] = {}
         self.unattributed: dict[str, int] = defaultdict(int)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
@@ -277,19 +278,19 @@ class SavedTensors:
         except (RuntimeError, NotImplementedError) as exc:
             self.unattributed[f"saved {type(t).__name__}: {type(exc).__name__}"] += 1
             return t
-        if ptr in self.seen:
+        key = storage_key(storage)
+        if key in self.seen:
             return t
+        cast = self.tracer.copy_of(storage) if self.tracer is not None else None
         if ptr in self.param_storages:
             kind = PARAMS
-        elif self.tracer is not None and self.tracer.copy_of(ptr) == "parameter":
+        elif cast == "parameter":
             kind = COPIES
-        elif ptr in self.input_storages or (
-            self.tracer is not None and self.tracer.copy_of(ptr) == "input"
-        ):
+        elif ptr in self.input_storages or cast == "input":
             kind = INPUTS
         else:
             kind = ACTS
-        self.seen[ptr] = (kind, t.dtype, nbytes)
+        self.seen[key] = (kind, t.dtype, nbytes)
         return t
 
     @staticmethod

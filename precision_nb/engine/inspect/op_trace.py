@@ -10,20 +10,24 @@
   op come from the formulas a run counts its FLOPs with (:func:`~precision_nb.engine.metrics.
   flop_formulas`: ``torch.utils.flop_counter``'s, attention on every device included).
 
-Casts of a parameter's storage (``_to_copy`` of a weight) are kept as weakrefs so the memory
-breakdown can count autocast's weight copies. Nothing here changes what an op computes; an op the
-tracer cannot describe is recorded in :attr:`OpTracer.unattributed` with the reason, never raised.
+Casts of a parameter's storage (``_to_copy`` of a weight) are kept by a weak reference to their
+output storage so the memory breakdown can count autocast's weight copies: each distinct storage
+once. The key is the storage itself, never its data address: a copy freed before the next cast
+(autocast without its weight cache frees each copy after its op) leaves its address to the
+allocator, which may hand it to the next copy, and the two are still two copies. Nothing here
+changes what an op computes; an op the tracer cannot describe is recorded in
+:attr:`OpTracer.unattributed` with the reason, never raised.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -102,6 +106,13 @@ def short(dtype: Any) -> str:
     return SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
+def storage_key(storage: torch.UntypedStorage) -> StorageWeakRef:
+    """A weak reference that names ``storage`` itself: equal for the same storage, and unequal for
+    a later storage that reuses a freed one's address (it pins the freed storage's record, not its
+    memory, so no other storage gets its identity)."""
+    return StorageWeakRef(storage)
+
+
 @dataclass(frozen=True)
 class Flag:
     """Something in a trace a user would want to know: ``kind``, readable ``message``, ``data``."""
@@ -165,12 +176,13 @@ class OpTracer:
         self.flops: Counter[tuple[Any, ...]] = Counter()
         self.cast_bytes: Counter[tuple[Any, ...]] = Counter()
         self.unattributed: Counter[tuple[str, str]] = Counter()
-        #: output storage pointer -> (weakref to the cast output, dtype, bytes)
-        self.weight_copies: dict[int, tuple[Any, torch.dtype, int]] = {}
+        #: each distinct output storage of a parameter cast (a weak reference, so a freed copy
+        #: stays distinct from a later one at the same address) -> (dtype, bytes)
+        self.weight_copies: dict[StorageWeakRef, tuple[torch.dtype, int]] = {}
         #: (parameter storage, offset, shape, stride, cast dtype) -> bytes of one cast of it
         self.cast_params: dict[tuple[Any, ...], int] = {}
-        #: output storage pointer -> weakref, for casts of the batch's tensors
-        self.input_copies: dict[int, Any] = {}
+        #: the output storages of casts of the batch's tensors (weak references)
+        self.input_copies: set[StorageWeakRef] = set()
         #: parameter storage pointer -> the dtypes its values entered arithmetic in (a cast's
         #: output dtype, else the parameter's own; views are not uses)
         self.param_uses: dict[int, set[str]] = {}
@@ -187,13 +199,16 @@ class OpTracer:
             mode.__exit__(*exc)
         self._modes = []
 
-    def copy_of(self, ptr: int) -> str | None:
-        """``"parameter"`` or ``"input"`` while the storage at ``ptr`` is a live cast of one."""
-        entry = self.weight_copies.get(ptr)
-        if entry is not None and entry[0]() is not None:
+    def copy_of(self, storage: torch.UntypedStorage) -> str | None:
+        """``"parameter"`` or ``"input"`` when ``storage`` is the output of a cast of one."""
+        key = storage_key(storage)
+        if key in self.weight_copies:
             return "parameter"
-        ref = self.input_copies.get(ptr)
-        return "input" if ref is not None and ref() is not None else None
+        return "input" if key in self.input_copies else None
+
+    def weight_copy_sizes(self) -> list[tuple[torch.dtype, int]]:
+        """(dtype, bytes) of each distinct output storage of a parameter cast in the trace."""
+        return list(self.weight_copies.values())
 
     def record(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         op = func.overloadpacket.__name__
@@ -236,14 +251,14 @@ class OpTracer:
             nbytes = outs[0].numel() * outs[0].element_size()
             self.cast_bytes[key] += nbytes
             src = ins[0].untyped_storage().data_ptr()
-            ptr = outs[0].untyped_storage().data_ptr()
+            key = storage_key(outs[0].untyped_storage())
             if src in self.param_storages:
-                self.weight_copies[ptr] = (weakref.ref(outs[0]), outs[0].dtype, nbytes)
+                self.weight_copies[key] = (outs[0].dtype, nbytes)
                 source = ins[0]
                 identity = (src, source.storage_offset(), tuple(source.shape), source.stride())
                 self.cast_params[(*identity, outs[0].dtype)] = nbytes
             elif src in self.input_storages:
-                self.input_copies[ptr] = weakref.ref(outs[0])
+                self.input_copies.add(key)
         formula = flop_formulas().get(func.overloadpacket)
         if formula is not None:
             try:

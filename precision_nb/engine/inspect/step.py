@@ -266,13 +266,10 @@ def _instrumented_step(
         del out
         tracer.phase = "backward"
         amp.backward(loss)
-    copies = {(ptr, d, n) for ptr, (_ref, d, n) in tracer.weight_copies.items()}
     rows = mem.parameter_rows(work) + mem.gradient_rows(work)
     amp.step(opt)
     rows += mem.optimizer_rows(work, opt)
-    rows += mem.weight_copy_rows(
-        work, [(d, n) for _p, d, n in copies], plan, tracer.parameter_casts()
-    )
+    rows += mem.weight_copy_rows(work, tracer.weight_copy_sizes(), plan, tracer.parameter_casts())
     rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
     rows += mem.device_rows(dev, rows, base)
     ops = tracer.rows(plan)

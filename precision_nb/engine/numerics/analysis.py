@@ -41,7 +41,7 @@ from precision_nb.engine.numerics.collect import (
 )
 from precision_nb.engine.numerics.formats import format_name, overflow_behaviour
 from precision_nb.engine.numerics.fp8 import hardware_note
-from precision_nb.engine.numerics.fp16_run import Fp16Trace, trace_fp16
+from precision_nb.engine.numerics.fp16_run import Fp16Trace, counted_in_fp16, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
 from precision_nb.engine.precision import Precision
@@ -194,9 +194,10 @@ def _run(
     )
     result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
     result.stagnation = R.stagnation_rows(params, host["stagnation"])
-    in_fp16 = (lambda _n: True) if trace.error else (lambda n: held_p.get(n) == "fp16")
+    traced = trace.error is None
+    in_fp16 = lambda n: counted_in_fp16(held_p.get(n), traced)  # noqa: E731
     p_in, p_all = R.sweep_totals({n: v["grad"] for n, v in host["params"].items()}, in_fp16)
-    in_fp16_a = (lambda _k: True) if trace.error else (lambda k: held_a.get(k) == "fp16")
+    in_fp16_a = lambda k: counted_in_fp16(held_a.get(k), traced)  # noqa: E731
     a_in, a_all = R.sweep_totals({k: v["grad"] for k, v in host["outputs"].items()}, in_fp16_a)
     result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
     result.window = window(result.scale_window, threshold)

@@ -42,6 +42,14 @@ HELD = {
 }
 
 
+def counted_in_fp16(held: str | None, traced: bool) -> bool:
+    """The one rule every fp16 what-if of a gradient follows (the scale window, the report's
+    answer): a gradient counts when a real fp16 step holds it in fp16 whole (``held``, the
+    ``fp16_run`` column); when the trace failed (``traced`` False) every gradient counts, and the
+    caller says so."""
+    return held == "fp16" or not traced
+
+
 @dataclass(frozen=True)
 class Fp16Trace:
     """Per parameter name and module-output key, the dtype a real fp16 step holds it in."""

@@ -5,6 +5,8 @@ recipe, dynamic ("current") per-tensor scaling, step for step: ``scale = fp8_max
 1e-12)`` computed in float64 and rounded to fp32 (``torchao.float8.float8_utils.amax_to_scale``),
 ``x * scale`` clamped to +-fp8_max and cast (``to_fp8_saturated``), and divided by the scale to
 read it back. The amax is the tensor's own, now: torchao removed its delayed scaling in 2025.
+Every tensor kind is cast in both formats; :func:`recipe_role` says which of those casts the
+recipes make (weight gradients: none of them).
 Transformer Engine's ``DelayedScaling`` recipe instead takes the largest amax of a history of
 earlier steps (``amax_history_len``, 1024 by default) with a ``margin`` (default 0), and TE also
 ships current scaling (``Float8CurrentScaling``) and block-scaled recipes. Without scaling, a cast
@@ -26,6 +28,30 @@ FP8_FORMATS: tuple[str, ...] = ("fp8_e4m3", "fp8_e5m2")
 
 #: The floor torchao.float8 puts under the amax before dividing by it.
 AMAX_EPS = 1e-12
+
+#: The format the default tensorwise recipes (torchao.float8's tensorwise config, Transformer
+#: Engine's HYBRID format) cast each tensor of a linear layer to; None: neither casts it, since
+#: the weight-gradient GEMM reads grad_output (e5m2) and the input (e4m3) and writes the weight
+#: gradient in high precision.
+RECIPE_FORMAT: dict[str, str | None] = {
+    "weight": "fp8_e4m3",
+    "activation": "fp8_e4m3",
+    "activation_grad": "fp8_e5m2",
+    "weight_grad": None,
+}
+#: Values of an fp8 row's ``recipe`` column.
+RECIPE = "recipe cast"
+OTHER_FORMAT = "recipes use the other format"
+OUTSIDE = "outside the recipes (kept in high precision)"
+
+
+def recipe_role(tensor: str, fmt: str) -> str:
+    """Whether the default recipes cast ``tensor`` to ``fmt`` (see :data:`RECIPE_FORMAT`): a row
+    outside them is a what-if no torchao or Transformer Engine recipe makes."""
+    target = RECIPE_FORMAT.get(tensor)
+    if target is None:
+        return OUTSIDE
+    return RECIPE if fmt == target else OTHER_FORMAT
 
 
 def scaled_error(x: torch.Tensor | Magnitudes, name: str) -> torch.Tensor:

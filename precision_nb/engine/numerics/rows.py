@@ -10,7 +10,7 @@ from torch import nn
 from precision_nb.core.events import Event
 from precision_nb.engine.numerics.collect import OutputStats, variants
 from precision_nb.engine.numerics.formats import COUNT_FIELDS, counts_row
-from precision_nb.engine.numerics.fp8 import FP8_FORMATS, relative_error
+from precision_nb.engine.numerics.fp8 import FP8_FORMATS, recipe_role, relative_error
 from precision_nb.engine.numerics.scale_window import SweepTotal
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS
 
@@ -95,6 +95,7 @@ def _fp8_row(layer: str, tensor: str, fmt: str, stats: Mapping[str, Any], elemen
         "layer": layer,
         "tensor": tensor,
         "format": fmt,
+        "recipe": recipe_role(tensor, fmt),
         "amax": err[0],
         "rel_error": relative_error(err),
         "underflow_scaled_fraction": err[3] / live if live else None,

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_nb.engine.compare import Comparison
+from precision_nb.engine.numerics.fp16_run import counted_in_fp16
 from precision_nb.views.colors import colors_for_labels
+from precision_nb.views.report.hint import share_text
 from precision_nb.views.report.hints import Hint
 from precision_nb.views.report.markup import fmt, size_text
 from precision_nb.views.report.sections import Section
@@ -250,12 +252,24 @@ def _numerics_lines(row: Mapping[str, Any], numerics: Any) -> tuple[str, ...]:
         grads = [r for r in numerics.result.gradients if r.get("status") == "ok"]
         variant = _variant_of(mode, bool(row.get("use_scaler")), grads)
         chosen = [r for r in grads if r.get("variant") == variant]
+        basis = "one batch, fp32 gradients cast"
+        if variant.startswith("fp16"):  # the scale window's rule: fp16-held gradients only
+            run = (getattr(numerics.result, "info", None) or {}).get("fp16_run") or {}
+            traced = bool(run) and run.get("error") is None
+            every = len({r.get("layer") for r in chosen})
+            chosen = [r for r in chosen if counted_in_fp16(r.get("fp16_run"), traced)]
+            basis += (
+                f"; the {len({r.get('layer') for r in chosen})} of {every} gradient tensors a "
+                "real fp16 step holds in fp16"
+                if traced
+                else "; every gradient: which ones a real fp16 step holds in fp16 was not traced"
+            )
         live = sum(int(r.get("live") or 0) for r in chosen)
         if variant and live:
             under = sum(int(r.get("underflow") or 0) for r in chosen)
             lines.append(
-                f"{under / live:.2%} of non-zero gradient values flush to 0 in {variant} "
-                "(one batch, fp32 gradients cast)"
+                f"{share_text(under / live)} of non-zero gradient values flush to 0 in {variant} "
+                f"({basis})"
             )
         else:
             lines.append(f"gradient underflow in {mode}: not in the analysis")

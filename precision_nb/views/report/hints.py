@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from precision_nb.engine.peaks import tf32_gain_note
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
 from precision_nb.views.report.hint import Hint, capabilities_of
 from precision_nb.views.report.hint import is_mixed as _is_mixed
@@ -125,41 +126,17 @@ def _peak_kind(row: Mapping[str, Any]) -> str:
 
 
 def _tf32_note(row: Mapping[str, Any], source: Comparison, results: Mapping[str, RunResult]) -> str:
-    """On CUDA, the part of an fp32 baseline that runs as TF32 (recorded flags), in words."""
+    """On CUDA, what the peaks say for the part of an fp32 baseline that ran as TF32: decided by
+    the FLOPs the run counted by op class and the TF32 flags it ran with."""
     if row.get("device_type") != "cuda":
         return ""
     caps = capabilities_of(results.get(str(row.get("run"))))
-    cc = caps.compute_capability if caps is not None else None
-    if cc is not None and tuple(cc) < (8, 0):
-        return ""  # no TF32 before Ampere
-    flags = next(
-        (f["tf32"] for f in source.figures.values() if f.get("tf32")),
-        None,
-    )
-    if flags is None:
-        return (
-            " On CUDA, cuDNN convolutions run an fp32 baseline as TF32 unless "
-            "torch.backends.cudnn.allow_tf32 is off (its default is on), and NVIDIA's datasheet "
-            "TF32 peak is half the 16-bit one on Ampere and newer GPUs: for such work the "
-            "estimate is about 2x."
-        )
-    parts = []
-    if flags.get("cudnn_allow_tf32"):
-        parts.append("convolutions (torch.backends.cudnn.allow_tf32=True in this run)")
-    if flags.get("cuda_matmul_allow_tf32") or flags.get("float32_matmul_precision") not in (
-        None,
-        "highest",
-    ):
-        parts.append(
-            f"matmuls (float32 matmul precision {flags.get('float32_matmul_precision')!r})"
-        )
-    if not parts:
-        return " The fp32 baseline ran without TF32 (the run's TF32 flags are off)."
-    return (
-        f" The fp32 baseline ran its {' and '.join(parts)} as TF32, and NVIDIA's datasheet TF32 "
-        "peak is half the 16-bit one on Ampere and newer GPUs: for that work the estimate is "
-        "about 2x."
-    )
+    info = _workload(results)
+    state = next((r.workload["tf32"] for r in results.values() if r.workload.get("tf32")), None)
+    state = state or next((f["tf32"] for f in source.figures.values() if f.get("tf32")), None)
+    name = caps.device_name if caps is not None else None
+    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(str(row.get("mode")), "")
+    return tf32_gain_note(name, info.get("flops_by_class"), state, dtype)
 
 
 def _peak_gain(
@@ -273,12 +250,24 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison
             noisy_labels.append(label)
     if not noisy:
         return []
+    load = getattr(source.measurement, "load", None)
+    if load is None:
+        why = "the intervals above are wide (how busy the machine was is not measured here)"
+    elif load.busy:
+        why = (
+            f"the machine was busy while they were measured ({load.describe()}), and the "
+            "intervals above are wide"
+        )
+    else:
+        why = (
+            f"the machine was not busy ({load.describe()}), so the spread is the run's own, and "
+            "the intervals above are wide"
+        )
     return [
         Hint(
             _who(noisy_labels, rows),
             "noise",
-            "Step times varied widely (" + ", ".join(noisy) + " of the median): the machine was "
-            "busy, so the intervals above are wide.",
+            "Step times varied widely (" + ", ".join(noisy) + f" of the median): {why}.",
             "step_time_iqr_s / median_step_time_s (steady state)"
             if figures
             else "step_time_s spread (p90 - p10) / median (logged intervals)",

@@ -256,9 +256,10 @@ def _fp8_table(rows: Sequence[dict[str, Any]]) -> str:
     if frame.empty:
         return "<p>No fp8 format was asked for.</p>"
     cols = ["rel_error", "underflow_scaled_fraction", "underflow_unscaled_fraction"]
-    table = frame.groupby(["tensor", "format"], sort=False)[cols].median().reset_index()
+    keys = ["tensor", "format", "recipe"]
+    table = frame.groupby(keys, sort=False)[cols].median().reset_index()
     headers = {c: f"median {c}" for c in cols}
-    return table_html(table.to_dict("records"), ["tensor", "format", *cols], headers=headers)
+    return table_html(table.to_dict("records"), [*keys, *cols], headers=headers)
 
 
 #: The title of the report's numerics section.

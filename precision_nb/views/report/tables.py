@@ -256,7 +256,7 @@ def summary(
 
 
 #: Appended to ``mfu_peak_source`` when an MFU above 1 is left out of a summary.
-MFU_NOTE = "mfu above 1 not shown: a calibration error (see the calibration event)"
+MFU_NOTE = "mfu above 1 not shown: the FLOP/s beat the peak (the calibration event says why)"
 
 
 def _miscalibrated(comparison: Comparison) -> set[str]:
@@ -273,7 +273,7 @@ def _miscalibrated(comparison: Comparison) -> set[str]:
 
 
 def _drop_impossible_mfu(row: dict[str, Any], *, calibrated: bool) -> None:
-    """An MFU above 1 is a calibration error, not a utilisation: empty it and say why."""
+    """An MFU above 1 is no utilisation (the FLOP count or the peak is off): empty it, say so."""
     mfu = _num(row.get("mfu"))
     if mfu > 1 or (calibrated and math.isnan(mfu)):
         row["mfu"] = row["mfu_low"] = row["mfu_high"] = math.nan

@@ -34,6 +34,28 @@ def test_fsdp2_dtypes_derive_from_the_plan_with_reasons() -> None:
     assert "as requested" in _decision(explicit, "reduce_dtype").reason
 
 
+def test_the_fp32_reduce_default_is_said_to_be_this_package_s_and_torch_s_is_said_too() -> None:
+    from dataclasses import fields
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    # torch's own policy: reduce_dtype None, and then the reduction runs in param_dtype
+    torch_default = {f.name: f.default for f in fields(MixedPrecisionPolicy)}["reduce_dtype"]
+    assert torch_default is None
+    reason = _decision(explain_distributed(Distributed("fsdp2", 2), "bf16", "cpu"), "reduce_dtype")
+    assert reason.outcome == "fp32" and reason.reason.startswith("precision_nb's default")
+    assert (
+        "torch's own MixedPrecisionPolicy defaults to reduce_dtype=None, which reduces in the "
+        "param_dtype (bf16)"
+    ) in reason.reason
+
+
+def test_an_fp32_all_reduce_is_not_called_exact() -> None:
+    plan = explain_distributed(Distributed("ddp", 2), "fp32", "cpu")
+    why = _decision(plan, "comm_hook").reason
+    assert "exact" not in why and "rounded" in why and "order" in why
+
+
 def test_backend_is_gloo_on_cpu_and_nccl_on_simulated_cuda() -> None:
     cpu = explain_distributed(Distributed("ddp", 2), None, "cpu")
     assert cpu.backend == "gloo" and cpu.rank_device == "cpu" and not cpu.simulated

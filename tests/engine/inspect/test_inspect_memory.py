@@ -209,3 +209,26 @@ def _bf16_plan():
     from precision_nb.core.resolution import resolve_precision
 
     return resolve_precision("bf16", "cpu")
+
+
+def test_a_copy_at_the_address_of_a_freed_copy_is_another_copy():
+    # Autocast without its cache frees a weight copy after its op; the allocator may give the
+    # next copy the same address (it did, now and then, depending on the heap's history).
+    # Built here for certain: two storages over one buffer, the first gone before the second.
+    from precision_nb.engine.inspect.op_trace import OpTracer
+
+    weight = nn.Parameter(torch.randn(4, 4))
+    tracer = OpTracer({weight.untyped_storage().data_ptr()})
+    buffer = bytearray(4 * 4 * 2)
+    addresses = set()
+    for _ in range(2):
+        copy = torch.frombuffer(buffer, dtype=torch.bfloat16).view(4, 4)
+        addresses.add(copy.untyped_storage().data_ptr())
+        cast = torch.ops.aten._to_copy.default
+        tracer.record(cast, (weight.detach(),), {"dtype": torch.bfloat16}, copy)
+        assert tracer.copy_of(copy.untyped_storage()) == "parameter"
+        del copy
+    assert len(addresses) == 1  # one address, two storages
+    assert tracer.weight_copy_sizes() == [(torch.bfloat16, 32), (torch.bfloat16, 32)]
+    unrelated = torch.frombuffer(buffer, dtype=torch.float32)  # a later storage there
+    assert tracer.copy_of(unrelated.untyped_storage()) is None

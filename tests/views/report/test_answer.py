@@ -103,11 +103,12 @@ def test_one_answer_per_plan_with_memory_numerics_and_drift(plans):
     assert bf16.memory[0].startswith("+500 B against fp32 (6.84 KiB -> 7.32 KiB")
     assert "autocast weight copies (bf16): +1.95 KiB added" in bf16.memory
     assert "activations saved (bf16): -1.46 KiB saved" in bf16.memory
-    assert bf16.numerics[0].startswith("0.50% of non-zero gradient values flush to 0 in bf16")
+    assert bf16.numerics[0].startswith("0.5% of non-zero gradient values flush to 0 in bf16")
     assert bf16.numerics[1].startswith("skipped steps: none by design")
     assert bf16.drift == "final loss -0.0125 against fp32; parameters 1.400% apart (relative L2)"
     fp16 = by["fp16"]
-    assert fp16.numerics[0].startswith("0.20% of non-zero gradient values flush to 0 in fp16 x2^16")
+    assert fp16.numerics[0].startswith("0.2% of non-zero gradient values flush to 0 in fp16 x2^16")
+    assert "which ones a real fp16 step holds in fp16 was not traced" in fp16.numerics[0]
     assert fp16.numerics[1] == "skipped steps (overflow): 1 of 10 counted"
     assert fp16.memory == ("not inspected (the inspection of memory by kind was left out)",)
     assert fp16.drift == "not measured"
@@ -136,3 +137,27 @@ def test_hints_that_repeat_a_shown_verdict_are_left_out(plans):
     repeat = Hint("bf16", "payoff", VERDICT, "speedup_vs_fp32")
     other = Hint("all", "noise", "Step times varied widely", "step_time_iqr_s")
     assert other_hints([repeat, other], plans) == [other]
+
+
+def test_the_fp16_flush_count_follows_the_scale_window_s_rule(comparison):
+    # a transformer's norms and embeddings: autocast keeps their gradients in fp32, so the
+    # window leaves them out of its fp16 count; the answer card counts the same gradients
+    from precision_nb.engine.numerics.analysis import analyze
+    from precision_nb.views.report.hint import share_text
+
+    result = analyze("transformer", preset="tiny", formats=("fp16",), device="cpu")
+    rows = [r for r in result.gradients if r["variant"] == "fp16 x2^16" and r["status"] == "ok"]
+    held = [r for r in rows if r["fp16_run"] == "fp16"]
+    assert 0 < len(held) < len(rows)
+
+    def flushed(chosen):
+        return share_text(sum(r["underflow"] for r in chosen) / sum(r["live"] for r in chosen))
+
+    assert flushed(held) != flushed(rows)  # the rule changes the number
+    cards = answers(comparison, summary(comparison), numerics=SimpleNamespace(result=result))
+    (fp16,) = [a for a in cards if a.label == "fp16"]
+    assert fp16.numerics[0] == (
+        f"{flushed(held)} of non-zero gradient values flush to 0 in fp16 x2^16 (one batch, fp32 "
+        f"gradients cast; the {len(held)} of {len(rows)} gradient tensors a real fp16 step holds "
+        "in fp16)"
+    )

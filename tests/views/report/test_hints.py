@@ -273,7 +273,7 @@ def test_cpu_without_native_bf16_is_said_with_its_source(make_records):
     assert "cpu_features" not in _by_topic(hints(source))
 
 
-def _peak_source(make_records, *, device, source, tf32=None, cc=None):
+def _peak_source(make_records, *, device, source, tf32=None, cc=None, name=None, flops=None):
     records = {
         mode: [
             {**r, "mfu_peak_source": source}
@@ -281,10 +281,13 @@ def _peak_source(make_records, *, device, source, tf32=None, cc=None):
         ]
         for mode in ("fp32", "bf16")
     }
-    caps = Capabilities("a GPU", True, True, "supported", compute_capability=cc)
+    caps = Capabilities("a GPU", True, True, "supported", device_name=name, compute_capability=cc)
     explanation = SimpleNamespace(capabilities=caps)
+    workload = {"flops_by_class": flops} if flops else None
     return Comparison(
-        results={m: _result(r, explanation=explanation) for m, r in records.items()},
+        results={
+            m: _result(r, explanation=explanation, workload=workload) for m, r in records.items()
+        },
         peak_ratios={"bfloat16": PeakRatio(14.77, 14.77, 14.77, "datasheet")},
         figures={"fp32": {"tf32": tf32}} if tf32 is not None else {},
     )
@@ -302,25 +305,45 @@ def test_peak_ratio_is_an_estimate_labelled_with_its_source(make_records):
     assert "(measured peaks)" in peak.message and "TF32" not in peak.message
 
 
-def test_peak_estimate_on_cuda_names_the_tf32_baseline(make_records):
-    flags = {
-        "cuda_matmul_allow_tf32": False,
-        "float32_matmul_precision": "highest",
-        "cudnn_allow_tf32": True,
-    }
-    gpu = _peak_source(make_records, device="cuda:0", source="datasheet: a100", tf32=flags)
+#: torch 2.13's defaults: cuDNN convolutions as TF32, matmuls in full fp32.
+DEFAULT_TF32 = {"cudnn_conv_fp32_precision": "tf32", "cuda_matmul_fp32_precision": "ieee"}
+
+
+def test_the_tf32_note_follows_the_ops_that_ran_with_the_table_s_ratio(make_records):
+    a100, h100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+    cnn = {"convolution": 80, "matmul": 20}
+    gpu = _peak_source(
+        make_records, device="cuda:0", source="datasheet: a100", tf32=DEFAULT_TF32, name=a100,
+        flops=cnn,
+    )  # fmt: skip
     (peak,) = _by_topic(hints(gpu))["peak"]
-    assert "convolutions (torch.backends.cudnn.allow_tf32=True in this run)" in peak.message
-    assert "about 2x" in peak.message and "matmuls (" not in peak.message
-    off = {**flags, "cudnn_allow_tf32": False}
-    gpu = _peak_source(make_records, device="cuda:0", source="datasheet: a100", tf32=off)
+    assert "ran its convolutions (80% of its counted FLOPs) as TF32" in peak.message
+    assert "bf16 peak is 2.0x the TF32 peak (datasheet a100: 312 / 156 TFLOP/s)" in peak.message
+    mix = 100 / (80 / 156 + 20 / 19.5)  # TFLOP/s: each class at its own peak, by hand
+    assert f"over its whole FLOP mix ({mix:.1f} TFLOP/s) {312 / mix:.1f}x" in peak.message
+    # a transformer has no convolutions: with the default flags nothing ran as TF32, and the
+    # fp32 column's ratio (989.5 / 67 on an H100) is the one that holds
+    transformer = {"matmul": 90, "attention": 6, "other": 4}
+    gpu = _peak_source(
+        make_records, device="cuda:0", source="datasheet: h100 sxm", tf32=DEFAULT_TF32,
+        name=h100, flops=transformer,
+    )  # fmt: skip
     (peak,) = _by_topic(hints(gpu))["peak"]
-    assert "ran without TF32" in peak.message and "about 2x" not in peak.message
+    assert "TF32" not in peak.message and "14.77x the fp32 peak" in peak.message
+    high = {**DEFAULT_TF32, "cuda_matmul_fp32_precision": "tf32"}  # set_float32_matmul_precision
+    gpu = _peak_source(
+        make_records, device="cuda:0", source="datasheet: h100 sxm", tf32=high, name=h100,
+        flops=transformer,
+    )  # fmt: skip
+    (peak,) = _by_topic(hints(gpu))["peak"]
+    assert "ran its matmuls (90% of its counted FLOPs) as TF32" in peak.message
+    assert f"{989.5 / 494.7:.1f}x the TF32 peak" in peak.message
     turing = _peak_source(
-        make_records, device="cuda:0", source="datasheet: t4", tf32=flags, cc=(7, 5)
-    )
+        make_records, device="cuda:0", source="datasheet: t4", tf32=DEFAULT_TF32, cc=(7, 5),
+        name="Tesla T4", flops=cnn,
+    )  # fmt: skip
     (peak,) = _by_topic(hints(turing))["peak"]
-    assert "TF32" not in peak.message
+    assert "TF32" not in peak.message  # no TF32 before Ampere: the table has none for a T4
 
 
 def test_skips_are_said_to_come_from_inf_or_nan(make_records):
@@ -346,3 +369,32 @@ def test_fused_hint_says_what_plain_adamw_costs_once(make_records):
     )
     (hint,) = _by_topic(hints(comparison))["fused_adamw"]
     assert hint.message.count(PLAIN_ADAMW_COST) == 1
+
+
+def test_the_noise_hint_says_busy_only_when_the_measured_load_says_so(make_records):
+    from precision_nb.engine.load import Load, LoadSample
+    from precision_nb.engine.measure import MeasureConfig, Measurement
+
+    def comparison(others_cpu_s):
+        start = LoadSample(0.0, (0.5, 0.5, 0.5), 2, busy_s=0.0, steal_s=0.0, own_s=0.0)
+        end = LoadSample(10.0, (0.5, 0.5, 0.5), 2, busy_s=others_cpu_s, steal_s=0.0, own_s=0.0)
+        measurement = Measurement(MeasureConfig(), [1], load=Load(start, end))
+        return Comparison(
+            results={"fp32": _result(make_records("fp32", "fp32"))},
+            figures={"fp32": {"median_step_time_s": 1.0, "step_time_iqr_s": 0.5}},
+            measurement=measurement,
+        )
+
+    (quiet,) = _by_topic(hints(comparison(others_cpu_s=0.2)))["noise"]  # 1 % of 20 CPU-s
+    assert "busy" not in quiet.message.replace("not busy", "")
+    assert "the machine was not busy (other processes used 1%" in quiet.message
+    (busy,) = _by_topic(hints(comparison(others_cpu_s=10.0)))["noise"]  # 50 %
+    assert "the machine was busy while they were measured (other processes used 50%" in (
+        busy.message
+    )
+    unmeasured = Comparison(
+        results={"fp32": _result(make_records("fp32", "fp32"))},
+        figures={"fp32": {"median_step_time_s": 1.0, "step_time_iqr_s": 0.5}},
+    )
+    (plain,) = _by_topic(hints(unmeasured))["noise"]
+    assert "how busy the machine was is not measured here" in plain.message

@@ -61,7 +61,7 @@ def test_figures_and_html(analysed):
     for table in re.findall(r"<table>.*?</table>", html, flags=re.S):
         assert len(re.findall(r"<thead>.*?</thead>", table, flags=re.S)[0].split("<tr>")) == 2
     assert "<th>format</th><th>updated</th><th>lost</th><th>lost_fraction</th>" in html
-    assert "<th>tensor</th><th>format</th><th>median rel_error</th>" in html
+    assert "<th>tensor</th><th>format</th><th>recipe</th><th>median rel_error</th>" in html
     assert re.search(r"Safe fp16 loss scales: 2\^\d+ to 2\^\d+", html)
     with pytest.raises(ValueError, match="which: invalid value 'weights'"):
         analysed.heatmap("weights")

@@ -169,12 +169,38 @@ def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, meas
     ]
     if measured:
         columns.append(("warm-up", _warmup_cell))
+    columns += _true_columns(records, outcomes)
     wrap = []
     if col.ALSO_REQUESTED in present:
         wrap.append(len(columns))
         columns.append(("also requested as", lambda r: str(r.get(col.ALSO_REQUESTED) or "")))
     rows = [[cell(r) for _name, cell in columns] for r in records]
     return table_html([name for name, _cell_of in columns], rows, wrap)
+
+
+def _true_columns(
+    records: Sequence[Mapping[str, Any]], outcomes: Mapping[str, Any]
+) -> list[tuple[str, Any]]:
+    """A true plan's columns, read from its typed outcome (where any plan has them): its
+    parameter + gradient + optimizer-state bytes against the mixed plan of its dtype, and the
+    updates its weights rounded away at the last measured step."""
+    found = [outcomes.get(str(r.get("run"))) for r in records]
+    out: list[tuple[str, Any]] = []
+    if any(getattr(o, "saving", None) is not None for o in found):
+        out.append(("params+grads+optimizer bytes vs mixed", lambda r: _saving_cell(outcomes, r)))
+    if any(getattr(o, "lost_updates", None) is not None for o in found):
+        out.append(("updates rounded away (step)", lambda r: _lost_cell(outcomes, r)))
+    return out
+
+
+def _saving_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    saving = getattr(outcomes.get(str(row.get("run"))), "saving", None)
+    return "" if saving is None else f"{saving.ratio:.3f}x {saving.mixed}"
+
+
+def _lost_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    lost = getattr(outcomes.get(str(row.get("run"))), "lost_updates", None)
+    return "" if lost is None else f"{lost.updates_rounded_away:.1%} ({lost.step})"
 
 
 def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:

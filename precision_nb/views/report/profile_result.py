@@ -50,6 +50,8 @@ NOTEBOOK_COLUMNS = (
     "final_loss",
     col.PEAK_MIB,
 )
+#: A true plan's columns, shown in a notebook when a plan has them.
+NOTEBOOK_TRUE_COLUMNS = (col.STATE_RATIO, col.ROUNDED_AWAY)
 
 
 @dataclass
@@ -125,6 +127,9 @@ class Profile:
             parts.append(f"<p><b>{e(self.load_note)}</b></p>")
         parts.append(cards_html(plans))
         columns = [c for c in NOTEBOOK_COLUMNS if c in self.summary]
+        columns += [
+            c for c in NOTEBOOK_TRUE_COLUMNS if c in self.summary and self.summary[c].notna().any()
+        ]
         parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
         shown = other_hints(self.hints, plans)
         if shown:

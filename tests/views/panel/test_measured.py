@@ -148,3 +148,22 @@ def test_a_comparison_on_a_busy_machine_says_so_before_its_verdicts(monkeypatch)
     assert html.escape(note) in table
     assert table.index("pnb-load-note") < table.index("pnb-verdicts")
     panel.close()
+
+
+def test_a_true_plans_saving_and_lost_updates_reach_the_compare_tab_from_its_outcome() -> None:
+    panel = Panel(steps=4, log_every=2, compare_plans=("bf16", "bf16-true"), budget=1)
+    try:
+        panel.widgets.compare_button.click()
+        assert panel.wait(TIMEOUT)
+        assert panel.error is None, panel.error
+        panel.inspect()  # both plans inspected: the true plan's outcome gets its saving
+        outcome = panel.result.outcome("bf16-true")
+        saving, lost = outcome.saving, outcome.lost_updates
+        assert saving is not None and saving.mixed == "bf16" and saving.cast_ratio == 0.5
+        assert lost is not None and panel.result.outcome("bf16").saving is None
+        table = html.unescape(panel.widgets.results_html.value)
+        assert "params+grads+optimizer bytes vs mixed" in table
+        assert f"{saving.ratio:.3f}x bf16" in table
+        assert f"{lost.updates_rounded_away:.1%} ({lost.step})" in table
+    finally:
+        panel.close()

@@ -66,6 +66,25 @@ def test_binder_installs_the_remedies_extra_for_the_true_precision_notebook():
         assert reqs[want.name.lower()].specifier == want.specifier, want.name
 
 
+def _admitted(spec: SpecifierSet) -> set[str]:
+    """The versions of a grid (majors 0-3, minors 0-30) that spec admits: two specifiers spelled
+    differently (``==0.18.*``, ``>=0.18,<0.19``) admit the same set there."""
+    grid = [f"{a}.{b}.{c}" for a in range(4) for b in range(31) for c in (0, 1, 9)]
+    return {v for v in grid if Version(v) in spec}
+
+
+def test_binder_installs_the_blocks_extra_for_the_block_formats_section():
+    _, reqs = _binder_requirements()
+    for dep in _pyproject()["project"]["optional-dependencies"]["blocks"]:
+        want = Requirement(dep)
+        assert want.name.lower() in reqs, f"binder/requirements.txt lacks {want.name}"
+        have = _admitted(reqs[want.name.lower()].specifier)
+        assert have and have <= _admitted(want.specifier), (
+            f"{want.name}: binder has '{reqs[want.name.lower()].specifier}', "
+            f"the blocks extra allows '{want.specifier}'"
+        )
+
+
 def test_torch_is_the_cpu_build_of_the_version_the_setup_script_installs():
     options, reqs = _binder_requirements()
     assert any("download.pytorch.org/whl/cpu" in o for o in options), options

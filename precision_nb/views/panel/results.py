@@ -16,10 +16,10 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from precision_nb.core.text import confidence_text, fmt, speedup_text
+from precision_nb.core.text import number as as_number
 from precision_nb.views.report import tables as col
 from precision_nb.views.report.time_split import outcomes_html
-from precision_nb.views.text import confidence_text, speedup_text
-from precision_nb.views.text import number as as_number
 
 __all__ = [
     "COMPARE_LIVE_NOTE",
@@ -100,19 +100,6 @@ def _method_html(method: Mapping[str, Any] | None) -> str:
     )
 
 
-def _cell(value: Any) -> str:
-    if value is None or isinstance(value, str) and not value:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    number = as_number(value)
-    if number is None:
-        return "" if isinstance(value, float) else str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.2e}"
-
-
 def _ms(value: Any) -> str:
     number = as_number(value)
     return "" if number is None else f"{1000 * number:.3g}"
@@ -149,7 +136,7 @@ def table_html(
 def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, measured: bool) -> str:
     """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
     (the rest is under "All columns")."""
-    present = {k for r in records for k, v in r.items() if _cell(v)}
+    present = {k for r in records for k, v in r.items() if fmt(v)}
     allocator = allocator_kinds(records)
     rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
     columns: list[tuple[str, Any]] = [("plan", lambda r: str(r.get("run", "")))]
@@ -157,15 +144,15 @@ def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, meas
         columns.append((SPEEDUP_HEADER, lambda r: speedup_text(outcomes.get(str(r.get("run"))))))
     columns += [
         ("step ms, median (IQR)", _step_cell),
-        (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
+        (rate.replace("_per_s", "/s"), lambda r: fmt(_round(r.get(rate)))),
     ]
     if allocator:  # the device's allocator: the plan's own tensors (host RSS is not shown here)
         columns.append((f"peak MiB ({', '.join(allocator)})", _allocator_cell))
     columns += [
-        ("final loss", lambda r: _cell(r.get("final_loss"))),
-        ("Δ loss vs fp32", lambda r: _cell(r.get(col.LOSS_DIFF))),
-        ("weights rel. diff vs fp32", lambda r: _cell(r.get(col.PARAM_DIFF))),
-        ("skipped steps", lambda r: _cell(r.get(col.SKIPPED))),
+        ("final loss", lambda r: fmt(r.get("final_loss"))),
+        ("Δ loss vs fp32", lambda r: fmt(r.get(col.LOSS_DIFF))),
+        ("weights rel. diff vs fp32", lambda r: fmt(r.get(col.PARAM_DIFF))),
+        ("skipped steps", lambda r: fmt(r.get(col.SKIPPED))),
     ]
     if measured:
         columns.append(("warm-up", _warmup_cell))
@@ -213,7 +200,7 @@ def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
 def _allocator_cell(row: Mapping[str, Any]) -> str:
     if row.get("memory_kind") == HOST_RSS:
         return ""
-    return _cell(row.get(col.PEAK_MIB))
+    return fmt(row.get(col.PEAK_MIB))
 
 
 def _process_memory_note(records: Sequence[Mapping[str, Any]], *, charted: bool) -> str:

@@ -22,6 +22,7 @@ __all__ = [
     "half_width_text",
     "interval_text",
     "number",
+    "plus_minus_text",
     "ratio_text",
     "size_text",
     "speedup_text",
@@ -76,27 +77,34 @@ def size_text(nbytes: float, *, signed: bool = False) -> str:
     return f"{sign}{nbytes:.0f} B"
 
 
-def times_text(value: Any) -> str:
-    """``1.3071`` -> ``"1.31×"`` ("" without a finite value)."""
+def times_text(value: Any, spec: str = ".2f") -> str:
+    """``1.3071`` -> ``"1.31×"`` ("" without a finite value); ``spec``: the number's format
+    (``".3f"``, ``".2g"``...), the glyph is always :data:`TIMES`."""
     out = number(value)
-    return "" if out is None else f"{out:.2f}{TIMES}"
+    return "" if out is None else f"{out:{spec}}{TIMES}"
+
+
+def plus_minus_text(fraction: Any, spec: str = ".0f") -> str:
+    """A relative tolerance or half-width: ``0.05`` -> ``"±5 %"`` ("" without a finite value)."""
+    out = number(fraction)
+    return "" if out is None else f"±{out * 100:{spec}} %"
 
 
 def half_width_text(half_width: Any) -> str:
     """Half an interval's width as a fraction of its estimate: ``0.07`` -> ``"±7 %"``; "" from
     100 % on, where a symmetric "±" would misdescribe an interval on a ratio's log scale."""
     out = number(half_width)
-    return "" if out is None or out >= 1 else f"±{out * 100:.0f} %"
+    return "" if out is None or out >= 1 else plus_minus_text(out)
 
 
-def interval_text(low: Any, high: Any, estimate: Any = None) -> str:
+def interval_text(low: Any, high: Any, estimate: Any = None, spec: str = ".2f") -> str:
     """``"1.22–1.40"``, with the half-width relative to ``estimate`` when given:
-    ``"1.22–1.40, ±7 %"`` ("" when either end is missing)."""
+    ``"1.22–1.40, ±7 %"`` ("" when either end is missing); ``spec``: the ends' format."""
     lo, hi, centre = number(low), number(high), number(estimate)
     if lo is None or hi is None:
         return ""
     pm = half_width_text((hi - lo) / (2 * centre)) if centre else ""
-    return f"{lo:.2f}–{hi:.2f}" + (f", {pm}" if pm else "")
+    return f"{lo:{spec}}–{hi:{spec}}" + (f", {pm}" if pm else "")
 
 
 def ratio_text(estimate: Any, low: Any = None, high: Any = None) -> str:

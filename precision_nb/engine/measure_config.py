@@ -14,6 +14,7 @@ from typing import Any
 
 from precision_nb.core import validate
 from precision_nb.core.defaults import DEFAULT_ROUNDS, MAX_PROCESSES, MIN_PROCESSES
+from precision_nb.core.text import plus_minus_text
 
 __all__ = [
     "MAX_PROCESSES",
@@ -110,7 +111,9 @@ class MeasureConfig:
             return "one process"
         if self.processes is not None:
             return f"{self.processes} processes (this one and fresh ones), {budget}"
-        target = "no target" if self.target is None else f"a target of ±{self.target:.0%}"
+        target = (
+            "no target" if self.target is None else f"a target of {plus_minus_text(self.target)}"
+        )
         return (
             f"fresh processes added from {MIN_PROCESSES} on until {target} or {budget} "
             f"(at most {MAX_PROCESSES})"

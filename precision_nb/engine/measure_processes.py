@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from precision_nb.core.events import Event
+from precision_nb.core.text import plus_minus_text
 from precision_nb.engine import fork_server, shipping, stats
 from precision_nb.engine import load as machine_load
 from precision_nb.engine.callbacks import Callbacks
@@ -185,8 +186,8 @@ def _widest_words(widest: float) -> str:
     if not math.isfinite(widest):
         return "no interval yet"
     if widest >= 10:
-        return "largest half-width over ±1000 %"
-    return f"largest half-width ±{widest:.1%}"
+        return f"largest half-width over {plus_minus_text(10)}"
+    return f"largest half-width {plus_minus_text(widest, '.1f')}"
 
 
 def _target_reached(estimates: Mapping[str, np.ndarray], target: float) -> bool:
@@ -304,7 +305,8 @@ def _loop(
             m.sequential = True
             if _target_reached(estimates, cfg.target):
                 return (
-                    f"target: every interval within ±{cfg.target:.0%} after {n} processes ({shown})"
+                    f"target: every interval within {plus_minus_text(cfg.target)} after {n} "
+                    f"processes ({shown})"
                 )
         if n >= wanted:
             if adaptive:
@@ -319,7 +321,11 @@ def _loop(
                     f"{cfg.budget_s:g} s budget and no fresh process fit (one needs about "
                     f"{guess:.0f} s): the interval covers this process's rounds only"
                 )
-            target = f", target ±{cfg.target:.0%}" if adaptive and cfg.target is not None else ""
+            target = (
+                f", target {plus_minus_text(cfg.target)}"
+                if adaptive and cfg.target is not None
+                else ""
+            )
             return (
                 f"budget: {cfg.budget_s:g} s; another process (about {guess:.0f} s) did not fit "
                 f"after {elapsed:.0f} s, {n} processes measured ({shown}{target})"

@@ -197,7 +197,7 @@ def calibrate_cpu_peak(
         statistics.median(rates),
         f"measured: CPU {key} matmul, best of sizes {'/'.join(map(str, CALIBRATION_SIZES))} "
         f"(best {best_n}), median of {len(rates)} torch.utils.benchmark blocked_autorange "
-        f"medians (range {rates[0] / 1e9:.1f}-{rates[-1] / 1e9:.1f} GFLOP/s), "
+        f"medians (range {interval_text(rates[0] / 1e9, rates[-1] / 1e9, spec='.1f')} GFLOP/s), "
         f"{torch.get_num_threads()} threads",
         rates[0],
         rates[-1],

@@ -67,7 +67,7 @@ def test_peak_ratios_carry_the_range_of_the_calibration_repeats(monkeypatch):
     monkeypatch.setattr(metrics, "peak_flops", lambda device, dtype, calibrate=True: peaks[dtype])
     got = metrics.peak_ratios(torch.device("cpu"), (torch.bfloat16,))["bfloat16"]
     assert (got.ratio, got.low, got.high) == pytest.approx((2.5, 20 / 11, 30 / 8))
-    assert "range 1.82-3.75x" in str(got) and "5+ calibration repeats" in str(got)
+    assert "2.50×, range 1.82–3.75" in str(got) and "5+ calibration repeats" in str(got)
 
 
 def test_a_measured_peak_is_the_median_of_its_repeats_with_their_range(monkeypatch):

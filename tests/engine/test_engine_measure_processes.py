@@ -56,7 +56,7 @@ def test_fresh_processes_are_added_until_the_target(monkeypatch):
     cfg = MeasureConfig(rounds=4, warmup_max=0, processes=None, target=0.05, budget_s=None)
     m, sessions, failures = _measure(monkeypatch, workers, cfg)
     assert m.process_count == stats.MIN_PROCESSES and workers.calls == 2
-    assert m.stopped_by.startswith("target: every interval within ±5% after 3 processes")
+    assert m.stopped_by.startswith("target: every interval within ±5 % after 3 processes")
     assert m.sequential and set(sessions) == {"fp32", "bf16"} and not failures
     s = m.speedup("bf16", "fp32")
     assert s.level == "processes" and s.processes == 3 and s.low > 1
@@ -96,7 +96,7 @@ def test_a_target_out_of_reach_stops_at_the_budget_and_says_so(monkeypatch):
     m, _, _ = _measure(monkeypatch, fifteen_seconds_each, cfg)
     assert m.process_count == 5 and workers.calls == 4  # 4 x 15 s fill the 60 s
     assert m.stopped_by.startswith("budget: 60 s; another process (about 15 s) did not fit")
-    assert "5 processes measured" in m.stopped_by and "target ±5%" in m.stopped_by
+    assert "5 processes measured" in m.stopped_by and "target ±5 %" in m.stopped_by
     assert m.sequential  # looks were taken from the third process on: 97.5 % per look
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.text import times_text
 from precision_nb.engine.numerics.block_stats import (
     block_stats_many,
     estimate,
@@ -70,8 +71,9 @@ KEEP_RULE = (
     "(torchtitan's float8 and MX converters leave the final projection 'output' out by default; "
     "DeepSeek-V3's FP8 training keeps the embedding and output head in higher precision; "
     "NVIDIA's NVFP4 pretraining recipe keeps the first and last blocks' linear layers in BF16); "
-    f"(2) a layer whose worst relative error over its casts exceeds {KEEP_FACTOR:g}x the "
-    "model's median for that format; (3) a layer whose K or N breaks the format's shape rule "
+    "(2) a layer whose worst relative error over its casts exceeds "
+    f"{times_text(KEEP_FACTOR, 'g')} the model's median for that format; (3) a layer whose K or N "
+    "breaks the format's shape rule "
     "(unless it is padded)"
 )
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from precision_nb.core.text import TIMES, interval_text, times_text
 from precision_nb.engine.time_split.profiling import TimeSplit
 from precision_nb.engine.time_split.reconcile import PlanDifference, ms
 
@@ -92,7 +93,7 @@ def _outside(split: TimeSplit) -> Advice | None:
         "outside_ops",
         f"for {share:.0%} of the profiled step ({ms(split.families['other'])}) {where} "
         "(Python, dispatch, launches): precision changes the ops, not this part, so no "
-        f"precision can make this step more than {1 / share:.2g}× faster; {fix}.",
+        f"precision can make this step more than {times_text(1 / share, '.2g')} faster; {fix}.",
         {"share": share, "seconds": split.families["other"], "bound": 1 / share},
     )
 
@@ -146,7 +147,11 @@ def _emulated(split: TimeSplit, diff: PlanDifference | None, why: str | None) ->
     c = diff.change("matmul") if diff is not None else None
     if why is None or c is None:
         return None
-    there = f"{c.times_faster:.2g}× the baseline's speed there" if c.times_faster else "no ratio"
+    there = (
+        f"{times_text(c.times_faster, '.2g')} the baseline's speed there"
+        if c.times_faster
+        else "no ratio"
+    )
     return Advice(
         split.label,
         "emulated_bf16",
@@ -168,9 +173,10 @@ def _optimizer(split: TimeSplit, fused: bool | None, adamw: Any) -> Advice | Non
         split.label,
         "optimizer",
         f"the optimizer step is {share:.0%} of the profiled step ({spent}) "
-        f"with plain AdamW; fused AdamW measured {adamw.ratio:.2g}× faster per step on this "
-        f"model's parameters (quartiles of the rounds {adamw.ratio_low:.2g}–"
-        f"{adamw.ratio_high:.2g}×: {ms(adamw.plain_s)} against {ms(adamw.fused_s)}): "
+        f"with plain AdamW; fused AdamW measured {times_text(adamw.ratio, '.2g')} faster per step "
+        "on this model's parameters (quartiles of the rounds "
+        f"{interval_text(adamw.ratio_low, adamw.ratio_high, spec='.2g')}{TIMES}: "
+        f"{ms(adamw.plain_s)} against {ms(adamw.fused_s)}): "
         "pass fused=True.",
         {"share": share, "seconds": split.families["optimizer"], "plain_s": adamw.plain_s,
          "fused_s": adamw.fused_s, "ratio": adamw.ratio},

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.text import interval_text, plus_minus_text, times_text
 from precision_nb.engine.time_split.families import FAMILIES
 from precision_nb.engine.time_split.profiling import TimeSplit
 
@@ -58,7 +59,7 @@ def ms(seconds: float) -> str:
 
 def times(ratio: float) -> str:
     """A ratio as ``2.6×``, ``14×`` or ``470×`` (never in scientific notation)."""
-    return f"{ratio:.2g}×" if ratio < 10 else f"{ratio:.0f}×"
+    return times_text(ratio, ".2g" if ratio < 10 else ".0f")
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,10 @@ def sentence(
     if not parts:
         parts.append(f"moved no family by {NOTABLE:.0%} of the step or more")
     overall = "faster" if speedup > 1 else "slower" if speedup < 1 else "the same"
-    return f"{label} {_join(parts)}: {speedup:.3g}× overall in the profiled steps ({overall})."
+    return (
+        f"{label} {_join(parts)}: {times_text(speedup, '.3g')} overall in the profiled steps "
+        f"({overall})."
+    )
 
 
 def _gain(c: FamilyChange) -> str:
@@ -205,15 +209,18 @@ def _reconcile(
     high: float | None,
     tol: float,
 ) -> tuple[bool | None, str]:
-    head = f"reconstructed from the families: {got:.3f}×"
+    head = f"reconstructed from the families: {times_text(got, '.3f')}"
     if est is None or not math.isfinite(got):
         return None, f"{head}; no calibrated speedup to hold it against"
     if low is not None and high is not None:
         lo, hi = low / (1 + tol), high * (1 + tol)
-        against = f"the calibrated {est:.3f}× [{low:.3f}, {high:.3f}] widened by ±{tol:.0%}"
+        against = (
+            f"the calibrated {times_text(est, '.3f')} ({interval_text(low, high, spec='.3f')}) "
+            f"widened by {plus_minus_text(tol)}"
+        )
     else:
         lo, hi = est / (1 + tol), est * (1 + tol)
-        against = f"the calibrated {est:.3f}× (no interval) ±{tol:.0%}"
+        against = f"the calibrated {times_text(est, '.3f')} (no interval) {plus_minus_text(tol)}"
     if lo <= got <= hi:
         return True, f"{head}, within {against}"
     over = [

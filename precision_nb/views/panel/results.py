@@ -16,7 +16,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from precision_nb.core.text import confidence_text, fmt, speedup_text
+from precision_nb.core.text import confidence_text, fmt, speedup_text, times_text
 from precision_nb.core.text import number as as_number
 from precision_nb.views.report import tables as col
 from precision_nb.views.report.time_split import outcomes_html
@@ -182,7 +182,7 @@ def _true_columns(
 
 def _saving_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:
     saving = getattr(outcomes.get(str(row.get("run"))), "saving", None)
-    return "" if saving is None else f"{saving.ratio:.3f}x {saving.mixed}"
+    return "" if saving is None else f"{times_text(saving.ratio, '.3f')} {saving.mixed}"
 
 
 def _lost_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.text import times_text
 from precision_nb.engine.comparison import Comparison, PlanOutcome
 from precision_nb.engine.numerics.fp16_run import counted_in_fp16
 from precision_nb.engine.true_figures import LostUpdates, TrueSaving
@@ -175,11 +176,12 @@ def _saving_lines(saving: TrueSaving | None) -> tuple[str, ...]:
         return ()
     line = (
         f"against {saving.mixed} (mixed): parameters, gradients and optimizer state "
-        f"{size_text(saving.before)} -> {size_text(saving.after)} ({saving.ratio:.3f}x)"
+        f"{size_text(saving.before)} -> {size_text(saving.after)} "
+        f"({times_text(saving.ratio, '.3f')})"
     )
     if saving.kept:
         line += (
-            f"; the tensors held in {saving.dtype} {saving.cast_ratio:.3f}x, with "
+            f"; the tensors held in {saving.dtype} {times_text(saving.cast_ratio, '.3f')}, with "
             f"{size_text(saving.kept)} kept outside {saving.dtype} (the optimizer's step counters)"
         )
     lines = [line]

@@ -14,7 +14,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from precision_nb.engine.numerics.block_stats import SAMPLE_ELEMENTS
+from precision_nb.core.text import confidence_text
+from precision_nb.engine.numerics.block_stats import SAMPLE_CONFIDENCE, SAMPLE_ELEMENTS
 from precision_nb.engine.numerics.blocks import BLOCK_FORMATS, MX_SCALE_MODE, MX_SCALE_MODES
 from precision_nb.engine.numerics.gemm_shapes import family_of
 from precision_nb.engine.numerics.hardware import (
@@ -39,8 +40,8 @@ METHOD = (
     "in fp32 during one fp32 step on a copy of the model; the GEMM outputs, the weight gradient "
     "among them, stay in high precision. MX block scales are rounded "
     f"{MX_SCALE_MODE.upper()} ({MX_SCALE_MODES[MX_SCALE_MODE][1]}). Operands larger than "
-    f"{SAMPLE_ELEMENTS:,} elements are cast on a sample of whole rows: their values carry 95 % "
-    "intervals. Nothing trains in these formats here."
+    f"{SAMPLE_ELEMENTS:,} elements are cast on a sample of whole rows: their values carry "
+    f"{confidence_text(SAMPLE_CONFIDENCE)} intervals. Nothing trains in these formats here."
 )
 
 
@@ -206,7 +207,7 @@ def blocks_html(result: Any, heading: str = "h4") -> str:
     worst_cols = ["layer", "cast", "format", "rel_error_text", "bf16_rel_error",
                   "fp8_rel_error", "underflow_text", "saturated_text"]  # fmt: skip
     worst_headers = {
-        "rel_error_text": "rel. error (95 % interval)",
+        "rel_error_text": f"rel. error ({confidence_text(SAMPLE_CONFIDENCE)} interval)",
         "underflow_text": "underflow",
         "saturated_text": "saturated",
     }

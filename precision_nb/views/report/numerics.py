@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from precision_nb.core.text import times_text
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
 from precision_nb.engine.numerics.hardware import ASSUMPTIONS
@@ -296,7 +297,8 @@ def _blocks_lines(result: NumericsResult) -> list[str]:
     for row in summary_rows(result):
         lines.append(
             f"{row['format']}: median relative error {fmt(row['median_rel_error'])} "
-            f"({fmt(row['median_vs_bf16'])}x bf16's, {fmt(row['median_vs_fp8'])}x per-tensor "
+            f"({times_text(row['median_vs_bf16'], '.4g')} bf16's, "
+            f"{times_text(row['median_vs_fp8'], '.4g')} per-tensor "
             f"{row['fp8_reference']}'s); {row['kept_in_bf16']} layer(s) kept in bf16; "
             f"{fmt(row['low_precision_flop_share'])} of the GEMM FLOPs stay in the format"
         )

@@ -165,7 +165,7 @@ def test_a_true_plans_saving_and_lost_updates_reach_the_compare_tab_from_its_out
         assert lost is not None and panel.result.outcome("bf16").saving is None
         table = html.unescape(panel.widgets.results_html.value)
         assert "params+grads+optimizer bytes vs mixed" in table
-        assert f"{saving.ratio:.3f}x bf16" in table
+        assert f"{saving.ratio:.3f}× bf16" in table
         assert f"{lost.updates_rounded_away:.1%} ({lost.step})" in table
     finally:
         panel.close()

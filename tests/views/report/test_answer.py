@@ -157,7 +157,7 @@ def test_a_true_plan_card_says_its_saving_against_the_mixed_plan_and_its_lost_up
     card = by["bf16-true"]
     assert "against bf16 (mixed): parameters, gradients and optimizer state" in card.memory[-2]
     assert (
-        f"({8024 / 16024:.3f}x); the tensors held in bf16 0.500x, with 24 B kept"
+        f"({8024 / 16024:.3f}×); the tensors held in bf16 0.500×, with 24 B kept"
         in (card.memory[-2])
     )
     assert card.memory[-1] == "Kahan compensation buffers (bf16): 1.95 KiB more"

@@ -22,6 +22,7 @@ __all__ = [
     "half_width_text",
     "interval_text",
     "number",
+    "percent_text",
     "plus_minus_text",
     "ratio_text",
     "size_text",
@@ -88,6 +89,13 @@ def plus_minus_text(fraction: Any, spec: str = ".0f") -> str:
     """A relative tolerance or half-width: ``0.05`` -> ``"±5 %"`` ("" without a finite value)."""
     out = number(fraction)
     return "" if out is None else f"±{out * 100:{spec}} %"
+
+
+def percent_text(fraction: Any) -> str:
+    """A share as a percentage to 2 significant digits: ``0.001`` -> ``"0.1 %"`` ("" without a
+    finite value)."""
+    out = number(fraction)
+    return "" if out is None else f"{out * 100:.2g} %"
 
 
 def half_width_text(half_width: Any) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from precision_nb.core.text import percent_text
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.formats import (
     FORMATS,
@@ -262,7 +263,10 @@ def window(rows: Sequence[Mapping[str, Any]], threshold: float) -> dict[str, Any
     elif first["overflow_elements"]:
         info["reason"] = f"gradients overflow fp16 already at scale 2^{first['log2_scale']}"
     elif not inside and (last["underflow_fraction"] or 0) > threshold:
-        info["reason"] = f"underflow stays above {threshold:.2g} up to scale 2^{last['log2_scale']}"
+        info["reason"] = (
+            f"underflow stays above {percent_text(threshold)} of the non-zero gradients up to "
+            f"scale 2^{last['log2_scale']}"
+        )
     elif not inside:
         info["reason"] = "every scale with little enough underflow also overflows"
     else:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from precision_nb.core.text import times_text
+from precision_nb.core.text import percent_text, times_text
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS, NumericsResult, analyze
 from precision_nb.engine.numerics.hardware import ASSUMPTIONS
@@ -222,7 +222,7 @@ class Numerics:
         else:
             text = (
                 f"Safe fp16 loss scales: 2^{w['lo']} to 2^{w['hi']} (at most "
-                f"{w['threshold'] * 100:.2g} % of the non-zero gradients flush to 0, nothing "
+                f"{percent_text(w['threshold'])} of the non-zero gradients flush to 0, nothing "
                 "overflows)."
             )
             text += _subnormal_text(w)

@@ -101,6 +101,12 @@ def test_sweep_rows_and_window():
     assert "lo_subnormal_fraction" not in empty
     high = window(sweep_rows(_total(p, 1000), _total(a, 0), threshold=0.001), 0.001)
     assert high["lo"] == 10  # a stricter threshold moves the lower edge up
+    # underflow above the threshold at every scale: the reason gives the threshold as the
+    # window's text does (0.1 %), never as the bare fraction (0.001)
+    flat = [[100, 0, 0] for _ in SCALE_EXPONENTS]
+    never = window(sweep_rows(_total(flat, 1000), _total(a, 0), threshold=0.001), 0.001)
+    assert never["lo"] is None and "underflow stays above 0.1 % of the non-zero" in never["reason"]
+    assert "0.001" not in never["reason"]
 
 
 def test_sweep_rows_count_the_window_over_their_groups_and_show_every_gradient_apart():

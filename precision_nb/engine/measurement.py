@@ -155,7 +155,7 @@ class Measurement:
             "speedup": (
                 stats.process_method(self.process_count, stats.CONFIDENCE, self.sequential)
                 if self.processes
-                else stats.round_method(len(self.sizes))
+                else stats.round_method(len(self.sizes), stats.CONFIDENCE, self.stopped_by)
             ),
         }
         if self.stopped_by:

@@ -224,13 +224,19 @@ class Speedup:
         return (self.high - self.low) / (2 * self.estimate)
 
 
-def round_method(rounds: int, confidence: float = CONFIDENCE) -> str:
-    """The single-process method in words."""
+def round_method(rounds: int, confidence: float = CONFIDENCE, stopped_by: str = "") -> str:
+    """The single-process (or single-launch) method in words."""
+    one, unit = (
+        ("one torchrun launch", "launch")
+        if stopped_by == ONE_LAUNCH
+        else ("one process", "process")
+    )
     return (
         f"Hodges-Lehmann estimate of {rounds} paired per-round log ratios (baseline block median "
-        f"/ plan block median) in one process; exact Wilcoxon signed-rank {confidence:.0%} "
-        f"interval (distribution-free; needs at least {MIN_ROUNDS} rounds); it covers the rounds "
-        "of this process, not the variation from one process to the next"
+        f"/ plan block median) in {one}; exact Wilcoxon signed-rank "
+        f"{confidence_text(confidence)} interval (distribution-free; needs at least {MIN_ROUNDS} "
+        f"rounds); it covers the rounds of this {unit}, not the variation from one {unit} to the "
+        "next"
     )
 
 
@@ -269,7 +275,7 @@ def paired_speedup(
         len(d),
         ratios,
         confidence,
-        round_method(len(d), confidence),
+        round_method(len(d), confidence, stopped_by),
         stopped_by=stopped_by,
     )
 
@@ -354,6 +360,11 @@ class Verdict:
         return f"{self.text} {self.advice}".strip()
 
 
+def _one(s: Speedup) -> str:
+    """Where a measurement without processes ran: one torchrun launch or one process."""
+    return "one torchrun launch" if s.stopped_by == ONE_LAUNCH else "one process"
+
+
 def _scope(s: Speedup) -> str:
     if s.level == "processes":
         return f"over {s.processes} processes, {s.rounds} paired rounds in all"
@@ -417,7 +428,7 @@ def verdict(
         raw = ", ".join(f"{r:.2f}" for r in s.ratios)
         return Verdict(
             "too_few",
-            f"{label} vs {baseline}: {s.rounds} round(s) in one process are too few for a {pct} "
+            f"{label} vs {baseline}: {s.rounds} round(s) in {_one(s)} are too few for a {pct} "
             f"interval (at least {MIN_ROUNDS} are needed); per-round speed ratios: {raw}.{tail}",
             f"Run at least {MIN_ROUNDS} rounds, or use {_processes_advice(s)}.",
             **common,

@@ -215,5 +215,9 @@ def test_the_advice_follows_what_happened_to_the_measurement(stopped_by, said, n
         "bf16", stats.paired_speedup([[1.0]] * 2, [[1.0]] * 2, stopped_by=stopped_by)
     )
     assert few.kind == "too_few" and said in few.advice
-    if stopped_by == stats.ONE_LAUNCH:
+    if stopped_by == stats.ONE_LAUNCH:  # what was measured: one launch, not "one process"
         assert "8 rounds in one torchrun launch" in v.text and "one process" not in v.text
+        assert "2 round(s) in one torchrun launch" in few.text and "one process" not in few.text
+        assert "in one torchrun launch" in s.method and "process" not in s.method
+    else:
+        assert "in one process" in few.text and "in one process" in s.method

@@ -35,8 +35,8 @@ TIMES = "×"
 
 
 def confidence_text(confidence: float = CONFIDENCE) -> str:
-    """``0.95`` -> ``"95 %"``."""
-    return f"{confidence:.0%}".replace("%", " %")
+    """``0.95`` -> ``"95 %"``, ``0.975`` -> ``"97.5 %"``."""
+    return f"{round(confidence * 100, 4):g} %"
 
 
 def number(value: Any) -> float | None:

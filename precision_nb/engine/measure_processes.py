@@ -315,11 +315,14 @@ def _loop(
         elapsed = time.perf_counter() - ctx.t0
         guess = float(np.mean(durations)) if durations else _first_guess(m)
         if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
+            # processes=N cut short by the budget: said with both numbers, never silently
+            asked = "" if adaptive else f" of the {wanted} processes asked"
             if n == 1:
                 return (
                     f"budget: this process's measurement took {elapsed:.0f} s of the "
                     f"{cfg.budget_s:g} s budget and no fresh process fit (one needs about "
-                    f"{guess:.0f} s): the interval covers this process's rounds only"
+                    f"{guess:.0f} s): 1{asked or ' process'} measured, so the interval covers "
+                    "this process's rounds only"
                 )
             target = (
                 f", target {plus_minus_text(cfg.target)}"
@@ -328,7 +331,7 @@ def _loop(
             )
             return (
                 f"budget: {cfg.budget_s:g} s; another process (about {guess:.0f} s) did not fit "
-                f"after {elapsed:.0f} s, {n} processes measured ({shown}{target})"
+                f"after {elapsed:.0f} s, {n}{asked or ' processes'} measured ({shown}{target})"
             )
         if stop is not None and stop.is_set():
             m.stopped = True

@@ -250,8 +250,8 @@ def process_method(processes: int, confidence: float, sequential: bool) -> str:
     if sequential:
         text += (
             f"; the number of processes was chosen by a precision target, so each look used a "
-            f"{LOOK_CONFIDENCE:.1%} t quantile, which keeps the coverage of the whole procedure "
-            f"at {confidence:.0%} or more"
+            f"{confidence_text(LOOK_CONFIDENCE)} t quantile, which keeps the coverage of the "
+            f"whole procedure at {confidence_text(confidence)} or more"
         )
     return text
 
@@ -430,7 +430,7 @@ def verdict(
             "too_few",
             f"{label} vs {baseline}: {s.rounds} round(s) in {_one(s)} are too few for a {pct} "
             f"interval (at least {MIN_ROUNDS} are needed); per-round speed ratios: {raw}.{tail}",
-            f"Run at least {MIN_ROUNDS} rounds, or use {_processes_advice(s)}.",
+            f"What would give one: at least {MIN_ROUNDS} rounds or {_processes_advice(s)}.",
             **common,
         )
     assert s.low is not None and s.high is not None

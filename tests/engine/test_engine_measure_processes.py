@@ -60,7 +60,7 @@ def test_fresh_processes_are_added_until_the_target(monkeypatch):
     assert m.sequential and set(sessions) == {"fp32", "bf16"} and not failures
     s = m.speedup("bf16", "fp32")
     assert s.level == "processes" and s.processes == 3 and s.low > 1
-    assert "97.5% t quantile" in s.method
+    assert "97.5 % t quantile" in s.method
     assert m.load is not None and any(
         "machine load" in e.message or e.kind == "warning" for e in m.events
     )
@@ -98,6 +98,23 @@ def test_a_target_out_of_reach_stops_at_the_budget_and_says_so(monkeypatch):
     assert m.stopped_by.startswith("budget: 60 s; another process (about 15 s) did not fit")
     assert "5 processes measured" in m.stopped_by and "target ±5 %" in m.stopped_by
     assert m.sequential  # looks were taken from the third process on: 97.5 % per look
+
+
+def test_processes_asked_for_but_cut_by_a_budget_say_both_numbers(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(MP, "time", clock)
+    monkeypatch.setattr(MP, "STARTUP_GUESS_S", 0.0)
+    workers = Workers([1.25, 1.35, 1.3], seconds=15.0)
+
+    def fifteen_seconds_each(*args):
+        clock.now += 15.0
+        return workers(*args)
+
+    cfg = MeasureConfig(rounds=4, warmup_max=0, processes=8, budget_s=40.0)
+    m, _, _ = _measure(monkeypatch, fifteen_seconds_each, cfg)
+    assert m.process_count == 3  # 2 x 15 s fit the 40 s; a third fresh one would not
+    assert "3 of the 8 processes asked measured" in m.stopped_by
+    assert m.method()["measurement stopped by"] == m.stopped_by
 
 
 def test_a_fixed_number_of_processes_is_measured_at_95_percent(monkeypatch):

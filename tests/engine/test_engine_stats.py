@@ -113,7 +113,7 @@ def test_process_speedup_is_over_the_processes_estimates():
     half = 4.3027 * np.std(m, ddof=1) / math.sqrt(3)
     assert math.log(s.low) == pytest.approx(m.mean() - half, abs=1e-4)
     seq = stats.process_speedup(per, sequential=True)  # each look at 97.5 %: wider
-    assert seq.low < s.low and "97.5% t quantile" in seq.method
+    assert seq.low < s.low and "97.5 % t quantile" in seq.method
 
 
 def test_process_speedup_with_one_usable_process_is_the_rounds_interval():

@@ -13,6 +13,7 @@ applies. Imports the standard library only; the scripts import the frameworks.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 
 from precision_nb.core.code_spec import (
@@ -23,6 +24,9 @@ from precision_nb.core.code_spec import (
     header,
     tf32_note,
 )
+
+#: The longest comment line a written script holds.
+COMMENT_WIDTH = 96
 
 __all__ = [
     "WRITERS",
@@ -35,13 +39,15 @@ __all__ = [
 
 
 def _lab_not_carried(setting: str, who: str) -> list[str]:
-    """Why the CPU loss-scale lab becomes fp32 in a framework that runs AMP through Accelerate."""
-    return [
-        "# The plan is the loss-scale lab (fp16 autocast with a CPU GradScaler), which does not",
-        f"# carry over: on a CPU, {who} applies neither fp16 autocast nor a GradScaler, so",
-        f"# {setting} would train fp32 anyway. This trains fp32; to watch loss scaling on a CPU,",
-        "# use the plain PyTorch version of this plan.",
-    ]
+    """Why the CPU loss-scale lab becomes fp32 in a framework that runs AMP through Accelerate
+    (comment lines folded at :data:`COMMENT_WIDTH`, whatever the framework's name)."""
+    text = (
+        "The plan is the loss-scale lab (fp16 autocast with a CPU GradScaler), which does not "
+        f"carry over: on a CPU, {who} applies neither fp16 autocast nor a GradScaler, so "
+        f"{setting} would train fp32 anyway. This trains fp32; to watch loss scaling on a CPU, "
+        "use the plain PyTorch version of this plan."
+    )
+    return textwrap.wrap(text, COMMENT_WIDTH, initial_indent="# ", subsequent_indent="# ")
 
 
 def _index(spec: CodeSpec) -> int | None:

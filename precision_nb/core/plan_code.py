@@ -70,7 +70,8 @@ def _pytorch(spec: CodeSpec) -> str:
         lines += [
             f"# {spec.label}: the model's floating-point parameters and buffers in {true}",
             "# (integer buffers stay), so gradients and AdamW state are too; no autocast.",
-            f"model = {STAND_IN_MODEL}.to(device, dtype={true})",
+            f"model = {STAND_IN_MODEL}",
+            f"model = model.to(device, dtype={true})",
         ]
     else:
         lines.append(f"model = {STAND_IN_MODEL}.to(device)")

@@ -178,3 +178,16 @@ def test_pnb_plan_resolves_like_explain_precision() -> None:
 def test_pnb_plan_refuses_bad_input_by_name(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         pnb.plan(**kwargs)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(
+    ("mode", "simulate", "lab"),
+    [("fp16", None, True), ("bf16-true", None, False), ("fp16", "cuda-bf16", False)],
+)
+def test_every_written_line_fits_100_characters(framework, mode, simulate, lab):
+    """The loss-scale lab's note, a true plan's cast and the rest fold at 100 characters, in
+    every framework (the frameworks' names differ in length, so each is checked)."""
+    code = pnb.plan(mode, simulate=simulate, loss_scale_lab=lab).code(framework)
+    long = [line for line in code.splitlines() if len(line) > 100]
+    assert not long, long

@@ -1,6 +1,8 @@
-"""Torch's noise kept out of the user's output and recorded: :func:`captured` sends what a block
-of code warns or logs (also through handlers that hold the real stderr, such as torch's own)
-and, optionally, prints into a list of notes that the caller keeps and shows where it belongs.
+"""Torch's noise kept out of the user's output: :func:`captured` sends what a block of code warns
+or logs (also through handlers that hold the real stderr, such as torch's own) and, optionally,
+prints into a list of notes that the caller keeps and shows where it belongs;
+:func:`profiler_ranges_unsaid` drops one dynamo log line only, the one that says it leaves a
+profiler range (the optimizer step's own, a profiled step's mark) out of the graph it traces.
 """
 
 from __future__ import annotations
@@ -8,11 +10,18 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 
-__all__ = ["captured"]
+__all__ = ["PROFILER_RANGE", "captured", "profiler_ranges_unsaid"]
+
+#: Dynamo's words when it traces past a profiler range (``torch.autograd.profiler.
+#: record_function``): the range is left out of the graph; nothing the toolkit measures changes.
+PROFILER_RANGE = re.compile(r"Profiler (record )?function .* will be ignored")
+#: The loggers dynamo says it through.
+_DYNAMO_LOGGERS = ("torch._dynamo.variables.torch", "torch._dynamo.variables.ctx_manager")
 
 
 class _Divert(logging.Filter):
@@ -62,3 +71,23 @@ def captured(notes: list[str], *, printed: bool = True) -> Iterator[None]:
             h.removeFilter(divert)
         notes += [f"{w.category.__name__}: {w.message}" for w in caught] + divert.records
         notes += [line for line in text.getvalue().splitlines() if line.strip()]
+
+
+class _NoProfilerRange(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not PROFILER_RANGE.match(record.getMessage())
+
+
+@contextlib.contextmanager
+def profiler_ranges_unsaid() -> Iterator[None]:
+    """Within the block, dynamo's :data:`PROFILER_RANGE` line is dropped; every other warning
+    and log line of dynamo reaches the user as before."""
+    drop = _NoProfilerRange()
+    loggers = [logging.getLogger(name) for name in _DYNAMO_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)

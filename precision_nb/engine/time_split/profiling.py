@@ -34,6 +34,7 @@ from precision_nb.core import validate
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.inspect.autocast_probe import cpp_output_to_debug_log
+from precision_nb.engine.quiet import profiler_ranges_unsaid
 from precision_nb.engine.session import FitSession
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK, StepSplit, steps_of
 
@@ -276,7 +277,8 @@ def _profiled(
         prof.start()
     session.timer.marker = lambda: _mark(device)
     try:
-        session.advance(n)
+        with profiler_ranges_unsaid():  # a compiled plan traced inside a step mark
+            session.advance(n)
     finally:
         session.timer.marker = None
         with cpp_output_to_debug_log("stopping torch.profiler"):

@@ -428,5 +428,5 @@ def _print_outcome(output: Any) -> None:
     ]
     print(table[columns].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     for hint in other_hints(output.hints, plans):
-        print(f"hint: {cli_text(str(hint))}")
+        print(f"hint: {cli_text(hint.text(output.out_dir))}")
     print(f"wrote {len(output.files)} files into {output.out_dir}/ (open report.html)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,10 @@ __all__ = [
 ]
 
 
+#: How the name of a report folder's file ends (a hint's figure that is a file).
+_FILE_ENDINGS = (".png", ".csv", ".html", ".json", ".txt")
+
+
 @dataclass(frozen=True)
 class Hint:
     """One observation: which run (or ``"all"``), the topic, the message, the measurement used."""
@@ -37,8 +42,26 @@ class Hint:
     #: What to try next, drawn from this measurement ("" when nothing follows from it).
     next_step: str = ""
 
+    @property
+    def in_file(self) -> bool:
+        """True when :attr:`figure` names a file of the report folder (a PNG, a CSV...)."""
+        return self.figure.endswith(_FILE_ENDINGS)
+
+    def source(self, report: str | Path | None = None) -> str:
+        """``"(from: MEASUREMENT; see FIGURE)"``: a file of the report folder is cited in
+        ``report`` (the folder's path) only; without a report folder, no file is cited."""
+        if not self.in_file:
+            return f"(from: {self.measurement}; see {self.figure})"
+        if report is None:
+            return f"(from: {self.measurement})"
+        return f"(from: {self.measurement}; see {Path(report) / self.figure})"
+
+    def text(self, report: str | Path | None = None) -> str:
+        """The hint in one line, citing its file in ``report`` when there is one."""
+        return f"[{self.run}] {self.message} {self.source(report)}"
+
     def __str__(self) -> str:
-        return f"[{self.run}] {self.message} (from: {self.measurement}; see {self.figure})"
+        return self.text()
 
     def applies_to(self, label: str) -> bool:
         """True when this hint is about run ``label`` (directly, in a list, or ``"all"``)."""

@@ -134,8 +134,8 @@ class Profile:
         shown = other_hints(self.hints, plans)
         if shown:
             items = "".join(
-                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>(from: {e(h.measurement)}; "
-                f"see {e(h.figure)})</small></li>"
+                f"<li><b>{e(h.run)}</b>: {e(h.message)} <small>{e(h.source(self.out_dir))}"
+                "</small></li>"
                 for h in shown
             )
             parts.append(f"<p><b>Hints</b></p><ul>{items}</ul>")

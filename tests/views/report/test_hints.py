@@ -406,3 +406,17 @@ def test_the_noise_hint_says_busy_only_when_the_measured_load_says_so(make_recor
     )
     (plain,) = _by_topic(hints(unmeasured))["noise"]
     assert "how busy the machine was is not measured here" in plain.message
+
+
+def test_a_hint_cites_a_report_file_only_when_there_is_a_report():
+    from pathlib import Path
+
+    from precision_nb.views.report.hint import Hint
+
+    in_file = Hint("bf16", "payoff", "bf16 ran faster.", "speedup_vs_fp32", "throughput.png")
+    assert str(in_file) == "[bf16] bf16 ran faster. (from: speedup_vs_fp32)"
+    assert "throughput.png" not in in_file.source()
+    said = in_file.text(Path("out"))
+    assert said.endswith(f"(from: speedup_vs_fp32; see {Path('out') / 'throughput.png'})")
+    shown = Hint("all", "x", "m", "the summary", "summary table")  # shown with every profile
+    assert str(shown).endswith("(from: the summary; see summary table)")

@@ -126,19 +126,32 @@ class CompileRecord:
             "none": "no cache lookup recorded",
         }[self.cache]
 
+    def graphs_text(self) -> str:
+        """The graphs torch's accounting lists for the compile step. A backward graph that
+        AOTAutograd's cache answered has no entry of its own: then the text says the backward
+        graphs came from the cache (or that none was recorded), never "0 backward graphs"."""
+        forward = sum(1 for e in self.first.entries if e.kind == "forward")
+        backward = sum(1 for e in self.first.entries if e.kind == "backward")
+        if backward:
+            return f"{forward} forward and {backward} backward graph(s)"
+        if self.cache in ("hit", "partial"):
+            return (
+                f"{forward} forward graph(s), their backward graphs reused from the local "
+                "caches (not listed apart)"
+            )
+        return f"{forward} forward graph(s); no backward graph recorded"
+
     def lines(self) -> list[str]:
         """What the report says about this plan's compile, one sentence per line."""
         if self.failure is not None:
             return [f"{self.label}: compile failed: {self.failure}"]
         out: list[str] = []
         if self.compile_s is not None:
-            forward = sum(1 for e in self.first.entries if e.kind == "forward")
-            backward = sum(1 for e in self.first.entries if e.kind == "backward")
             out.append(
                 f"{self.label}: compile step {self.compile_s:.2f} s (the compile plus one forward "
                 f"and backward on a throw-away copy, before training; torch's own accounting: "
-                f"{self.torch_compile_s:.2f} s for {forward} forward and {backward} backward "
-                f"graph(s)); {self.cache_text()}; not in any step time"
+                f"{self.torch_compile_s:.2f} s for {self.graphs_text()}); {self.cache_text()}; "
+                "not in any step time"
             )
         recompiles = self.recompiles
         if recompiles:

@@ -197,3 +197,24 @@ def test_a_departure_with_random_ops_names_them_and_the_setting_that_compares_st
     assert not result.agrees
     assert "draws random numbers (dropout)" in result.message()
     assert "torch._inductor.config.fallback_random = True" in result.message()
+
+
+@pytest.mark.parametrize(
+    ("hits", "misses", "backward", "said"),
+    [
+        (0, 2, True, "1 forward and 1 backward graph(s)"),
+        (2, 0, False, "1 forward graph(s), their backward graphs reused from the local caches"),
+        (0, 2, False, "1 forward graph(s); no backward graph recorded"),
+    ],
+)
+def test_the_compile_step_says_which_graphs_torch_listed(hits, misses, backward, said):
+    """A cache hit lists no backward graph of its own: never "0 backward graph(s)"."""
+    log = CompileLog("bf16+compile", CompilePlan(requested="default", mode="default"))
+    log.compile_step(lambda: None)
+    entries = [TorchCompilation("0/0", "forward", 1.0, None, 0, hits, misses)]
+    if backward:
+        entries.append(TorchCompilation("0/0", "backward", 0.5, None, 0, 0, 0))
+    log.first = TorchCompilations(tuple(entries))
+    log.compile_s = 2.0
+    text = log.record().lines()[0]
+    assert said in text and "0 backward" not in text

@@ -14,7 +14,7 @@ kernel's main thread.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as widgets
@@ -29,7 +29,7 @@ from precision_nb.views.panel.results import (
 )
 from precision_nb.views.panel.run import metrics_text
 
-__all__ = ["PanelOutputs", "close_widgets", "panel_png"]
+__all__ = ["STATUS_WIDTH", "PanelOutputs", "close_widgets", "panel_png", "status_line"]
 
 _ERROR_STYLE = (
     "background:#f8d7da;color:#721c24;border:1px solid #f5c6cb;padding:6px 10px;"
@@ -331,10 +331,7 @@ class PanelOutputs:
             return
         steps = int(frame["step"].max())
         runs = list(dict.fromkeys(frame["run"]))
-        self.status.value = html.escape(
-            f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), last logged step "
-            f"{steps}, {seconds:.1f} s of training, {len(frame)} records kept."
-        )
+        self.status.value = html.escape(status_line(word, runs, steps, seconds, len(frame)))
         if self.measured:  # not the last plan's progress, which reads as if it still went on
             self.progress_label.value = self.progress_label.tooltip = (
                 f"{word.lower()}: {len(runs)} plan(s) compared, {seconds:.1f} s of training"
@@ -403,3 +400,15 @@ def panel_png(frame: Any, histories: dict[str, Any], *, dpi: int) -> bytes:
     f.draw_memory(memory, frame, labels, colors, kinds[0] if kinds else None)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.95, bottom=0.09, hspace=0.45, wspace=0.25)
     return f.figure_to_png(fig, dpi=dpi)
+
+
+#: The longest status line: one line of the panel, as every printed line of the toolkit.
+STATUS_WIDTH = 100
+
+
+def status_line(word: str, runs: Sequence[Any], steps: int, seconds: float, records: int) -> str:
+    """The finished run in one line of at most :data:`STATUS_WIDTH` characters: the runs are
+    named while they fit (the verdicts and the table name them anyway), else counted."""
+    rest = f"last logged step {steps}, {seconds:.1f} s of training, {records:,} records kept."
+    named = f"{word}: {len(runs)} run(s) ({', '.join(map(str, runs))}), {rest}"
+    return named if len(named) <= STATUS_WIDTH else f"{word}: {len(runs)} run(s), {rest}"

@@ -352,3 +352,16 @@ def test_live_callback_keeps_plotting_within_budget_and_rate() -> None:
 def test_live_callback_rejects_bad_budget() -> None:
     with pytest.raises(ValueError, match="budget=1.5"):
         LiveCallback(steps=1, runs=1, progress=print, draw=print, budget=1.5)
+
+
+def test_the_status_line_fits_one_line_and_names_the_runs_while_they_fit():
+    from precision_nb.views.panel.outputs import STATUS_WIDTH, status_line
+
+    short = status_line("Finished", ["fp32", "bf16"], 20, 3.2, 40)
+    assert short == (
+        "Finished: 2 run(s) (fp32, bf16), last logged step 20, 3.2 s of training, 40 records kept."
+    )
+    runs = ["fp32", "bf16", "fp16", "bf16+compile", "fp16+compile"]
+    long = status_line("Interrupted", runs, 20_000, 1234.5, 1_000_000)
+    assert len(long) <= STATUS_WIDTH and long.startswith("Interrupted: 5 run(s), last logged")
+    assert "1,000,000 records kept" in long

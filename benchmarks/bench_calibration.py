@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from precision_nb.engine import load as machine_load
-from precision_nb.engine import stats
+from precision_nb.engine import stats, verdicts
 from precision_nb.engine.calibration import SCENARIOS, simulate, verdict_rates
 
 ROUNDS = (4, 5, 6, 8, 12, 16)
@@ -150,7 +150,7 @@ def sleep_null(rounds: int, repeats: int, seconds: float = 0.002, block: int = 2
         )
         cfg = MeasureConfig(rounds=rounds, warmup_min=2, warmup_max=4)
         m, _, _ = measure_plans([PlanSpec("A", same), PlanSpec("B", same)], make, steps, cfg)
-        kinds.append(stats.verdict("B", m.speedup("B", "A"), baseline="A").kind)
+        kinds.append(verdicts.verdict("B", m.speedup("B", "A"), baseline="A").kind)
     return {k: kinds.count(k) / repeats for k in ("faster", "slower", "unresolved", "too_few")}
 
 

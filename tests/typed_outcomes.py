@@ -15,7 +15,8 @@ def typed_outcome(label: str, result: Any = None, row: dict[str, Any] | None = N
     results, the engine's outcome type carries them."""
     from precision_nb.engine.comparison import Drift, PlanOutcome, Rates, Timing
     from precision_nb.engine.measurement import Warmup
-    from precision_nb.engine.stats import Speedup, Verdict
+    from precision_nb.engine.stats import Speedup
+    from precision_nb.engine.verdicts import Verdict
 
     row = dict(row or {})
     estimate = row.get("speedup_vs_fp32")

@@ -3,7 +3,7 @@
 A plan's outcome holds its run result, its :class:`Timing` (the raw step-time blocks of every
 process; median and quartiles are computed from them on first use, as
 ``torch.utils.benchmark.Measurement`` does), its :class:`Rates`, its speedup against the baseline
-with the :class:`~precision_nb.engine.stats.Verdict` that words it, its :class:`Drift` from the
+with the :class:`~precision_nb.engine.verdicts.Verdict` that words it, its :class:`Drift` from the
 fp32 run, the TF32 state of a CUDA fp32 baseline, its inspection, its compiled-plan report and
 why it failed, if it did. A true plan's outcome also carries its :class:`TrueSaving` against the
 mixed plan of the same dtype (set when the inspections are attached) and its measured
@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from precision_nb.core.events import Event
-from precision_nb.engine import stats
+from precision_nb.engine import stats, verdicts
 from precision_nb.engine.measurement import Measurement, Warmup
 from precision_nb.engine.metrics import PeakRatio, tf32_state
 from precision_nb.engine.peaks import CLASS_WORDS, beyond_peak, flags_text, tf32_classes
@@ -111,7 +111,7 @@ class PlanOutcome:
     result: RunResult | None = None
     timing: Timing | None = None
     speedup: stats.Speedup | None = None
-    verdict: stats.Verdict | None = None
+    verdict: verdicts.Verdict | None = None
     rates: Rates = field(default_factory=Rates)
     drift: Drift | None = None
     #: The TF32 flags a CUDA fp32 plan ran under (None elsewhere).
@@ -309,7 +309,7 @@ def plan_outcomes(
         if baseline is not None and baseline in measurement.plans:
             speed = measurement.speedup(label, baseline)
             verdict = (
-                stats.Verdict(
+                verdicts.Verdict(
                     "baseline",
                     f"{label} is the baseline.",
                     label=label,
@@ -318,7 +318,7 @@ def plan_outcomes(
                     busy=busy,
                 )  # fmt: skip
                 if label == baseline
-                else stats.verdict(
+                else verdicts.verdict(
                     label, speed, baseline=baseline, spread_of_plan=t.spread, busy=busy
                 )
             )

@@ -1,4 +1,4 @@
-"""Statistics of step times: spread per plan, paired speedups with intervals that hold, verdicts.
+"""Statistics of step times: spread per plan, paired speedups with intervals that hold.
 
 Method (docs/profiling.md, "How speed is measured"):
 
@@ -21,8 +21,8 @@ Method (docs/profiling.md, "How speed is measured"):
   look uses :data:`LOOK_CONFIDENCE`: stopping when an interval happens to be narrow would
   otherwise favour samples whose spread came out small, and the whole procedure would cover less
   than it says.
-- :func:`verdict`: "faster" / "slower" only where the interval excludes 1, with the interval, its
-  half-width, what it covers and how the measurement stopped.
+- The words for a speedup (:func:`precision_nb.engine.verdicts.verdict`) live in
+  :mod:`precision_nb.engine.verdicts`.
 
 The interval functions take numpy arrays with the values on the last axis, so the calibration
 simulation in the tests (thousands of comparisons at once) runs exactly this code.
@@ -43,7 +43,7 @@ import numpy as np
 # its most extreme outcome has probability 2/2^n); an interval over processes chosen by a
 # precision target starts looking at MIN_PROCESSES.
 from precision_nb.core.defaults import CONFIDENCE, MIN_PROCESSES, MIN_ROUNDS
-from precision_nb.core.text import confidence_text, interval_text, times_text
+from precision_nb.core.text import confidence_text
 from precision_nb.engine.signed_rank import hodges_lehmann, signed_rank_interval
 
 __all__ = [
@@ -51,9 +51,10 @@ __all__ = [
     "LOOK_CONFIDENCE",
     "MIN_PROCESSES",
     "MIN_ROUNDS",
+    "MEASURED_HERE",
+    "ONE_LAUNCH",
     "Speedup",
     "Spread",
-    "Verdict",
     "classify",
     "first_stop",
     "log_ratios",
@@ -63,7 +64,6 @@ __all__ = [
     "process_speedup",
     "spread",
     "t_quantile",
-    "verdict",
 ]
 
 #: The level of each look of the sequential (target-driven) procedure; the simulation in
@@ -77,11 +77,6 @@ ONE_LAUNCH = (
     "one torchrun launch: the interval covers the rounds of this launch, not the variation from "
     "one launch to the next"
 )
-#: Beyond this many rounds or processes the advice stops suggesting more of them.
-PRACTICAL_ROUNDS = 200
-PRACTICAL_PROCESSES = 60
-#: A spread (IQR / median) above this makes "a larger model or batch" part of the advice.
-NOISY_IQR = 0.25
 
 
 @dataclass(frozen=True)
@@ -323,145 +318,3 @@ def process_speedup(
 
 
 # ----------------------------------------------------------------------------- verdicts
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a speedup says, in words that stay true whatever the numbers are.
-
-    ``kind``: "faster" / "slower" (the interval excludes 1), "unresolved" (it includes 1),
-    "too_few" (no interval: too few rounds in one process), "none" (no times) or "baseline".
-    ``text``: the one line to show first; ``advice``: what would resolve an unresolved or
-    too-few verdict ("" otherwise). The other fields carry the numbers for tables: ``estimate``,
-    ``low`` / ``high`` (None without an interval), ``half_width`` (fraction, ±), ``confidence``,
-    ``method`` (the interval's method in words), ``level`` ("processes" or "rounds": what the
-    interval covers), ``processes``, ``rounds``, ``stopped_by`` (how the measurement ended) and
-    ``busy`` (the machine-load note when other processes competed, "" on a quiet machine).
-    """
-
-    kind: str
-    text: str
-    advice: str = ""
-    label: str = ""
-    baseline: str = ""
-    estimate: float = math.nan
-    low: float | None = None
-    high: float | None = None
-    half_width: float | None = None
-    confidence: float = CONFIDENCE
-    method: str = ""
-    level: str = ""
-    processes: int = 0
-    rounds: int = 0
-    stopped_by: str = ""
-    busy: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.text} {self.advice}".strip()
-
-
-def _one(s: Speedup) -> str:
-    """Where a measurement without processes ran: one torchrun launch or one process."""
-    return "one torchrun launch" if s.stopped_by == ONE_LAUNCH else "one process"
-
-
-def _scope(s: Speedup) -> str:
-    if s.level == "processes":
-        return f"over {s.processes} processes, {s.rounds} paired rounds in all"
-    if s.stopped_by == ONE_LAUNCH:
-        return f"{s.rounds} rounds in {ONE_LAUNCH}"
-    here = s.stopped_by[s.stopped_by.find(MEASURED_HERE) :] if MEASURED_HERE in s.stopped_by else ""
-    why = f"; {here}" if here else ""
-    return (
-        f"{s.rounds} rounds in one process, which does not cover process-to-process variation{why}"
-    )
-
-
-def _processes_advice(s: Speedup) -> str:
-    """What measuring over processes would take, by what happened to this measurement."""
-    if s.stopped_by == ONE_LAUNCH:
-        return "several launches compared (one launch is one sample of their variation)"
-    if MEASURED_HERE in s.stopped_by:
-        return "a model and batches that can travel to fresh processes (see why they did not)"
-    return "several fresh processes (processes >= 2)"
-
-
-def _needed(s: Speedup) -> int | None:
-    """Processes (or rounds) that would shrink the interval below the observed difference, with
-    the usual 1/sqrt(n) scaling; None when the difference is too small to chase."""
-    hw, diff = s.half_width, abs(math.log(s.estimate)) if s.estimate > 0 else 0.0
-    if hw is None or diff < 0.01:
-        return None
-    n = s.processes if s.level == "processes" else s.rounds
-    return math.ceil(n * (math.asinh(hw) / diff) ** 2) + 1
-
-
-def verdict(
-    label: str,
-    s: Speedup,
-    baseline: str = "fp32",
-    spread_of_plan: Spread | None = None,
-    busy: str = "",
-) -> Verdict:
-    """Words for ``s``, worded by :mod:`precision_nb.core.text`: e.g. "bf16 is 1.31× the fp32
-    speed: faster (95 % interval 1.22–1.40, ±7 %; over 5 processes, 40 paired rounds in all)".
-    ``busy``: the machine-load note; when set, the line says the machine was busy."""
-    common = dict(
-        label=label,
-        baseline=baseline,
-        estimate=s.estimate,
-        confidence=s.confidence,
-        method=s.method,
-        level=s.level,
-        processes=s.processes,
-        rounds=s.rounds,
-        stopped_by=s.stopped_by,
-        busy=busy,
-    )
-    tail = " Measured on a busy machine (see the load note)." if busy else ""
-    if s.rounds == 0 or not math.isfinite(s.estimate):
-        return Verdict(
-            "none", f"{label}: no paired step times against {baseline}; no speedup.", **common
-        )
-    pct = confidence_text(s.confidence)
-    if not s.has_interval:
-        raw = ", ".join(f"{r:.2f}" for r in s.ratios)
-        return Verdict(
-            "too_few",
-            f"{label} vs {baseline}: {s.rounds} round(s) in {_one(s)} are too few for a {pct} "
-            f"interval (at least {MIN_ROUNDS} are needed); per-round speed ratios: {raw}.{tail}",
-            f"What would give one: at least {MIN_ROUNDS} rounds or {_processes_advice(s)}.",
-            **common,
-        )
-    assert s.low is not None and s.high is not None
-    common.update(low=s.low, high=s.high, half_width=s.half_width or 0.0)
-    ci = f"({pct} interval {interval_text(s.low, s.high, s.estimate)}; {_scope(s)})"
-    if s.low > 1:
-        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: faster {ci}.{tail}"
-        return Verdict("faster", text, **common)
-    if s.high < 1:
-        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: slower {ci}.{tail}"
-        return Verdict("slower", text, **common)
-    advice = []
-    needed = _needed(s)
-    unit = "processes" if s.level == "processes" else "rounds"
-    practical = PRACTICAL_PROCESSES if s.level == "processes" else PRACTICAL_ROUNDS
-    current = s.processes if s.level == "processes" else s.rounds
-    if needed is not None and current < needed <= practical:
-        more = " (a larger time budget)" if unit == "processes" else ""
-        advice.append(f"about {needed} {unit}{more}")
-    elif needed is not None and needed <= current:
-        advice.append(f"a few more {unit}")
-    if s.level != "processes":
-        advice.append(_processes_advice(s))
-    noisy = spread_of_plan is not None and spread_of_plan.relative_iqr > NOISY_IQR
-    advice.append(
-        "a larger model or batch (step times spread widely)" if noisy else "a larger model or batch"
-    )
-    return Verdict(
-        "unresolved",
-        f"{label} vs {baseline}: no difference this measurement can resolve: "
-        f"{times_text(s.estimate)} {ci}.{tail}",
-        "What would resolve it: " + " or ".join(advice) + ".",
-        **common,
-    )

@@ -13,7 +13,7 @@ import pytest
 from test_engine_measure import Scripted
 
 from precision_nb.engine import measure_processes as MP
-from precision_nb.engine import stats
+from precision_nb.engine import stats, verdicts
 from precision_nb.engine.measure import MeasureConfig, PlanSpec, PlanTiming, ProcessTiming
 
 PLANS = [PlanSpec("fp32"), PlanSpec("bf16")]
@@ -306,7 +306,7 @@ def test_a_budget_spent_by_this_process_says_the_interval_covers_its_rounds_only
     monkeypatch.setattr(MP, "_run_worker", lambda *a: pytest.fail("no process fits"))
     m, _, _ = MP.measure(PLANS, _sessions(), 8, cfg, rebuild=SPEC, baseline="fp32")
     assert m.process_count == 1 and "no fresh process fit" in m.stopped_by
-    v = stats.verdict("bf16", m.speedup("bf16", "fp32"))
+    v = verdicts.verdict("bf16", m.speedup("bf16", "fp32"))
     assert "8 rounds in one process, which does not cover process-to-process" in v.text
     assert v.stopped_by.endswith("the interval covers this process's rounds only")
 

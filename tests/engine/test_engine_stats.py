@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from precision_nb.engine import stats
+from precision_nb.engine import stats, verdicts
 
 
 def test_spread_median_and_quartiles():
@@ -127,7 +127,7 @@ def test_process_speedup_with_one_usable_process_is_the_rounds_interval():
 
 def test_verdict_faster_names_the_interval_and_what_it_covers():
     s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8, stopped_by="one process, as asked")
-    v = stats.verdict("bf16", s)
+    v = verdicts.verdict("bf16", s)
     assert v.kind == "faster"
     assert v.text.startswith("bf16 is 1.31× the fp32 speed: faster (95 % interval 1.31–1.31")
     assert "8 rounds in one process" in v.text
@@ -136,14 +136,14 @@ def test_verdict_faster_names_the_interval_and_what_it_covers():
 
 
 def test_verdict_slower():
-    v = stats.verdict("fp16", stats.paired_speedup([[1.0]] * 6, [[1.25]] * 6))
+    v = verdicts.verdict("fp16", stats.paired_speedup([[1.0]] * 6, [[1.25]] * 6))
     assert v.kind == "slower" and "0.80×" in v.text and "slower" in v.text
 
 
 def test_unresolved_shows_the_half_width_not_the_distance_from_one():
     ratios = [0.9, 1.1, 1.0, 1.2, 0.95, 1.05, 1.15, 0.85]
     s = stats.paired_speedup([[r] for r in ratios], [[1.0]] * 8)
-    v = stats.verdict("bf16", s, spread_of_plan=stats.spread([1.0, 2.0, 1.0, 2.0]))
+    v = verdicts.verdict("bf16", s, spread_of_plan=stats.spread([1.0, 2.0, 1.0, 2.0]))
     assert v.kind == "unresolved"
     hw = (s.high - s.low) / (2 * s.estimate)
     assert v.half_width == pytest.approx(hw)
@@ -156,7 +156,7 @@ def test_unresolved_shows_the_half_width_not_the_distance_from_one():
 def test_unresolved_over_processes_estimates_the_processes_needed():
     per = [([[b]] * 4, [[1.0]] * 4) for b in (1.5, 0.95, 1.4, 1.1)]
     s = stats.process_speedup(per)
-    v = stats.verdict("bf16", s)
+    v = verdicts.verdict("bf16", s)
     assert v.kind == "unresolved" and s.processes == 4
     needed = math.ceil(4 * (math.asinh(s.half_width) / math.log(s.estimate)) ** 2) + 1
     assert f"about {needed} processes" in v.advice and "over 4 processes" in v.text
@@ -164,29 +164,29 @@ def test_unresolved_over_processes_estimates_the_processes_needed():
 
 def test_a_very_wide_interval_drops_the_plus_minus():
     s = stats.paired_speedup([[r] for r in [0.1, 5.0, 0.2, 4.0, 3.0, 0.3]], [[1.0]] * 6)
-    v = stats.verdict("bf16", s)
+    v = verdicts.verdict("bf16", s)
     assert v.kind == "unresolved" and "±" not in v.text and "interval 0.10–5.00;" in v.text
 
 
 def test_too_few_rounds_give_a_message_and_the_raw_ratios():
     s = stats.paired_speedup([[2.0], [3.0]], [[1.0], [1.0]])
     assert s.low is None and s.high is None and s.half_width is None
-    v = stats.verdict("bf16", s)
+    v = verdicts.verdict("bf16", s)
     assert v.kind == "too_few"
     assert "2.00, 3.00" in v.text and str(stats.MIN_ROUNDS) in v.advice
-    five = stats.verdict("bf16", stats.paired_speedup([[2.0]] * 5, [[1.0]] * 5))
+    five = verdicts.verdict("bf16", stats.paired_speedup([[2.0]] * 5, [[1.0]] * 5))
     assert five.kind == "too_few"  # no narrower interval than 95 % is ever shown
 
 
 def test_a_busy_machine_is_said_in_the_verdict():
     s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8)
-    v = stats.verdict("bf16", s, busy="The machine was busy ...")
+    v = verdicts.verdict("bf16", s, busy="The machine was busy ...")
     assert v.busy and "busy machine" in v.text
-    assert "busy" not in stats.verdict("bf16", s).text
+    assert "busy" not in verdicts.verdict("bf16", s).text
 
 
 def test_no_times_gives_no_verdict():
-    v = stats.verdict("bf16", stats.paired_speedup([], []))
+    v = verdicts.verdict("bf16", stats.paired_speedup([], []))
     assert v.kind == "none"
 
 
@@ -209,9 +209,9 @@ def test_no_times_gives_no_verdict():
 def test_the_advice_follows_what_happened_to_the_measurement(stopped_by, said, not_said):
     ratios = [0.9, 1.1, 1.0, 1.2, 0.95, 1.05, 1.15, 0.85]
     s = stats.paired_speedup([[r] for r in ratios], [[1.0]] * 8, stopped_by=stopped_by)
-    v = stats.verdict("bf16", s)
+    v = verdicts.verdict("bf16", s)
     assert v.kind == "unresolved" and said in v.advice and not_said not in v.advice
-    few = stats.verdict(
+    few = verdicts.verdict(
         "bf16", stats.paired_speedup([[1.0]] * 2, [[1.0]] * 2, stopped_by=stopped_by)
     )
     assert few.kind == "too_few" and said in few.advice

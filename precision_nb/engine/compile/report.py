@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from precision_nb.core.compile_mode import CompilePlan
-from precision_nb.engine import stats
+from precision_nb.engine import stats, verdicts
 from precision_nb.engine.compile.agreement import Agreement, agreement
 from precision_nb.engine.compile.breaks import GraphBreaks
 from precision_nb.engine.compile.payback import PayBack, pay_back
@@ -151,7 +151,9 @@ def compile_reports(
         speed = verdict = pb = agree = None
         if eager is not None and record.failure is None and timing is not None:
             speed = measurement.speedup(label, eager)
-            verdict = str(stats.verdict(label, speed, baseline=eager, spread_of_plan=timing.spread))
+            verdict = str(
+                verdicts.verdict(label, speed, baseline=eager, spread_of_plan=timing.spread)
+            )
             if record.compile_s is not None and steady is not None:
                 pb = pay_back(record.compile_s, steady, speed.estimate, speed.low, speed.high)
             if label in losses and eager in losses:

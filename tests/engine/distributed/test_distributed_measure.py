@@ -11,7 +11,7 @@ import pytest
 
 from precision_nb.core.distributed import Distributed
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.engine import stats
+from precision_nb.engine import verdicts
 from precision_nb.engine.distributed import fit_distributed
 from precision_nb.engine.distributed.measured import (
     measure_distributed,
@@ -70,10 +70,10 @@ def test_one_launch_measures_both_plans_like_one_process(measured) -> None:
     assert (
         speed.rounds == ROUNDS and speed.has_interval and speed.low <= speed.estimate <= speed.high
     )
-    assert stats.verdict("bf16", speed).kind in ("faster", "slower", "unresolved")
+    assert verdicts.verdict("bf16", speed).kind in ("faster", "slower", "unresolved")
     assert speed.level == "rounds" and "one torchrun launch" in speed.stopped_by
     # the verdict says what was measured (one launch, not "one process") and the machine load
-    said = str(stats.verdict("bf16", speed))
+    said = str(verdicts.verdict("bf16", speed))
     assert f"{ROUNDS} rounds in one torchrun launch" in said and "one process" not in said
     assert "several processes" not in said
     assert m.load is not None and any("load" in e.data for e in m.events)

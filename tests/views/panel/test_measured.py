@@ -121,7 +121,8 @@ def test_a_single_run_marks_its_figures_as_single_run() -> None:
 )  # fmt: skip
 def test_speedup_text(speed, kind: str, text: str) -> None:
     from precision_nb.engine.comparison import PlanOutcome
-    from precision_nb.engine.stats import Speedup, Verdict
+    from precision_nb.engine.stats import Speedup
+    from precision_nb.engine.verdicts import Verdict
 
     speedup = None if speed is None else Speedup(*speed, rounds=8, ratios=())
     verdict = Verdict(kind, "fp32 is the baseline.") if kind or speed else None

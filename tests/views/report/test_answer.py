@@ -72,7 +72,7 @@ def plans(comparison):
 
 def test_the_verdict_is_the_engines_text_and_kind():
     from precision_nb.engine.comparison import PlanOutcome
-    from precision_nb.engine.stats import Verdict
+    from precision_nb.engine.verdicts import Verdict
 
     verdict = Verdict("slower", "x is 0.80x: slower.", "Measure longer.")
     view = verdict_view(PlanOutcome("x", verdict=verdict))

@@ -77,7 +77,7 @@ def test_training_md_says_one_thing_about_when_the_lr_schedule_advances():
 def test_panel_md_does_not_call_the_mps_reading_an_allocator_peak():
     import inspect
 
-    from precision_nb.engine.metrics import MemoryProbe
+    from precision_nb.engine.memory_probe import MemoryProbe
 
     # what the probe does on MPS: samples the current allocation and keeps the largest
     source = inspect.getsource(MemoryProbe.read)

@@ -23,7 +23,8 @@ import torch
 from precision_nb.core.events import Event
 from precision_nb.engine.batches import BatchShape
 from precision_nb.engine.callbacks import Callbacks
-from precision_nb.engine.metrics import MemoryProbe, Peak
+from precision_nb.engine.memory_probe import MemoryProbe
+from precision_nb.engine.metrics import Peak
 from precision_nb.engine.peaks import beyond_peak
 from precision_nb.engine.precision import Precision, StepOutcome
 from precision_nb.engine.results import (

@@ -41,7 +41,7 @@ from precision_nb.engine.compile.record import compile_model
 from precision_nb.engine.compile.torch_state import TorchWatch
 from precision_nb.engine.compile.visibility import mark_compiled
 from precision_nb.engine.inspect.step import run_inspection
-from precision_nb.engine.metrics import MemoryProbe
+from precision_nb.engine.memory_probe import MemoryProbe
 from precision_nb.engine.numerics.scale_window import cast_limits
 from precision_nb.engine.numerics.training import grad_underflow_stats
 from precision_nb.engine.preflight import fallback_events, verify_event

@@ -3,8 +3,8 @@ import torch
 from torch import nn
 
 from precision_nb.engine import metrics
+from precision_nb.engine.memory_probe import MemoryProbe, host_rss
 from precision_nb.engine.metrics import (
-    MemoryProbe,
     calibrate_cpu_peak,
     count_step_flops,
     gpu_table_key,
@@ -124,9 +124,9 @@ def test_host_memory_probe_tracks_a_peak():
 def test_host_rss_is_psutils_rss_of_this_process():
     import psutil
 
-    before = metrics.host_rss()
+    before = host_rss()
     blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
-    grown = metrics.host_rss()
+    grown = host_rss()
     del blob
     assert abs(before - psutil.Process().memory_info().rss) < 16 * 2**20
     assert grown > before + 32 * 2**20  # it follows this process's memory
@@ -155,7 +155,7 @@ def test_host_rss_is_psutil_rss_in_this_process_and_in_a_forked_child():
 
     import psutil
 
-    from precision_nb.engine.metrics import host_rss
+    from precision_nb.engine.memory_probe import host_rss
 
     grow = bytearray(64 * 2**20)  # 64 MiB touched: RSS moves far more than between two reads
     grow[::4096] = b"x" * len(grow[::4096])

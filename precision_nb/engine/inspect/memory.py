@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from precision_nb.engine.inspect.op_trace import short, storage_key
-from precision_nb.engine.metrics import host_rss
+from precision_nb.engine.memory_probe import host_rss
 
 PARAMS = "parameters"
 GRADS = "gradients"

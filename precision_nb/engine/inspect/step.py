@@ -30,7 +30,7 @@ from precision_nb.engine.batches import BatchSource, output_to_loss, split_batch
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect.op_trace import Flag, OpTracer, flags, summarise
 from precision_nb.engine.inspect.policy import DISPATCH_KEYS, SOURCE, policy_rows
-from precision_nb.engine.metrics import host_rss
+from precision_nb.engine.memory_probe import host_rss
 from precision_nb.engine.precision import Precision, lab_applies, run_label
 from precision_nb.engine.remedies import build_plan_optimizer
 from precision_nb.engine.request import prepare

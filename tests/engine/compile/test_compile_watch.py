@@ -70,8 +70,12 @@ def test_the_compile_step_runs_before_training_and_torch_accounts_for_it(watched
     assert record.cache in ("hit", "miss", "partial")  # either is said
     assert record.compile_s is not None and record.torch_compile_s > 0
     assert record.compile_s >= record.torch_compile_s * 0.9
-    # no training step pays the compile: every step is far shorter than the compile step
-    assert max(watched.result.step_times_s[:6]) < record.compile_s / 5
+    # no training step pays the compile: torch compiled nothing in the first steps but the one
+    # recompilation a new batch shape asks for (tested below), and a cold compile step (seconds)
+    # is far longer than any step; a cache hit's is short, so time says nothing there
+    assert [where for where, _ in record.recompiles] == ["steps 1-7"]
+    if record.cache == "miss":
+        assert max(watched.result.step_times_s[:6]) < record.compile_s / 5
     events = [e for e in watched.result.events if e.kind == "compile"]
     assert events and events[0].message.startswith("bf16+compile:reduce-overhead: compile step")
     assert watched.result.to_dict()["compile"]["cache"] == record.cache

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.defaults import CONFIDENCE
 from precision_nb.core.text import confidence_text, interval_text, times_text
 
 __all__ = ["PayBack", "pay_back"]
@@ -63,7 +64,7 @@ def pay_back(
     speedup: float,
     speedup_low: float | None = None,
     speedup_high: float | None = None,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
 ) -> PayBack:
     """Pay-back steps of a compiled plan against its eager twin (see the module docstring).
 

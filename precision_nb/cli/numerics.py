@@ -23,6 +23,7 @@ from precision_nb.cli.main import (
     paragraphs,
     run_failed,
 )
+from precision_nb.core.text import times_text
 
 DEFAULT_FORMATS = "fp16,bf16,fp8_e4m3,fp8_e5m2"
 DEFAULT_HARDWARE = "h100,h200,b200,gb200"
@@ -183,7 +184,7 @@ def _text(analysis: Any, hardware: list[str]) -> str:
             )
             speed = r["speedup_estimate"]
             est = (
-                f"; estimated GEMM speedup over bf16 {speed:.2f}x"
+                f"; estimated GEMM speedup over bf16 {times_text(speed)}"
                 if speed == speed and speed
                 else ""
             )

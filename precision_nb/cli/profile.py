@@ -40,10 +40,11 @@ from precision_nb.core.defaults import (
     PRESET_NAMES,
     WORKLOAD_NAMES,
 )
+from precision_nb.core.text import confidence_text
 
 DEFAULT_OUT = "profile-out"
 #: How the command line says the confidence of an interval ("95 %").
-PCT = f"{CONFIDENCE:.0%}".replace("%", " %%")
+PCT = confidence_text(CONFIDENCE).replace("%", "%%")
 STRATEGIES = ("ddp", "fsdp2")
 COMM_HOOKS = ("none", "fp16", "bf16")
 

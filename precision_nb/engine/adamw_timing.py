@@ -23,6 +23,7 @@ from torch import nn
 
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import FUSED_ERRORS, OptimizerConfig
+from precision_nb.core.text import interval_text, times_text
 from precision_nb.core.validate import number, positive_int
 
 
@@ -52,14 +53,14 @@ class AdamWTiming:
         head = (
             f"AdamW step on {self.device} for {self.tensors} tensors ({self.elements:,} "
             f"elements), median of {self.rounds} paired rounds of {self.steps_per_round} steps: "
-            f"plain {self.plain_s * 1e3:.3f} ms (IQR {self.plain_iqr_s * 1e3:.3f})"
+            f"plain {self.plain_s * 1e3:.3f} ms (IQR {self.plain_iqr_s * 1e3:.3f} ms)"
         )
         if self.fused_s is None or self.ratio is None:
             return f"{head}; fused AdamW could not be built ({self.fused_error})."
         return (
-            f"{head}, fused {self.fused_s * 1e3:.3f} ms (IQR {self.fused_iqr_s * 1e3:.3f}); "
-            f"plain / fused {self.ratio:.2f}x (per-round quartiles {self.ratio_low:.2f}-"
-            f"{self.ratio_high:.2f})."
+            f"{head}, fused {self.fused_s * 1e3:.3f} ms (IQR {self.fused_iqr_s * 1e3:.3f} ms); "
+            f"plain / fused {times_text(self.ratio)} (per-round quartiles "
+            f"{interval_text(self.ratio_low, self.ratio_high)})."
         )
 
 

@@ -5,7 +5,9 @@ process; median and quartiles are computed from them on first use, as
 ``torch.utils.benchmark.Measurement`` does), its :class:`Rates`, its speedup against the baseline
 with the :class:`~precision_nb.engine.stats.Verdict` that words it, its :class:`Drift` from the
 fp32 run, the TF32 state of a CUDA fp32 baseline, its inspection, its compiled-plan report and
-why it failed, if it did. :func:`plan_outcomes` computes them from a measurement; the views read
+why it failed, if it did. A true plan's outcome also carries its :class:`TrueSaving` against the
+mixed plan of the same dtype (set when the inspections are attached) and its measured
+:class:`LostUpdates`. :func:`plan_outcomes` computes them from a measurement; the views read
 these attributes and build their tables at the edge (the summary's columns are named in
 :mod:`precision_nb.views.report.tables` only).
 """
@@ -24,6 +26,7 @@ from precision_nb.engine.measurement import Measurement, Warmup
 from precision_nb.engine.metrics import PeakRatio, tf32_state
 from precision_nb.engine.peaks import CLASS_WORDS, beyond_peak, flags_text, tf32_classes
 from precision_nb.engine.results import RunResult
+from precision_nb.engine.true_figures import LostUpdates, TrueSaving, lost_updates, true_saving
 
 if TYPE_CHECKING:
     from precision_nb.engine.time_split import Advice, PlanDifference, TimeAnalysis, TimeSplit
@@ -31,9 +34,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Comparison",
     "Drift",
+    "LostUpdates",
     "PlanOutcome",
     "Rates",
     "Timing",
+    "TrueSaving",
     "plan_outcomes",
 ]
 
@@ -124,6 +129,14 @@ class PlanOutcome:
     difference: PlanDifference | None = None
     #: What would make the plan faster (``Advice``), each with its figure.
     advice: tuple[Advice, ...] = ()
+    #: A true plan's saving against the mixed plan of its dtype (once both are inspected).
+    saving: TrueSaving | None = None
+
+    @property
+    def lost_updates(self) -> LostUpdates | None:
+        """The run's measured lost updates at its last measured step (None when not probed:
+        a true plan's run probes them by default)."""
+        return lost_updates(self.result)
 
 
 @dataclass
@@ -155,9 +168,15 @@ class Comparison:
         return found if found is not None else PlanOutcome(label, self.results.get(label))
 
     def attach_inspections(self, inspections: Mapping[str, Any]) -> None:
-        """Set each plan's inspection (label -> ``InspectionData``) on its outcome."""
+        """Set each plan's inspection (label -> ``InspectionData``) on its outcome, and each
+        true plan's :class:`TrueSaving` against its mixed twin from them."""
         for label, data in inspections.items():
             self.outcomes[label] = replace(self.outcome(label), inspection=data)
+        every = self.inspections
+        for label in self.results:
+            saving = true_saving(label, self.results, every)
+            if saving is not None:
+                self.outcomes[label] = replace(self.outcome(label), saving=saving)
 
     @property
     def drift(self) -> dict[str, dict[str, float | None]]:

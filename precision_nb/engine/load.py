@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from precision_nb.core.events import Event
+
 __all__ = ["BUSY_SHARE", "STEAL_SHARE", "Load", "LoadSample", "sample"]
 
 #: Others' share of the machine's CPU time at or above which the machine counts as busy.
@@ -109,6 +111,13 @@ class Load:
             f"The machine was busy while this was measured: {self.describe()}. Every figure "
             "includes that interference; the intervals cover the variation it caused during this "
             "measurement, not what a quiet machine would give."
+        )
+
+    def event(self) -> Event:
+        """The load as an event: a warning with :meth:`note` when busy, else its description."""
+        kind = "warning" if self.busy else "measurement"
+        return Event(
+            kind, self.note() or f"machine load: {self.describe()}", {"load": self.to_dict()}
         )
 
     def to_dict(self) -> dict[str, object]:

@@ -149,9 +149,7 @@ def measure(
     measured = _more_processes(first, rebuild, single_reason, ctx, progress)
     measured.load = machine_load.Load(start, machine_load.sample())
     measured.seconds = time.perf_counter() - t0
-    kind = "warning" if measured.load.busy else "measurement"
-    text = measured.load.note() or f"machine load: {measured.load.describe()}"
-    measured.events.append(Event(kind, text, {"load": measured.load.to_dict()}))
+    measured.events.append(measured.load.event())
     measured.events.append(
         Event(
             "measurement",

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from precision_nb.core.text import interval_text, times_text
+
 log = logging.getLogger(__name__)
 
 # Dense (no sparsity) datasheet peaks in TFLOP/s; fp32 is the non-tensor-core rate, tf32 the
@@ -134,8 +136,10 @@ class PeakRatio:
 
     def __str__(self) -> str:
         if self.low == self.high:
-            return f"{self.ratio:.2f}x ({self.source})"
-        return f"{self.ratio:.2f}x, range {self.low:.2f}-{self.high:.2f}x ({self.source})"
+            return f"{times_text(self.ratio)} ({self.source})"
+        return (
+            f"{times_text(self.ratio)}, range {interval_text(self.low, self.high)} ({self.source})"
+        )
 
 
 def gpu_table_key(device_name: str) -> str | None:

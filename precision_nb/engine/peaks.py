@@ -134,10 +134,10 @@ def tf32_gain_note(
     whole = ""
     if mix is not None:
         rate = mix.flops_per_s
-        whole = f"; over its whole FLOP mix ({rate / 1e12:.1f} TFLOP/s) {low * 1e12 / rate:.1f}x"
+        whole = f"; over its whole FLOP mix ({rate / 1e12:.1f} TFLOP/s) {low * 1e12 / rate:.1f}×"
     return (
         f" The fp32 baseline ran its {' and '.join(CLASS_WORDS.get(c, c) for c in on)} "
         f"({share:.0%} of its counted FLOPs) as TF32 ({flags_text(state)}): for that work the "
-        f"{_SHORT.get(dtype, dtype)} peak is {low / tf32:.1f}x the TF32 peak (datasheet {key}: "
+        f"{_SHORT.get(dtype, dtype)} peak is {low / tf32:.1f}× the TF32 peak (datasheet {key}: "
         f"{low:g} / {tf32:g} TFLOP/s){whole}."
     )

@@ -43,6 +43,7 @@ import numpy as np
 # its most extreme outcome has probability 2/2^n); an interval over processes chosen by a
 # precision target starts looking at MIN_PROCESSES.
 from precision_nb.core.defaults import CONFIDENCE, MIN_PROCESSES, MIN_ROUNDS
+from precision_nb.core.text import confidence_text, interval_text, times_text
 from precision_nb.engine.signed_rank import hodges_lehmann, signed_rank_interval
 
 __all__ = [
@@ -71,6 +72,11 @@ LOOK_CONFIDENCE = 0.975
 #: How a measurement's ``stopped_by`` says why it measured in this process only, though fresh
 #: processes were asked for (the reason follows it; verdicts repeat it).
 MEASURED_HERE = "measured here: "
+#: A distributed profile's ``stopped_by``: all its plans in one torchrun launch.
+ONE_LAUNCH = (
+    "one torchrun launch: the interval covers the rounds of this launch, not the variation from "
+    "one launch to the next"
+)
 #: Beyond this many rounds or processes the advice stops suggesting more of them.
 PRACTICAL_ROUNDS = 200
 PRACTICAL_PROCESSES = 60
@@ -348,18 +354,25 @@ class Verdict:
         return f"{self.text} {self.advice}".strip()
 
 
-def _pct(confidence: float) -> str:
-    return f"{confidence:.0%}".replace("%", " %")
-
-
 def _scope(s: Speedup) -> str:
     if s.level == "processes":
         return f"over {s.processes} processes, {s.rounds} paired rounds in all"
+    if s.stopped_by == ONE_LAUNCH:
+        return f"{s.rounds} rounds in {ONE_LAUNCH}"
     here = s.stopped_by[s.stopped_by.find(MEASURED_HERE) :] if MEASURED_HERE in s.stopped_by else ""
     why = f"; {here}" if here else ""
     return (
         f"{s.rounds} rounds in one process, which does not cover process-to-process variation{why}"
     )
+
+
+def _processes_advice(s: Speedup) -> str:
+    """What measuring over processes would take, by what happened to this measurement."""
+    if s.stopped_by == ONE_LAUNCH:
+        return "several launches compared (one launch is one sample of their variation)"
+    if MEASURED_HERE in s.stopped_by:
+        return "a model and batches that can travel to fresh processes (see why they did not)"
+    return "several fresh processes (processes >= 2)"
 
 
 def _needed(s: Speedup) -> int | None:
@@ -379,9 +392,9 @@ def verdict(
     spread_of_plan: Spread | None = None,
     busy: str = "",
 ) -> Verdict:
-    """Words for ``s``: e.g. "bf16 is 1.31x the fp32 speed: faster (95 % interval 1.22-1.40,
-    ±7 %; over 5 processes, 40 paired rounds in all)". ``busy``: the machine-load note; when
-    set, the line says the machine was busy."""
+    """Words for ``s``, worded by :mod:`precision_nb.core.text`: e.g. "bf16 is 1.31× the fp32
+    speed: faster (95 % interval 1.22–1.40, ±7 %; over 5 processes, 40 paired rounds in all)".
+    ``busy``: the machine-load note; when set, the line says the machine was busy."""
     common = dict(
         label=label,
         baseline=baseline,
@@ -399,26 +412,24 @@ def verdict(
         return Verdict(
             "none", f"{label}: no paired step times against {baseline}; no speedup.", **common
         )
-    pct = _pct(s.confidence)
+    pct = confidence_text(s.confidence)
     if not s.has_interval:
         raw = ", ".join(f"{r:.2f}" for r in s.ratios)
         return Verdict(
             "too_few",
             f"{label} vs {baseline}: {s.rounds} round(s) in one process are too few for a {pct} "
             f"interval (at least {MIN_ROUNDS} are needed); per-round speed ratios: {raw}.{tail}",
-            f"Run at least {MIN_ROUNDS} rounds, or measure in several processes.",
+            f"Run at least {MIN_ROUNDS} rounds, or use {_processes_advice(s)}.",
             **common,
         )
     assert s.low is not None and s.high is not None
-    hw = s.half_width or 0.0
-    common.update(low=s.low, high=s.high, half_width=hw)
-    pm = f", ±{hw * 100:.0f} %" if hw < 1 else ""
-    ci = f"({pct} interval {s.low:.2f}-{s.high:.2f}{pm}; {_scope(s)})"
+    common.update(low=s.low, high=s.high, half_width=s.half_width or 0.0)
+    ci = f"({pct} interval {interval_text(s.low, s.high, s.estimate)}; {_scope(s)})"
     if s.low > 1:
-        text = f"{label} is {s.estimate:.2f}x the {baseline} speed: faster {ci}.{tail}"
+        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: faster {ci}.{tail}"
         return Verdict("faster", text, **common)
     if s.high < 1:
-        text = f"{label} is {s.estimate:.2f}x the {baseline} speed: slower {ci}.{tail}"
+        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: slower {ci}.{tail}"
         return Verdict("slower", text, **common)
     advice = []
     needed = _needed(s)
@@ -431,7 +442,7 @@ def verdict(
     elif needed is not None and needed <= current:
         advice.append(f"a few more {unit}")
     if s.level != "processes":
-        advice.append("measuring in several processes")
+        advice.append(_processes_advice(s))
     noisy = spread_of_plan is not None and spread_of_plan.relative_iqr > NOISY_IQR
     advice.append(
         "a larger model or batch (step times spread widely)" if noisy else "a larger model or batch"
@@ -439,7 +450,7 @@ def verdict(
     return Verdict(
         "unresolved",
         f"{label} vs {baseline}: no difference this measurement can resolve: "
-        f"{s.estimate:.2f}x {ci}.{tail}",
+        f"{times_text(s.estimate)} {ci}.{tail}",
         "What would resolve it: " + " or ".join(advice) + ".",
         **common,
     )

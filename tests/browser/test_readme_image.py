@@ -19,8 +19,8 @@ from tests.browser.readme_image import (
 )
 
 SHOWN = (
-    "bf16 is 1.31x the fp32 speed: faster (95 % interval 1.22-1.40, ±7 %; over 12 processes, 96 "
-    "paired rounds in all)\nplan speedup vs fp32 (95 % CI)\nbf16 1.31× (1.22–1.40)"
+    "bf16 is 1.31× the fp32 speed: faster (95 % interval 1.22–1.40, ±7 %; over 12 processes, 96 "
+    "paired rounds in all)\nplan speedup vs fp32 (95 % CI)\nbf16 1.31× (1.22–1.40, ±7 %)"
 )
 
 

@@ -31,6 +31,9 @@ def test_times_both_on_copies_and_leaves_the_model_alone():
     assert all(p.grad is None for p in net.parameters())
     text = timing.summary()
     assert "plain / fused" in text and "3 paired rounds" in text
+    # every time in the sentence carries its unit, the IQRs too
+    assert f"(IQR {timing.plain_iqr_s * 1e3:.3f} ms)" in text
+    assert f"(IQR {timing.fused_iqr_s * 1e3:.3f} ms)" in text
 
 
 def test_a_fused_build_that_fails_is_reported_not_hidden(monkeypatch):

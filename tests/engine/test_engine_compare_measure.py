@@ -155,7 +155,7 @@ def test_mfu_above_one_is_a_calibration_event_not_a_utilisation():
     assert [e.kind for e in events] == ["calibration"] and events[0].data["run"] == "bf16"
     assert outcomes["bf16"].speedup.estimate == pytest.approx(2.0)
     assert bf16.samples_per_s == pytest.approx(16.0)
-    assert str(outcomes["bf16"].verdict).startswith("bf16 is 2.00x the fp32 speed")
+    assert str(outcomes["bf16"].verdict).startswith("bf16 is 2.00× the fp32 speed")
 
 
 def test_fp32_on_cuda_records_the_tf32_state(monkeypatch):

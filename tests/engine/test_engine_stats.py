@@ -129,7 +129,7 @@ def test_verdict_faster_names_the_interval_and_what_it_covers():
     s = stats.paired_speedup([[1.31]] * 8, [[1.0]] * 8, stopped_by="one process, as asked")
     v = stats.verdict("bf16", s)
     assert v.kind == "faster"
-    assert v.text.startswith("bf16 is 1.31x the fp32 speed: faster (95 % interval 1.31-1.31")
+    assert v.text.startswith("bf16 is 1.31× the fp32 speed: faster (95 % interval 1.31–1.31")
     assert "8 rounds in one process" in v.text
     assert (v.low, v.high, v.estimate) == pytest.approx((1.31, 1.31, 1.31))
     assert v.stopped_by == "one process, as asked" and v.level == "rounds" and v.method
@@ -137,7 +137,7 @@ def test_verdict_faster_names_the_interval_and_what_it_covers():
 
 def test_verdict_slower():
     v = stats.verdict("fp16", stats.paired_speedup([[1.0]] * 6, [[1.25]] * 6))
-    assert v.kind == "slower" and "0.80x" in v.text and "slower" in v.text
+    assert v.kind == "slower" and "0.80×" in v.text and "slower" in v.text
 
 
 def test_unresolved_shows_the_half_width_not_the_distance_from_one():
@@ -150,7 +150,7 @@ def test_unresolved_shows_the_half_width_not_the_distance_from_one():
     assert f"±{hw * 100:.0f} %" in v.text and "no difference this measurement can resolve" in v.text
     # the observed difference (2 %) would need hundreds of rounds: no rounds advice then
     assert "about" not in v.advice and "larger model or batch (step times spread" in v.advice
-    assert "several processes" in v.advice
+    assert "several fresh processes (processes >= 2)" in v.advice
 
 
 def test_unresolved_over_processes_estimates_the_processes_needed():
@@ -165,7 +165,7 @@ def test_unresolved_over_processes_estimates_the_processes_needed():
 def test_a_very_wide_interval_drops_the_plus_minus():
     s = stats.paired_speedup([[r] for r in [0.1, 5.0, 0.2, 4.0, 3.0, 0.3]], [[1.0]] * 6)
     v = stats.verdict("bf16", s)
-    assert v.kind == "unresolved" and "±" not in v.text and "interval 0.10-5.00" in v.text
+    assert v.kind == "unresolved" and "±" not in v.text and "interval 0.10–5.00;" in v.text
 
 
 def test_too_few_rounds_give_a_message_and_the_raw_ratios():
@@ -188,3 +188,32 @@ def test_a_busy_machine_is_said_in_the_verdict():
 def test_no_times_gives_no_verdict():
     v = stats.verdict("bf16", stats.paired_speedup([], []))
     assert v.kind == "none"
+
+
+@pytest.mark.parametrize(
+    ("stopped_by", "said", "not_said"),
+    [
+        (stats.ONE_LAUNCH, "several launches compared", "processes"),
+        (
+            f"one process, {stats.MEASURED_HERE}it cannot be pickled",
+            "can travel",
+            "(processes >= 2)",
+        ),
+        (
+            "one process, as asked (processes=1)",
+            "several fresh processes (processes >= 2)",
+            "travel",
+        ),
+    ],
+)
+def test_the_advice_follows_what_happened_to_the_measurement(stopped_by, said, not_said):
+    ratios = [0.9, 1.1, 1.0, 1.2, 0.95, 1.05, 1.15, 0.85]
+    s = stats.paired_speedup([[r] for r in ratios], [[1.0]] * 8, stopped_by=stopped_by)
+    v = stats.verdict("bf16", s)
+    assert v.kind == "unresolved" and said in v.advice and not_said not in v.advice
+    few = stats.verdict(
+        "bf16", stats.paired_speedup([[1.0]] * 2, [[1.0]] * 2, stopped_by=stopped_by)
+    )
+    assert few.kind == "too_few" and said in few.advice
+    if stopped_by == stats.ONE_LAUNCH:
+        assert "8 rounds in one torchrun launch" in v.text and "one process" not in v.text

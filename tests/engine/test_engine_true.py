@@ -280,3 +280,40 @@ def test_profile_and_the_cli_take_true_plans_in_one_spelling():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="invalid value 'fp32-true'"):
         profile_request(compare="fp32-true")
+
+
+def test_a_true_plans_outcome_carries_its_saving_and_lost_updates_and_the_views_show_them():
+    from precision_nb.views.report import tables as col
+    from precision_nb.views.report.answer import answers
+
+    out = compare(["bf16", "bf16-true"], "mlp", "small", device="cpu", steps=2, progress=False,
+                  measure_peak=False)  # fmt: skip
+    inspections = {
+        label: run_inspection("mlp", preset="small", precision=label, device="cpu")
+        for label in out.results
+    }
+    assert out.outcome("bf16-true").saving is None  # not before both plans are inspected
+    out.attach_inspections(inspections)
+    saving = out.outcome("bf16-true").saving
+    assert saving.mixed == "bf16" and out.outcome("bf16").saving is None
+    kinds = {kind: (before, after) for kind, before, after in saving.by_kind}
+    for kind in (mem.PARAMS, mem.GRADS):
+        assert kinds[kind][0] == 2 * kinds[kind][1], kind
+    # parameters + gradients + AdamW moments: exactly half; AdamW's fp32 step counters kept
+    t, _ = _trained("bf16-true")
+    counters = _bytes(s["step"] for s in t.optimizer.state.values())
+    assert saving.kept == counters and saving.cast_ratio == 0.5
+    assert saving.ratio == (saving.before / 2 + counters / 2) / saving.before
+    lost = out.outcome("bf16-true").lost_updates
+    stats = out.results["bf16-true"].update_stats[-1]
+    assert (lost.step, lost.updates_rounded_away, lost.weights_never_moved) == (
+        stats["step"], stats["updates_rounded_away"], stats["weights_never_moved"],
+    )  # fmt: skip
+    assert out.outcome("bf16").lost_updates is None  # not probed in a mixed run by default
+    card = {a.label: a for a in answers(out, inspections=inspections)}["bf16-true"]
+    assert any(line.startswith("against bf16 (mixed)") and "0.500x" in line for line in card.memory)
+    assert any(f"{lost.updates_rounded_away:.1%} of the weights" in x for x in card.numerics)
+    row = col.summary(out).set_index("run").loc["bf16-true"]
+    assert row[col.MIXED_TWIN] == "bf16" and row[col.CAST_RATIO] == 0.5
+    assert row[col.STATE_RATIO] == saving.ratio
+    assert row[col.ROUNDED_AWAY] == lost.updates_rounded_away and row[col.LOST_STEP] == lost.step

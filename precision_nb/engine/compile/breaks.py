@@ -32,6 +32,7 @@ from torch import nn
 from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.engine.batches import output_to_loss, split_batch
+from precision_nb.engine.quiet import captured
 
 __all__ = ["BreakReport", "GraphBreak", "GraphBreaks", "PrecisionProbe", "graph_breaks"]
 
@@ -73,7 +74,9 @@ class BreakReport:
     ``error``: explain itself failed (the region raised); the message is kept.
     ``random_ops``: the captured ops that draw random numbers (dropout, ``rand``...): compiled
     code draws them from inductor's own generator, so its steps differ from eager's by more than
-    rounding (unless ``torch._inductor.config.fallback_random`` is set).
+    rounding (unless ``torch._inductor.config.fallback_random`` is set). ``notes``: what torch
+    warned or logged meanwhile (e.g. that dynamo ignores the profiler's record functions), kept
+    out of the user's output.
     """
 
     region: str
@@ -82,6 +85,7 @@ class BreakReport:
     breaks: tuple[GraphBreak, ...] = ()
     error: str | None = None
     random_ops: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def traceable(self) -> bool:
@@ -118,6 +122,7 @@ class BreakReport:
             "traceable": self.traceable,
             "error": self.error,
             "random_ops": list(self.random_ops),
+            "notes": list(self.notes),
             "breaks": [b.__dict__ for b in self.breaks],
         }
 
@@ -196,10 +201,12 @@ def _frame(stack: Any) -> tuple[str, str]:
 def explain(region: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BreakReport:
     """``torch._dynamo.explain(fn)(*args, **kwargs)`` as a :class:`BreakReport` (resets dynamo)."""
     before = _break_counts()
+    noise: list[str] = []
     try:
-        out = _dynamo().explain(fn)(*args, **kwargs)
+        with captured(noise, printed=False):
+            out = _dynamo().explain(fn)(*args, **kwargs)
     except (RuntimeError, ValueError, TypeError, AttributeError, AssertionError) as exc:
-        return BreakReport(region, error=f"{type(exc).__name__}: {exc}")
+        return BreakReport(region, error=f"{type(exc).__name__}: {exc}", notes=tuple(noise))
     breaks: list[GraphBreak] = []
     seen: set[str] = set()
     for item in out.break_reasons:
@@ -220,8 +227,9 @@ def explain(region: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> B
     names = [getattr(op, "__name__", str(op)) for ops in out.ops_per_graph for op in ops]
     random = tuple(dict.fromkeys(n for n in names if n in _RANDOM or "dropout" in n.lower()))
     return BreakReport(
-        region, int(out.graph_count), int(out.op_count), tuple(breaks), random_ops=random
-    )
+        region, int(out.graph_count), int(out.op_count), tuple(breaks), random_ops=random,
+        notes=tuple(dict.fromkeys(noise)),
+    )  # fmt: skip
 
 
 _WHAT = {"autocast": "autocast", "scaler": "the GradScaler"}

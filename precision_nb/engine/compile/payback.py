@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from precision_nb.core.text import confidence_text, interval_text, times_text
+
 __all__ = ["PayBack", "pay_back"]
 
 
@@ -69,7 +71,6 @@ def pay_back(
     every other speedup; ``compiled_step_s`` the compiled plan's steady-state median step time.
     """
     compile_s = float(compile_s)
-    pct = f"{confidence:.0%}".replace("%", " %")
     if not (math.isfinite(speedup) and math.isfinite(compiled_step_s) and compiled_step_s > 0):
         return PayBack(
             None, None, None, compile_s, None,
@@ -79,8 +80,9 @@ def pay_back(
     saving = compiled_step_s * (speedup - 1)
     ci = ""
     if speedup_low is not None and speedup_high is not None:
-        ci = f" ({pct} CI {speedup_low:.2f}-{speedup_high:.2f})"
-    ratio = f"the compiled plan runs at {speedup:.2f}x its eager speed{ci}"
+        ends = interval_text(speedup_low, speedup_high, speedup)
+        ci = f" ({confidence_text(confidence)} interval {ends})"
+    ratio = f"the compiled plan runs at {times_text(speedup)} its eager speed{ci}"
     cost = f"compiling cost {compile_s:.2f} s (one measurement)"
     steps = _steps(compile_s, saving)
     low = _steps(compile_s, compiled_step_s * (speedup_high - 1)) if speedup_high else None

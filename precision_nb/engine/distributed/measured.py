@@ -25,6 +25,7 @@ from precision_nb.core.distributed import Distributed, explain_distributed
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine import load as machine_load
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.distributed.launcher import plan_spec, write_spec
 from precision_nb.engine.distributed.parallel import check_divisible
@@ -38,6 +39,7 @@ from precision_nb.engine.distributed.results import DistributedResult, rank_line
 from precision_nb.engine.measure import warmup_event as _warmup_event
 from precision_nb.engine.measure_config import MeasureConfig
 from precision_nb.engine.measurement import Measurement, PlanTiming, Warmup
+from precision_nb.engine.stats import ONE_LAUNCH
 from precision_nb.engine.workloads import get_workload
 
 __all__ = [
@@ -55,13 +57,6 @@ STEP_RULE = (
     "a distributed step takes as long as its slowest rank: per step, the maximum over the ranks "
     "of their step times; the warm-up ends when every rank's own rule has ended it (agreed by an "
     "all-reduce, so all ranks stop at the same step); per-rank spreads in distributed_steps.csv"
-)
-
-
-#: What the interval of a distributed profile covers (shown with every verdict).
-ONE_LAUNCH = (
-    "one torchrun launch: the interval covers the rounds of this launch, not the variation from "
-    "one launch to the next"
 )
 
 
@@ -227,6 +222,7 @@ def measure_distributed(
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    start = machine_load.sample()
     run = run_torchrun(
         first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", dispatch)
     )
@@ -246,6 +242,8 @@ def measure_distributed(
     shutil.rmtree(run_dir, ignore_errors=True)
     lines = {rank: _last(items, "measurement") for rank, items in logs.items()}
     measurement = merge_measurement(list(lines.values()), mcfg, labels)
+    measurement.load = machine_load.Load(start, machine_load.sample())  # torchrun: a waited child
+    measurement.events.append(measurement.load.event())
     out = MeasuredRuns(measurement, results, list(lines.values()), run.seconds)
     out.stopped = run.stopped or measurement.stopped
     phases = [_first(items, "phase") for items in logs.values()]

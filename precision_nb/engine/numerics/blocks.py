@@ -20,13 +20,9 @@ The statistics of each cast are in :mod:`precision_nb.engine.numerics.block_stat
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import logging
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -35,6 +31,7 @@ import torch
 
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.numerics.formats import FORMATS, format_name
+from precision_nb.engine.quiet import captured
 
 #: The optional extra that installs torchao.
 EXTRA = "blocks"
@@ -129,60 +126,13 @@ log = logging.getLogger(__name__)
 _NOTES: list[str] = []
 
 
-class _Divert(logging.Filter):
-    """Keeps a log record's text and stops the handler it is attached to from writing it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[str] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.records.append(f"{record.name}: {record.getMessage()}")
-        return False
-
-
-class _Keep(logging.Handler):
-    def __init__(self, divert: _Divert) -> None:
-        super().__init__(logging.DEBUG)
-        self.addFilter(divert)
-
-    def emit(self, record: logging.LogRecord) -> None:  # pragma: no cover - the filter stops it
-        return
-
-
-@contextlib.contextmanager
-def _quiet(notes: list[str]) -> Iterator[None]:
-    """Everything an import prints, warns or logs (also through handlers that hold the real
-    stderr, such as torch's own) goes into ``notes`` instead of the user's output."""
-    divert = _Divert()
-    handlers = {id(h): h for h in logging.getLogger().handlers}
-    for name in list(logging.root.manager.loggerDict):
-        handlers.update({id(h): h for h in getattr(logging.getLogger(name), "handlers", [])})
-    keep = _Keep(divert)  # records that would reach no handler (Python's last resort)
-    logging.getLogger().addHandler(keep)
-    for h in handlers.values():
-        h.addFilter(divert)
-    printed = io.StringIO()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with redirect_stderr(printed), redirect_stdout(printed):
-                yield
-    finally:
-        logging.getLogger().removeHandler(keep)
-        for h in handlers.values():
-            h.removeFilter(divert)
-        notes += [f"{w.category.__name__}: {w.message}" for w in caught] + divert.records
-        notes += [line for line in printed.getvalue().splitlines() if line.strip()]
-
-
 @functools.lru_cache(maxsize=1)
 def _import() -> tuple[Any, str | None]:
     """torchao's casts, or None and why not. What its import prints, warns or logs (its CUDA
     extensions cannot load on a CPU build of torch) is kept as notes, not shown."""
     notes: list[str] = []
     try:
-        with _quiet(notes):
+        with captured(notes):
             from torchao.prototype.mx_formats.config import ScaleCalculationMode
             from torchao.prototype.mx_formats.mx_tensor import MXTensor, get_fp_scale
             from torchao.prototype.mx_formats.nvfp4_tensor import (

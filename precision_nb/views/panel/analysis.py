@@ -110,6 +110,7 @@ class AnalysisViews:
         self.seconds = 0.0  # spent by the last compute()
         self.shown: dict[str, Any] = {}  # label -> InspectionData now shown
         self.numerics: Any = None  # the Numerics now shown
+        self.attached = False  # the last compute() gave the last run's outcomes inspections
 
     # ------------------------------------------------------------------ what to compute
 
@@ -180,6 +181,7 @@ class AnalysisViews:
         targets = self.targets()
         missing = sum(1 for t in targets if self._key(t) not in self.inspections)
         self.shown = inspect_all(source, targets, self.inspections)
+        self._attach()
         if missing:
             self._learn((time.perf_counter() - start) / missing)
         nkey = self._numerics_key()
@@ -195,6 +197,22 @@ class AnalysisViews:
         self.render()
         self.seconds = time.perf_counter() - start
         return self.seconds
+
+    def _attach(self) -> None:
+        """Give the last run's comparison the inspections of its own plans (a true plan's
+        outcome then carries its saving against the mixed plan); ``attached`` says it did."""
+        run = self.last_run
+        if not hasattr(run, "attach_inspections"):
+            return
+        mine = {
+            t.label: self.shown[t.label]
+            for t in self.run_targets
+            if t.label in self.shown and self.shown[t.label].plan == t.plan
+            and run.outcome(t.label).inspection is not self.shown[t.label]
+        }  # fmt: skip
+        if mine:
+            run.attach_inspections(mine)
+            self.attached = True
 
     def _learn(self, seconds: float) -> None:
         self.cost_s = seconds

@@ -200,6 +200,7 @@ class PanelController:
             )
         except Exception as exc:  # noqa: BLE001 - UI boundary: the run's results are kept
             self.outputs.show_error(f"Inspect failed: {type(exc).__name__}: {exc}", "figure")
+        self.show_inspected()
         compared = getattr(source, "measurement", None) is not None
         showing_live = tab_name(self.widgets.tabs.selected_index) == "Live"
         if compared and showing_live and self.session.last_exception is None:
@@ -219,6 +220,14 @@ class PanelController:
         message = self.analysis.open_or_inspect()
         if message is not None:
             self.outputs.show_error(message, "figure")
+        self.show_inspected()
+
+    def show_inspected(self) -> None:
+        """The last comparison's plans were inspected: show the Compare tab again (a true
+        plan's saving against the mixed plan comes from the inspections)."""
+        if self.analysis.attached and not self.closed and not self.session.running:
+            self.analysis.attached = False
+            self.session.show_results()
 
     def inspect(self) -> None:
         """``Panel.inspect``: compute what the analysis views lack, now."""
@@ -226,6 +235,7 @@ class PanelController:
         if self.session.running:
             raise RuntimeError("a run is going: inspect when it has ended")
         self.analysis.compute()
+        self.show_inspected()
 
     # ================================================================== lifetime
 

@@ -16,10 +16,10 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from precision_nb.core.text import confidence_text, fmt, speedup_text
+from precision_nb.core.text import number as as_number
 from precision_nb.views.report import tables as col
 from precision_nb.views.report.time_split import outcomes_html
-from precision_nb.views.text import confidence_text, speedup_text
-from precision_nb.views.text import number as as_number
 
 __all__ = [
     "COMPARE_LIVE_NOTE",
@@ -100,19 +100,6 @@ def _method_html(method: Mapping[str, Any] | None) -> str:
     )
 
 
-def _cell(value: Any) -> str:
-    if value is None or isinstance(value, str) and not value:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    number = as_number(value)
-    if number is None:
-        return "" if isinstance(value, float) else str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.2e}"
-
-
 def _ms(value: Any) -> str:
     number = as_number(value)
     return "" if number is None else f"{1000 * number:.3g}"
@@ -149,7 +136,7 @@ def table_html(
 def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, measured: bool) -> str:
     """Plan, speedup, step time, rate, memory, numerics, warm-up: the columns people compare
     (the rest is under "All columns")."""
-    present = {k for r in records for k, v in r.items() if _cell(v)}
+    present = {k for r in records for k, v in r.items() if fmt(v)}
     allocator = allocator_kinds(records)
     rate = "tokens_per_s" if "tokens_per_s" in present else "samples_per_s"
     columns: list[tuple[str, Any]] = [("plan", lambda r: str(r.get("run", "")))]
@@ -157,24 +144,50 @@ def _compact(records: list[dict[str, Any]], outcomes: Mapping[str, Any], *, meas
         columns.append((SPEEDUP_HEADER, lambda r: speedup_text(outcomes.get(str(r.get("run"))))))
     columns += [
         ("step ms, median (IQR)", _step_cell),
-        (rate.replace("_per_s", "/s"), lambda r: _cell(_round(r.get(rate)))),
+        (rate.replace("_per_s", "/s"), lambda r: fmt(_round(r.get(rate)))),
     ]
     if allocator:  # the device's allocator: the plan's own tensors (host RSS is not shown here)
         columns.append((f"peak MiB ({', '.join(allocator)})", _allocator_cell))
     columns += [
-        ("final loss", lambda r: _cell(r.get("final_loss"))),
-        ("Δ loss vs fp32", lambda r: _cell(r.get(col.LOSS_DIFF))),
-        ("weights rel. diff vs fp32", lambda r: _cell(r.get(col.PARAM_DIFF))),
-        ("skipped steps", lambda r: _cell(r.get(col.SKIPPED))),
+        ("final loss", lambda r: fmt(r.get("final_loss"))),
+        ("Δ loss vs fp32", lambda r: fmt(r.get(col.LOSS_DIFF))),
+        ("weights rel. diff vs fp32", lambda r: fmt(r.get(col.PARAM_DIFF))),
+        ("skipped steps", lambda r: fmt(r.get(col.SKIPPED))),
     ]
     if measured:
         columns.append(("warm-up", _warmup_cell))
+    columns += _true_columns(records, outcomes)
     wrap = []
     if col.ALSO_REQUESTED in present:
         wrap.append(len(columns))
         columns.append(("also requested as", lambda r: str(r.get(col.ALSO_REQUESTED) or "")))
     rows = [[cell(r) for _name, cell in columns] for r in records]
     return table_html([name for name, _cell_of in columns], rows, wrap)
+
+
+def _true_columns(
+    records: Sequence[Mapping[str, Any]], outcomes: Mapping[str, Any]
+) -> list[tuple[str, Any]]:
+    """A true plan's columns, read from its typed outcome (where any plan has them): its
+    parameter + gradient + optimizer-state bytes against the mixed plan of its dtype, and the
+    updates its weights rounded away at the last measured step."""
+    found = [outcomes.get(str(r.get("run"))) for r in records]
+    out: list[tuple[str, Any]] = []
+    if any(getattr(o, "saving", None) is not None for o in found):
+        out.append(("params+grads+optimizer bytes vs mixed", lambda r: _saving_cell(outcomes, r)))
+    if any(getattr(o, "lost_updates", None) is not None for o in found):
+        out.append(("updates rounded away (step)", lambda r: _lost_cell(outcomes, r)))
+    return out
+
+
+def _saving_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    saving = getattr(outcomes.get(str(row.get("run"))), "saving", None)
+    return "" if saving is None else f"{saving.ratio:.3f}x {saving.mixed}"
+
+
+def _lost_cell(outcomes: Mapping[str, Any], row: Mapping[str, Any]) -> str:
+    lost = getattr(outcomes.get(str(row.get("run"))), "lost_updates", None)
+    return "" if lost is None else f"{lost.updates_rounded_away:.1%} ({lost.step})"
 
 
 def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -187,7 +200,7 @@ def allocator_kinds(records: Sequence[Mapping[str, Any]]) -> list[str]:
 def _allocator_cell(row: Mapping[str, Any]) -> str:
     if row.get("memory_kind") == HOST_RSS:
         return ""
-    return _cell(row.get(col.PEAK_MIB))
+    return fmt(row.get(col.PEAK_MIB))
 
 
 def _process_memory_note(records: Sequence[Mapping[str, Any]], *, charted: bool) -> str:

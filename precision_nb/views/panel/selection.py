@@ -126,6 +126,19 @@ def _normalise_mode(value: Any) -> str:
     return normalize_plan(value, field="mode")
 
 
+def _compare_choice(value: Any) -> Any:
+    """A Compare list entry: a choice as listed, or a plan spelled as the Mode menu takes it
+    (``BF16-true+Kahan``); a plan refused for a reason (``fp32-true``) says why."""
+    if not isinstance(value, str) or value in COMPARE_CHOICES:
+        return value
+    try:
+        return normalize_plan(value, field="compare_plans")
+    except ValueError:
+        if "-true" in value.lower():
+            raise  # why the true request is refused (fp32-true, an unknown remedy...)
+        return value  # named with every allowed choice
+
+
 def _normalise_fused(value: Any) -> str:
     if value is None or value in FUSED_CHOICES:
         return "probe" if value is None else str(value)
@@ -188,7 +201,7 @@ def normalise(
             out[name] = value
         elif name == "compare_plans":
             many = isinstance(value, (list, tuple))
-            chosen = tuple(value) if many else (value,)
+            chosen = tuple(_compare_choice(c) for c in (value if many else (value,)))
             unknown = [c for c in chosen if not isinstance(c, str) or c not in COMPARE_CHOICES]
             if unknown or not chosen:
                 raise ValueError(

@@ -330,6 +330,11 @@ class RunSession:
         finally:
             self.live = None
 
+    def show_results(self) -> None:
+        """Show the last run's results again (its outcomes gained figures since)."""
+        if self.source is not None:
+            self._render_final()
+
     def _render_final(self) -> Any:
         """Charts, status, results and events of the finished run; returns its records as
         a DataFrame (None when there are none)."""
@@ -357,7 +362,7 @@ class RunSession:
             events,
             word=word,
             seconds=seconds,
-            outcomes=getattr(source, "outcomes", None) or {},
+            outcomes=_outcomes(source),
             method=None if measurement is None else measurement.method(),
             compiled=getattr(source, "compiled", None) or {},
             load_note=measurement.load_note if measurement is not None else "",
@@ -431,3 +436,12 @@ def compare_compiles(selection: Selection) -> tuple[str, ...]:
     """The compile modes a panel comparison measures: eager only, or eager and the selected
     mode (so every plan is compared with its own eager twin)."""
     return ("off",) if selection.compile == "off" else ("off", selection.compile)
+
+
+def _outcomes(source: Any) -> dict[str, Any]:
+    """Label -> the typed outcome of every run of ``source`` (a single run's holds its result:
+    a true plan's lost updates are on it)."""
+    from precision_nb.views.report.source import as_comparison
+
+    comparison = as_comparison(source)
+    return {label: comparison.outcome(label) for label in comparison.results}

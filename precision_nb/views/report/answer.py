@@ -16,6 +16,7 @@ from typing import Any
 
 from precision_nb.engine.comparison import Comparison, PlanOutcome
 from precision_nb.engine.numerics.fp16_run import counted_in_fp16
+from precision_nb.engine.true_figures import LostUpdates, TrueSaving
 from precision_nb.views.colors import colors_for_labels
 from precision_nb.views.report.hint import share_text
 from precision_nb.views.report.hints import Hint
@@ -86,10 +87,9 @@ def answers(
                 label=label,
                 color=colors[label],
                 verdict=verdict_view(outcome),
-                memory=_memory_lines(label, base, memory)
-                + _true_saving(label, _mixed_twin(label, comparison), memory),
+                memory=_memory_lines(label, base, memory) + _saving_lines(outcome.saving),
                 numerics=_numerics_lines(comparison.results[label], numerics)
-                + _lost_updates(comparison.results.get(label)),
+                + _lost_lines(outcome.lost_updates),
                 drift=_drift_line(label, base, outcome),
                 merged=tuple((req, text) for req, run, text in merged if run == label),
                 failed=str(outcome.failure or ""),
@@ -169,52 +169,34 @@ def _memory_lines(
     return tuple(lines)
 
 
-#: The kinds a true plan halves (the weights, their gradients and the optimizer's state).
-_TRUE_KINDS = ("parameters", "gradients", "optimizer state")
-
-
-def _mixed_twin(label: str, comparison: Comparison) -> str | None:
-    """For a true plan: the label of the mixed plan of the same dtype in the comparison."""
-    plan = getattr(comparison.results.get(label), "plan", None)
-    if plan is None or not getattr(plan, "true_weights", False):
-        return None
-    for other, result in comparison.results.items():
-        theirs = result.plan
-        if theirs.mode == plan.mode and not theirs.true_weights and other != label:
-            return other
-    return None
-
-
-def _true_saving(
-    label: str, twin: str | None, memory: Mapping[str, Mapping[str, tuple[int, str]]]
-) -> tuple[str, ...]:
-    """A true plan's saving against its mixed twin, by the inspected tensors' bytes."""
-    mine, ref = memory.get(label), memory.get(twin or "")
-    if twin is None or mine is None or ref is None:
+def _saving_lines(saving: TrueSaving | None) -> tuple[str, ...]:
+    """A true plan's saving against its mixed twin (the outcome's, by the inspected bytes)."""
+    if saving is None or not saving.before:
         return ()
-    now = sum(mine.get(k, (0, ""))[0] for k in _TRUE_KINDS)
-    before = sum(ref.get(k, (0, ""))[0] for k in _TRUE_KINDS)
-    if not before:
-        return ()
-    lines = [
-        f"against {twin} (mixed): parameters, gradients and optimizer state "
-        f"{size_text(before)} -> {size_text(now)} ({now / before:.3f}x)"
-    ]
-    kahan = mine.get("Kahan compensation buffers")
-    if kahan is not None:
-        lines.append(f"Kahan compensation buffers ({kahan[1]}): {size_text(kahan[0])} more")
+    line = (
+        f"against {saving.mixed} (mixed): parameters, gradients and optimizer state "
+        f"{size_text(saving.before)} -> {size_text(saving.after)} ({saving.ratio:.3f}x)"
+    )
+    if saving.kept:
+        line += (
+            f"; the tensors held in {saving.dtype} {saving.cast_ratio:.3f}x, with "
+            f"{size_text(saving.kept)} kept outside {saving.dtype} (the optimizer's step counters)"
+        )
+    lines = [line]
+    if saving.kahan:
+        lines.append(
+            f"Kahan compensation buffers ({saving.kahan_dtypes}): {size_text(saving.kahan)} more"
+        )
     return tuple(lines)
 
 
-def _lost_updates(result: Any) -> tuple[str, ...]:
-    """The run's measured lost updates at its last measured step (``update_stats``)."""
-    stats = getattr(result, "update_stats", None)
-    if not stats:
+def _lost_lines(lost: LostUpdates | None) -> tuple[str, ...]:
+    """The run's measured lost updates at its last measured step (the outcome's)."""
+    if lost is None:
         return ()
-    last = stats[-1]
     return (
-        f"updates rounded away at step {last['step']}: {last['updates_rounded_away']:.1%} of "
-        f"the weights; never moved since the start: {last['weights_never_moved']:.1%} "
+        f"updates rounded away at step {lost.step}: {lost.updates_rounded_away:.1%} of "
+        f"the weights; never moved since the start: {lost.weights_never_moved:.1%} "
         "(measured on the run's weights)",
     )
 

@@ -14,9 +14,9 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
+from precision_nb.core.text import confidence_text, ratio_text
 from precision_nb.views.report.markup import table_html
 from precision_nb.views.report.sections import ReportFile, Section
-from precision_nb.views.text import confidence_text, ratio_text
 
 __all__ = ["COLUMNS", "SHOWN", "TITLE", "compiled_rows", "compiled_section"]
 

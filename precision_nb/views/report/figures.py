@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from precision_nb.core.text import speedup_text
 from precision_nb.views.report.figure_base import (
     DASHBOARD_SIZE,
     SINGLE_SIZE,
@@ -42,7 +43,6 @@ from precision_nb.views.report.figure_base import (
 )
 from precision_nb.views.report.inspection_figures import draw_memory_breakdown
 from precision_nb.views.report.tables import RecordSource
-from precision_nb.views.text import speedup_text
 
 __all__ = [
     "MEMORY_KIND_LABELS",

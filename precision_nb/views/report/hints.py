@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from precision_nb.core.text import interval_text, times_text
 from precision_nb.engine.peaks import tf32_gain_note
 from precision_nb.engine.stats import MIN_ROUNDS as _MIN_ROUNDS
 from precision_nb.views.report import tables as col
@@ -102,7 +103,8 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Comparison) -> list[H
             Hint(
                 label,
                 "payoff",
-                f"single-run figure: {row['mode']} ran at {speedup:.2f}x the fp32 speed ({times}); "
+                f"single-run figure: {row['mode']} ran at {times_text(speedup)} the fp32 speed "
+                f"({times}); "
                 "runs measured one after the other carry no interval, so this says nothing "
                 "about which is faster.",
                 f"{col.SPEEDUP} = fp32 / this median step time (logged intervals)",
@@ -155,18 +157,18 @@ def _peak_gain(
         spread = (
             ""
             if low == high
-            else f"; range {low:.2f}-{high:.2f}x over the calibration repeats, on this machine "
-            "as loaded while they ran"
+            else f"; range {interval_text(low, high)} over the calibration repeats, on this "
+            "machine as loaded while they ran"
         )
         out.append(
             Hint(
                 label,
                 "peak",
-                f"Estimate: the {mode} matmul peak is {ratio:.2f}x the fp32 peak on this device "
-                f"({kind} peaks{spread}). That is what matmul-bound work would gain if both dtypes "
-                "reached the same fraction of their peaks; it is no upper bound (fp32 kernels "
-                f"can reach a smaller fraction of their peak than {mode} ones, which makes the "
-                "gain larger), and time outside matmuls makes the gain smaller."
+                f"Estimate: the {mode} matmul peak is {times_text(ratio)} the fp32 peak on this "
+                f"device ({kind} peaks{spread}). That is what matmul-bound work would gain if "
+                "both dtypes reached the same fraction of their peaks; it is no upper bound "
+                f"(fp32 kernels can reach a smaller fraction of their peak than {mode} ones, "
+                "which makes the gain larger), and time outside matmuls makes the gain smaller."
                 + _tf32_note(row, source, results),
                 f"peak_ratios from {kind} peaks (mfu_peak_source)",
                 "summary table",

@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from precision_nb.views.text import fmt, size_text
+from precision_nb.core.text import fmt, size_text
 
 __all__ = [
     "CSS",

@@ -221,7 +221,8 @@ class Numerics:
         else:
             text = (
                 f"Safe fp16 loss scales: 2^{w['lo']} to 2^{w['hi']} (at most "
-                f"{w['threshold']:.2g} of the non-zero gradients flush to 0, nothing overflows)."
+                f"{w['threshold'] * 100:.2g} % of the non-zero gradients flush to 0, nothing "
+                "overflows)."
             )
             text += _subnormal_text(w)
         if w.get("basis"):

@@ -91,7 +91,9 @@ def profile_request(
     default workload). ``rounds`` None: :data:`DEFAULT_ROUNDS`, or one per measured step when
     fewer steps are measured; more ``rounds`` than ``steps`` are refused. A distributed profile
     is one torchrun launch: its interval covers the rounds of that launch (the launch is its one
-    process level), so it gets neither processes nor a budget.
+    process level), so it gets neither processes nor a budget. ``processes=N`` measures exactly
+    N processes: the default budget limits only the processes the target adds, and a budget
+    other than the default stops N processes early (the verdicts say so).
     """
     from precision_nb.core import validate
     from precision_nb.core.optim import OptimizerConfig
@@ -105,6 +107,8 @@ def profile_request(
     analyses = [name for name, on in wanted if on]
     steps = DEFAULT_STEPS if steps is None else steps
     one_launch = distributed is not None
+    if processes is not None and budget_s == DEFAULT_BUDGET_S:
+        budget_s = None  # processes=N asked for: exactly N; the default budget is the target's
     measure = MeasureConfig(
         rounds=rounds,
         warmup_max=DEFAULT_WARMUP_MAX,
@@ -192,11 +196,12 @@ def profile(
     ranks, the slowest rank per step; see docs/distributed.md).
 
     ``processes`` / ``target`` / ``budget_s``: how long to measure. By default fresh processes
-    are added (a built-in workload can be rebuilt in one; a model object cannot, and is
-    measured in this process only, which the verdict says) until every speedup's interval over
-    processes is within ``target`` (±5 %) or ``budget_s`` (40 s) is spent; ``processes=N``
-    measures in exactly N processes, ``processes=1`` in this one only. The verdicts say which
-    rule stopped the measurement and what the interval covers.
+    are added (a model object travels to them by value; one that cannot is measured in this
+    process only, which the verdict says) until every speedup's interval over processes is
+    within ``target`` (±5 %) or ``budget_s`` (40 s) is spent; ``processes=N`` measures in
+    exactly N processes (the default budget does not cut them short; a budget other than the
+    default does), ``processes=1`` in this one only. The verdicts say which rule stopped the
+    measurement and what the interval covers.
 
     ``compile``: "off" (eager, the default), a torch.compile mode, or several (``"off,default"``
     or a sequence): every precision is measured under every mode (``bf16``, ``bf16+compile``),

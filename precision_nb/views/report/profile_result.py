@@ -9,7 +9,6 @@ steps per block) and ends with "what to try next", drawn from the hints.
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from precision_nb.core.cpu_features import read_cpu_features
+from precision_nb.core.text import fmt, times_text
 from precision_nb.engine.compare import Comparison
 from precision_nb.views.report import tables as col
 from precision_nb.views.report.answer import PlanAnswer, answers, cards_html, other_hints
@@ -50,6 +50,8 @@ NOTEBOOK_COLUMNS = (
     "final_loss",
     col.PEAK_MIB,
 )
+#: A true plan's columns, shown in a notebook when a plan has them.
+NOTEBOOK_TRUE_COLUMNS = (col.STATE_RATIO, col.ROUNDED_AWAY)
 
 
 @dataclass
@@ -125,7 +127,10 @@ class Profile:
             parts.append(f"<p><b>{e(self.load_note)}</b></p>")
         parts.append(cards_html(plans))
         columns = [c for c in NOTEBOOK_COLUMNS if c in self.summary]
-        parts.append(self.summary[columns].to_html(index=False, float_format=_fmt, na_rep=""))
+        columns += [
+            c for c in NOTEBOOK_TRUE_COLUMNS if c in self.summary and self.summary[c].notna().any()
+        ]
+        parts.append(self.summary[columns].to_html(index=False, float_format=fmt, na_rep=""))
         shown = other_hints(self.hints, plans)
         if shown:
             items = "".join(
@@ -170,12 +175,6 @@ class Profile:
         return "\n".join(lines)
 
 
-def _fmt(value: float) -> str:
-    if math.isnan(value):
-        return ""
-    return f"{value:.4g}"
-
-
 def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) -> dict[str, Any]:
     """Model, device, torch, CPU/GPU facts, TF32, method; "what to try next" last."""
     results = comparison.results
@@ -207,7 +206,7 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
     if comparison.peak_ratios:
         kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
         out[f"{kind} matmul peak vs fp32"] = ", ".join(
-            f"{k} {v}" if hasattr(v, "ratio") else f"{k} {v:.2f}x"
+            f"{k} {v}" if hasattr(v, "ratio") else f"{k} {times_text(v)}"
             for k, v in comparison.peak_ratios.items()
         )
     out.update(comparison.method)

@@ -28,6 +28,7 @@ __all__ = [
     "summary",
     "measured_row",
     "to_frame",
+    "true_row",
 ]
 
 RecordSource = Union[Sequence[Mapping[str, Any]], "pd.DataFrame", Any]
@@ -41,6 +42,11 @@ MEDIAN_STEP, STEP_IQR = "median_step_time_s", "step_time_iqr_s"
 LOSS_DIFF, PARAM_DIFF = "final_loss_diff_vs_fp32", "param_rel_diff_vs_fp32"
 PEAK_MIB, SKIPPED, ALSO_REQUESTED = "peak_memory_mib", "skipped_steps", "also_requested_as"
 WARMUP_STEPS, WARMUP_S = "warmup_steps", "warmup_s"
+# A true plan's figures (its outcome's ``saving`` and ``lost_updates``).
+MIXED_TWIN, STATE_RATIO = "state_vs_mixed_plan", "state_bytes_ratio_vs_mixed"
+CAST_RATIO, KAHAN_MIB = "cast_bytes_ratio_vs_mixed", "kahan_buffers_mib"
+LOST_STEP, ROUNDED_AWAY = "lost_updates_step", "rounded_away_share"
+NEVER_MOVED = "never_moved_share"
 
 SUMMARY_COLUMNS = (
     "run",
@@ -77,6 +83,13 @@ SUMMARY_COLUMNS = (
     "loss_scale_lab",
     ALSO_REQUESTED,
     "failed",
+    MIXED_TWIN,
+    STATE_RATIO,
+    CAST_RATIO,
+    KAHAN_MIB,
+    LOST_STEP,
+    ROUNDED_AWAY,
+    NEVER_MOVED,
 )
 
 #: Columns taken from a Comparison's typed outcomes (its interleaved measurement) when present.
@@ -130,6 +143,32 @@ def measured_row(outcome: PlanOutcome) -> dict[str, Any]:
                 "speedup_half_width": v.half_width,
                 "stopped_by": v.stopped_by,
                 "verdict": str(v),
+            }
+        )
+    return row
+
+
+def true_row(outcome: PlanOutcome) -> dict[str, Any]:
+    """A true plan's columns of its typed outcome: its saving against the mixed plan of its
+    dtype (parameters + gradients + optimizer state bytes; the tensors held in its dtype alone;
+    Kahan buffers apart) and its measured lost updates at the last measured step."""
+    row: dict[str, Any] = {}
+    saving, lost = outcome.saving, outcome.lost_updates
+    if saving is not None:
+        row.update(
+            {
+                MIXED_TWIN: saving.mixed,
+                STATE_RATIO: saving.ratio,
+                CAST_RATIO: saving.cast_ratio,
+                KAHAN_MIB: saving.kahan / 2**20 if saving.kahan else math.nan,
+            }
+        )
+    if lost is not None:
+        row.update(
+            {
+                LOST_STEP: lost.step,
+                ROUNDED_AWAY: lost.updates_rounded_away,
+                NEVER_MOVED: lost.weights_never_moved,
             }
         )
     return row
@@ -223,6 +262,11 @@ def summary(
     - ``peak_memory_mib`` with its ``memory_kind``; ``skipped_steps`` = last ``skipped_total``;
       ``steps`` = last logged step; ``fused_adamw``; the resolved plan fields and device.
     - ``also_requested_as``: requests merged into this run because they resolved to the same plan.
+    - A true plan's figures (:func:`true_row`): ``state_bytes_ratio_vs_mixed`` (its parameter,
+      gradient and optimizer-state bytes over those of ``state_vs_mixed_plan``, by the inspected
+      tensors), ``cast_bytes_ratio_vs_mixed`` (the tensors held in its dtype alone),
+      ``kahan_buffers_mib``; the update probe's ``rounded_away_share`` and ``never_moved_share``
+      at ``lost_updates_step`` (any run that probed them).
 
     The baseline is the run labelled ``baseline``, else the first run whose resolved mode is fp32.
     """
@@ -287,9 +331,11 @@ def summary(
             ),
             "failed": None,
         }
-        measured = measured_row(comparison.outcome(label))
+        outcome = comparison.outcome(label)
+        measured = measured_row(outcome)
         if measured:
             row.update({c: _num_or_value(measured.get(c)) for c in MEASURED_COLUMNS})
+        row.update(true_row(outcome))
         _drop_impossible_mfu(row, calibrated=label in miscalibrated)
         out.append(row)
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))

@@ -117,3 +117,23 @@ def test_random_ops_are_named_for_the_agreement_check(batch):
     found = graph_breaks(model, batch, pnb.plan("fp32", "cpu").plan, probes=False)
     assert found.forward.random_ops == ("dropout",)
     assert graph_breaks(Clean(), batch, pnb.plan("fp32", "cpu").plan).forward.random_ops == ()
+
+
+def test_dynamo_noise_while_explaining_is_recorded_not_printed(capfd):
+    """Dynamo warns (through torch's own log handler, which writes to stderr) that it ignores a
+    profiler record function; explaining a region keeps that out of the output, in ``notes``."""
+    from torch._logging._internal import warning_once
+
+    from precision_nb.engine.compile.breaks import explain
+
+    warning_once.cache_clear()  # torch warns once per process: make this test see it
+
+    def region(x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.profiler.record_function("step"):
+            return x * 2
+
+    report = explain("step", region, torch.ones(3))
+    said = capfd.readouterr()
+    assert "will be ignored" not in said.err + said.out
+    assert any("record function" in note and "will be ignored" in note for note in report.notes)
+    assert report.to_dict()["notes"] == list(report.notes)

@@ -72,6 +72,11 @@ def test_one_launch_measures_both_plans_like_one_process(measured) -> None:
     )
     assert stats.verdict("bf16", speed).kind in ("faster", "slower", "unresolved")
     assert speed.level == "rounds" and "one torchrun launch" in speed.stopped_by
+    # the verdict says what was measured (one launch, not "one process") and the machine load
+    said = str(stats.verdict("bf16", speed))
+    assert f"{ROUNDS} rounds in one torchrun launch" in said and "one process" not in said
+    assert "several processes" not in said
+    assert m.load is not None and any("load" in e.data for e in m.events)
 
 
 def test_the_ranks_stop_each_warm_up_at_the_same_step(measured) -> None:

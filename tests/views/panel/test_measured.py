@@ -8,10 +8,10 @@ import re
 
 import pytest
 
+from precision_nb.core.text import speedup_text
 from precision_nb.views.panel import Panel
 from precision_nb.views.panel.layout import tab_name
 from precision_nb.views.panel.live_charts import live_charts_html
-from precision_nb.views.text import speedup_text
 
 TIMEOUT = 120
 
@@ -31,7 +31,9 @@ def test_compare_table_shows_each_speedup_with_its_interval_and_verdict(compared
     assert "speedup vs fp32 (95 % CI)" in table and "benchmark" in table
     low, high = bf16.speedup.low, bf16.speedup.high
     assert low is not None and high is not None  # 6 rounds: an interval exists
-    shown = f"{bf16.speedup.estimate:.2f}× ({low:.2f}–{high:.2f})"
+    est = bf16.speedup.estimate
+    half = (high - low) / (2 * est)  # the "±" is left out from ±100 % on
+    shown = f"{est:.2f}× ({low:.2f}–{high:.2f}" + (f", ±{half * 100:.0f} %)" if half < 1 else ")")
     assert shown in table
     assert "1.00× (baseline)" in table
     verdict = str(bf16.verdict).split(" (")[0]
@@ -109,7 +111,7 @@ def test_a_single_run_marks_its_figures_as_single_run() -> None:
 @pytest.mark.parametrize(
     ("speed", "kind", "text"),
     [
-        ((1.31, 1.22, 1.4), "faster", "1.31× (1.22–1.40)"),
+        ((1.31, 1.22, 1.4), "faster", "1.31× (1.22–1.40, ±7 %)"),
         ((0.9, None, None), "too_few", "0.90× (no interval)"),
         ((1.0, None, None), "baseline", "1.00× (baseline)"),
         # the baseline is told by the verdict's kind, never by its words
@@ -148,3 +150,22 @@ def test_a_comparison_on_a_busy_machine_says_so_before_its_verdicts(monkeypatch)
     assert html.escape(note) in table
     assert table.index("pnb-load-note") < table.index("pnb-verdicts")
     panel.close()
+
+
+def test_a_true_plans_saving_and_lost_updates_reach_the_compare_tab_from_its_outcome() -> None:
+    panel = Panel(steps=4, log_every=2, compare_plans=("bf16", "bf16-true"), budget=1)
+    try:
+        panel.widgets.compare_button.click()
+        assert panel.wait(TIMEOUT)
+        assert panel.error is None, panel.error
+        panel.inspect()  # both plans inspected: the true plan's outcome gets its saving
+        outcome = panel.result.outcome("bf16-true")
+        saving, lost = outcome.saving, outcome.lost_updates
+        assert saving is not None and saving.mixed == "bf16" and saving.cast_ratio == 0.5
+        assert lost is not None and panel.result.outcome("bf16").saving is None
+        table = html.unescape(panel.widgets.results_html.value)
+        assert "params+grads+optimizer bytes vs mixed" in table
+        assert f"{saving.ratio:.3f}x bf16" in table
+        assert f"{lost.updates_rounded_away:.1%} ({lost.step})" in table
+    finally:
+        panel.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 
@@ -330,6 +331,19 @@ def test_true_plans_in_the_mode_menu_and_their_refusals_in_the_error_box(panel: 
         panel.set(mode="fp32-true")
     panel.set(fused="probe", mode="bf16-true")
     assert panel.error is None and not panel.widgets.run_button.disabled
+
+
+def test_the_compare_list_takes_true_plans_as_the_mode_menu_spells_them(panel: Panel) -> None:
+    panel.set(compare_plans=("fp32", "BF16-true+Kahan", "bf16-mixed"))
+    assert panel.widgets.compare_plans.value == ("fp32", "bf16-true+kahan", "bf16")
+    for bad, words in (
+        ("fp32-true", "compare_plans: invalid value 'fp32-true': an fp32 plan has no true"),
+        ("bf16-true+magic", "unknown remedy 'magic'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            panel.set(compare_plans=("fp32", bad))
+        assert html.escape(words, quote=True) in panel.widgets.error_box.value
+    assert panel.widgets.compare_plans.value == ("fp32", "bf16-true+kahan", "bf16")
 
 
 def test_a_remedy_whose_library_is_missing_disables_run_and_names_the_extra(

@@ -149,10 +149,17 @@ def test_a_true_plan_card_says_its_saving_against_the_mixed_plan_and_its_lost_up
             ("Kahan compensation buffers", "bf16", 2000),
         ),
     }  # fmt: skip
+    comparison.attach_inspections(inspections)  # the engine sets each true plan's saving
+    saving = comparison.outcome("bf16-true").saving
+    assert (saving.mixed, saving.before, saving.after, saving.kept) == ("bf16", 16024, 8024, 24)
+    assert saving.cast_ratio == 0.5 and saving.kahan == 2000
     by = {a.label: a for a in answers(comparison, inspections=inspections)}
     card = by["bf16-true"]
     assert "against bf16 (mixed): parameters, gradients and optimizer state" in card.memory[-2]
-    assert card.memory[-2].endswith(f"({8024 / 16024:.3f}x)")
+    assert (
+        f"({8024 / 16024:.3f}x); the tensors held in bf16 0.500x, with 24 B kept"
+        in (card.memory[-2])
+    )
     assert card.memory[-1] == "Kahan compensation buffers (bf16): 1.95 KiB more"
     assert card.numerics[-1].startswith("updates rounded away at step 10: 90.0% of the weights")
     assert not any("(mixed)" in line for line in by["bf16"].memory)

@@ -52,8 +52,8 @@ def test_single_run_speedups_claim_nothing(make_records):
         + make_records("fp16", "fp16", step_time_s=0.020)
     )
     payoff = {h.run: h for h in _by_topic(hints(records))["payoff"]}
-    assert "single-run figure: bf16 ran at 2.00x" in payoff["bf16"].message
-    assert "0.50x" in payoff["fp16"].message
+    assert "single-run figure: bf16 ran at 2.00×" in payoff["bf16"].message
+    assert "0.50×" in payoff["fp16"].message
     assert all("pay" not in h.message for h in payoff.values())
     assert "fp32" not in payoff
     assert all("speedup_vs_fp32" in h.measurement for h in payoff.values())
@@ -83,7 +83,7 @@ def test_measured_verdicts_are_the_hints_and_lead_to_next_steps(make_records):
     (payoff,) = found["payoff"]
     assert payoff.message.startswith("bf16 vs fp32: no difference") and payoff.next_step
     (peak,) = found["peak"]
-    assert "2.50x the fp32 peak" in peak.message
+    assert "2.50× the fp32 peak" in peak.message
     (noise,) = found["noise"]
     assert "IQR 50%" in noise.message
     steps = what_to_try_next([payoff, peak, noise])
@@ -99,7 +99,7 @@ def test_the_peak_hint_carries_the_range_of_the_calibration_repeats(make_records
     source.peak_ratios = {"bfloat16": PeakRatio(2.33, 1.88, 4.11, "measured")}
     (peak,) = _by_topic(hints(source))["peak"]
     assert (
-        "2.33x the fp32 peak on this device (measured peaks; range 1.88-4.11x over the "
+        "2.33× the fp32 peak on this device (measured peaks; range 1.88–4.11 over the "
         "calibration repeats" in peak.message
     )
     assert "as loaded while they ran" in peak.message  # a reading of this machine, not a fact
@@ -303,7 +303,7 @@ def _peak_source(make_records, *, device, source, tf32=None, cc=None, name=None,
 def test_peak_ratio_is_an_estimate_labelled_with_its_source(make_records):
     gpu = _peak_source(make_records, device="cuda:0", source="datasheet: h100 sxm bfloat16 dense")
     (peak,) = _by_topic(hints(gpu))["peak"]
-    assert peak.message.startswith("Estimate: the bf16 matmul peak is 14.77x the fp32 peak")
+    assert peak.message.startswith("Estimate: the bf16 matmul peak is 14.77× the fp32 peak")
     assert "(datasheet peaks)" in peak.message and "no upper bound" in peak.message
     assert "measured" not in peak.message and "calibrated" not in peak.measurement
     assert peak.measurement.startswith("peak_ratios from datasheet peaks")
@@ -325,9 +325,9 @@ def test_the_tf32_note_follows_the_ops_that_ran_with_the_table_s_ratio(make_reco
     )  # fmt: skip
     (peak,) = _by_topic(hints(gpu))["peak"]
     assert "ran its convolutions (80% of its counted FLOPs) as TF32" in peak.message
-    assert "bf16 peak is 2.0x the TF32 peak (datasheet a100: 312 / 156 TFLOP/s)" in peak.message
+    assert "bf16 peak is 2.0× the TF32 peak (datasheet a100: 312 / 156 TFLOP/s)" in peak.message
     mix = 100 / (80 / 156 + 20 / 19.5)  # TFLOP/s: each class at its own peak, by hand
-    assert f"over its whole FLOP mix ({mix:.1f} TFLOP/s) {312 / mix:.1f}x" in peak.message
+    assert f"over its whole FLOP mix ({mix:.1f} TFLOP/s) {312 / mix:.1f}×" in peak.message
     # a transformer has no convolutions: with the default flags nothing ran as TF32, and the
     # fp32 column's ratio (989.5 / 67 on an H100) is the one that holds
     transformer = {"matmul": 90, "attention": 6, "other": 4}
@@ -336,7 +336,7 @@ def test_the_tf32_note_follows_the_ops_that_ran_with_the_table_s_ratio(make_reco
         name=h100, flops=transformer,
     )  # fmt: skip
     (peak,) = _by_topic(hints(gpu))["peak"]
-    assert "TF32" not in peak.message and "14.77x the fp32 peak" in peak.message
+    assert "TF32" not in peak.message and "14.77× the fp32 peak" in peak.message
     high = {**DEFAULT_TF32, "cuda_matmul_fp32_precision": "tf32"}  # set_float32_matmul_precision
     gpu = _peak_source(
         make_records, device="cuda:0", source="datasheet: h100 sxm", tf32=high, name=h100,
@@ -344,7 +344,7 @@ def test_the_tf32_note_follows_the_ops_that_ran_with_the_table_s_ratio(make_reco
     )  # fmt: skip
     (peak,) = _by_topic(hints(gpu))["peak"]
     assert "ran its matmuls (90% of its counted FLOPs) as TF32" in peak.message
-    assert f"{989.5 / 494.7:.1f}x the TF32 peak" in peak.message
+    assert f"{989.5 / 494.7:.1f}× the TF32 peak" in peak.message
     turing = _peak_source(
         make_records, device="cuda:0", source="datasheet: t4", tf32=DEFAULT_TF32, cc=(7, 5),
         name="Tesla T4", flops=cnn,

@@ -176,6 +176,18 @@ def test_a_profile_request_is_one_run_request_with_the_profiles_defaults():
         profile_mod.profile_request(compare="fp8")
 
 
+def test_processes_n_means_exactly_n_unless_a_budget_is_given():
+    from precision_nb.core import defaults
+
+    exact = profile_mod.profile_request(processes=3).measure
+    assert (exact.processes, exact.budget_s) == (3, None)  # the default budget cuts nothing short
+    assert "3 processes" in exact.describe_processes() and "no time limit" in exact.describe()
+    given = profile_mod.profile_request(processes=3, budget_s=10.0).measure
+    assert (given.processes, given.budget_s) == (3, 10.0)
+    chosen = profile_mod.profile_request().measure  # processes chosen by the target: budgeted
+    assert (chosen.processes, chosen.budget_s) == (None, defaults.DEFAULT_BUDGET_S)
+
+
 def test_rounds_above_the_steps_are_refused_naming_both(tmp_path):
     with pytest.raises(ValueError) as info:  # profile(steps=4, rounds=6) measured 4 rounds once
         profile_mod.profile("mlp", preset="tiny", steps=4, rounds=6, out=tmp_path / "o")

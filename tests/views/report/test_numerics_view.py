@@ -110,6 +110,8 @@ def test_window_text_gives_the_subnormal_share_and_what_was_counted(analysed):
         f"the {win['counted_tensors']} of" if win["counted_tensors"] < win["tensors"] else "all"
     )
     assert f"Counted: {counted}" in text and "autocast step holds" in text
+    # the threshold in the unit the docs give it in (0.1 %), not as a fraction (0.001)
+    assert f"at most {win['threshold'] * 100:.2g} % of the non-zero gradients" in text
     fig = analysed.window_figure()
     left = fig.axes[0]
     labels = {line.get_label() for line in left.get_lines()}

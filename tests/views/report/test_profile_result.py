@@ -57,7 +57,7 @@ def test_settings_name_model_machine_method_and_end_with_what_to_try_next(make_r
     assert "AVX512-BF16" in settings["CPU low-precision features"]
     assert "source:" in settings["CPU low-precision features"]
     key = "measured matmul peak vs fp32"
-    assert settings[key] == "bfloat16 3.00x (measured)"
+    assert settings[key] == "bfloat16 3.00× (measured)"
 
 
 def test_settings_show_the_peak_ratio_with_its_range(make_result):
@@ -67,7 +67,7 @@ def test_settings_show_the_peak_ratio_with_its_range(make_result):
     comparison.peak_ratios = {"bfloat16": PeakRatio(2.3, 1.9, 4.1, "measured: 5+ repeats each")}
     settings = measurement_settings(comparison, ())
     value = settings["measured matmul peak vs fp32"]
-    assert value == "bfloat16 2.30x, range 1.90-4.10x (measured: 5+ repeats each)"
+    assert value == "bfloat16 2.30×, range 1.90–4.10 (measured: 5+ repeats each)"
     assert settings["rounds"] == 8
     assert list(settings)[-1] == "what to try next"
 
@@ -111,7 +111,7 @@ def test_throughput_figure_shows_the_measured_rate_and_interval(make_result):
     comparison.outcomes["bf16"] = dataclasses.replace(bf16, rates=Rates(samples_per_s=12345.0))
     ax = throughput_figure(comparison).axes[0]
     labels = [line.get_label() for line in ax.get_lines()]
-    assert "bf16 2.00× (1.90–2.10)" in labels and "fp32" in labels
+    assert "bf16 2.00× (1.90–2.10, ±5 %)" in labels and "fp32" in labels
     flat = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert 12345.0 in flat
     assert "warm-up excluded" in ax.get_title()

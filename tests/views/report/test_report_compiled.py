@@ -65,7 +65,7 @@ def test_a_compiled_plans_card_leads_with_its_verdict_against_eager():
     from precision_nb.views.report.answer import _compile_lines
 
     lines = _compile_lines(_reports(0.010)["fp32+compile"])
-    assert lines[0].startswith("fp32+compile is 2.00x the fp32 speed")
+    assert lines[0].startswith("fp32+compile is 2.00× the fp32 speed")
     assert lines[1] == "compile step 2.50 s (cache miss), not timed"
     assert lines[2].startswith("pays back after 250 steps at this step time")
     assert _compile_lines(None) == ()

@@ -45,14 +45,6 @@ FORMAT_ALIASES = (
     "nvfp4_e2m1", "nv_fp4",
 )  # fmt: skip
 HARDWARE_NAMES = ("h100", "h200", "b200", "gb200")
-OUT_FILES = (
-    "numerics.csv",
-    "numerics_blocks.csv",
-    "numerics_gemms.csv",
-    "numerics_hardware.csv",
-    "numerics_hardware_layers.csv",
-    "numerics.html",
-)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -107,10 +107,6 @@ class Selection:
             return self.device[len(SIM_PREFIX) :]
         return None
 
-    @property
-    def fused_label(self) -> str:
-        return {None: "probe", True: "on", False: "off"}[self.fused]
-
 
 def _normalise_dtype(value: Any) -> str:
     """The dtype control's value: "none", or the core's canonical precision name."""

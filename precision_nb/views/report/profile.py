@@ -27,7 +27,7 @@ from precision_nb.core.defaults import (
     PROFILE_POINTS,
 )
 from precision_nb.views.report import folder
-from precision_nb.views.report.folder import ReportWriteError, WriteInterrupted, check_output_folder
+from precision_nb.views.report.folder import ReportWriteError, check_output_folder
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.numerics import Numerics
 from precision_nb.views.report.profile_result import Profile, measurement_settings
@@ -37,7 +37,6 @@ __all__ = [
     "Profile",
     "ProfileInterrupted",
     "ReportWriteError",
-    "WriteInterrupted",
     "check_output_folder",
     "output_folder",
     "profile",

@@ -64,7 +64,8 @@ def test_plans_md_says_what_plain_adamw_is_and_leaves_its_cost_to_the_measuremen
 def test_plans_md_gives_mps_fp32_as_this_project_s_rule():
     text = _text("plans.md")
     assert "MPS runs fp32" not in text
-    assert "| `mps-auto` | MPS | auto | fp32 | no | no | listed | this project's rule" in text
+    row = "| `mps-auto` | MPS | auto | fp32 | no | no | mixed | listed | this project's rule"
+    assert row in text
 
 
 def test_training_md_says_one_thing_about_when_the_lr_schedule_advances():

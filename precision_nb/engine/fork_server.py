@@ -174,7 +174,8 @@ class ForkServer:
             return None
 
     def launch(self, spec: Path, stderr: Path, target: str = WORKER) -> Child:
-        """Fork a child that runs ``target`` (``module:function``, called with ``[spec]``)."""
+        """Fork a child that runs ``target`` (``module:function``), called with the path of the
+        worker file as its one argument."""
         assert self.proc.stdin is not None
         request = {"spec": str(spec), "stderr": str(stderr), "target": target}
         self.proc.stdin.write(json.dumps(request) + "\n")

@@ -195,15 +195,32 @@ def profile(
     the compile step apart from every step time, and the report adds a torch.compile section
     (compile time, pay-back, speed against eager, agreement, graph breaks).
     """
-    request = profile_request(
-        workload if model is None else model, batches, loss_fn,
-        compare if modes is None else modes, preset=preset, device=device, steps=steps,
-        rounds=rounds, accumulation=accumulation, fused=fused, loss_scale_lab=loss_scale_lab,
-        progress=progress, inspect=inspect, numerics=numerics, distributed=distributed,
-        processes=processes, target=target, budget_s=budget_s, compile=compile,
-        time_split=time_split,
-    )  # fmt: skip
+    try:
+        request = profile_request(
+            workload if model is None else model, batches, loss_fn,
+            compare if modes is None else modes, preset=preset, device=device, steps=steps,
+            rounds=rounds, accumulation=accumulation, fused=fused, loss_scale_lab=loss_scale_lab,
+            progress=progress, inspect=inspect, numerics=numerics, distributed=distributed,
+            processes=processes, target=target, budget_s=budget_s, compile=compile,
+            time_split=time_split,
+        )  # fmt: skip
+    except ValueError as err:
+        raise _as_argument(err) from err
     return run_profile(request, out=output_folder(out), settings=settings)
+
+
+#: The request's field names -> the argument of :func:`profile` that sets them.
+ARGUMENT_NAMES = (("precision:", "compare:"), ("optimizer.fused:", "fused:"))
+
+
+def _as_argument(err: ValueError) -> ValueError:
+    """``err`` naming the argument of :func:`profile` the user passed, not the request field
+    it became (``compare: invalid value ...``, not ``precision: ...``)."""
+    text = str(err)
+    for field, argument in ARGUMENT_NAMES:
+        if text.startswith(field):
+            return ValueError(argument + text[len(field) :])
+    return err
 
 
 class ProfileInterrupted(KeyboardInterrupt):

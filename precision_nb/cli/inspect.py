@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_nb.cli.main import HelpFormatter, cli_text, paragraphs, run_failed
+from precision_nb.cli.main import HelpFormatter, cli_text, error, paragraphs, run_failed
+from precision_nb.cli.user_model import add_source_flags, check_source, target
 
 DEFAULT_OUT = "inspect-out"
 DEFAULT_PRECISION = "fp32,bf16"
@@ -34,26 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "--model and --batches load your own model as for `precision-nb profile`.",
         ),
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--workload", help="built-in workload: mlp, transformer (alias lm), cnn; default: mlp"
-    )
-    source.add_argument(
-        "--model",
-        metavar="MODULE:FACTORY",
-        help="your own model: package.module:factory, a callable returning an nn.Module (the "
-        "current folder is importable); default: none",
-    )
-    parser.add_argument(
-        "--preset",
-        default=None,
-        help="size preset: tiny, small, medium, large; default: small for the default workload, "
-        "tiny for a --workload or --model",
-    )
-    parser.add_argument(
-        "--batches",
-        metavar="MODULE:NAME",
-        help="batches for --model: a list, a DataLoader, a callable of the microbatch index, or "
+    add_source_flags(
+        parser,
+        "batches for --model: a list, a DataLoader, a callable of the microbatch index, or "
         "a callable without arguments returning one of those (the first batch is used); "
         "default: the name `batches` in the factory's module",
     )
@@ -82,23 +66,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str) -> int:
-    print(f"precision-nb inspect: error: {message}", file=sys.stderr)
-    return 2
-
-
 def check_flags(args: argparse.Namespace) -> None:
     """Check the flag values and ``--out`` without importing torch (``ValueError`` naming the
     flag)."""
-    from precision_nb.cli.profile import PRESET_NAMES, WORKLOAD_NAMES
     from precision_nb.core.names import device_string, precision_list
-    from precision_nb.core.validate import choice
     from precision_nb.views.report.folder import check_output_folder
 
-    if args.workload is not None:
-        choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
-    if args.preset is not None:
-        choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+    check_source(args)
     from precision_nb.core.remedies import check_flag
 
     check_flag(precision_list(args.precision, "--precision"), "--precision")
@@ -109,34 +83,22 @@ def check_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--{err}") from err  # "out: ..." -> "--out: ..."
 
 
-def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    from precision_nb.cli.user_model import user_model
-    from precision_nb.core.defaults import DEFAULT_PRESET, DEFAULT_WORKLOAD
-
-    model, batches = user_model(args.model, args.batches)
-    if model is not None:
-        return model, batches, args.preset or "tiny"
-    name = args.workload or DEFAULT_WORKLOAD
-    preset = args.preset or (DEFAULT_PRESET if args.workload is None else "tiny")
-    return name, None, preset
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         check_flags(args)
     except ValueError as err:
-        return _error(str(err))
+        return error("inspect", err)
     from precision_nb.core.device import resolve_device
     from precision_nb.core.plan import PrecisionConfig
     from precision_nb.views.report.inspection import inspect, write_inspection
 
     try:
-        model, batches, preset = _target(args)
+        model, batches, preset = target(args)
         resolve_device(args.device, args.simulate)  # absent hardware: exit 2 before any step
         modes = [m.strip() for m in str(args.precision).split(",") if m.strip()]
         requests = [PrecisionConfig(m, loss_scale_lab=args.loss_scale_lab) for m in modes]
     except (ValueError, RuntimeError) as err:
-        return _error(str(err))
+        return error("inspect", err)
     results = {}
     try:
         for request in requests:
@@ -154,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 continue
             results[label] = item
     except ValueError as err:
-        return _error(str(err))
+        return error("inspect", err)
     except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
         print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
         return 1

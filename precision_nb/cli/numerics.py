@@ -23,6 +23,7 @@ from precision_nb.cli.main import (
     paragraphs,
     run_failed,
 )
+from precision_nb.cli.user_model import add_source_flags, check_source, target
 from precision_nb.core.text import times_text
 
 DEFAULT_FORMATS = "fp16,bf16,fp8_e4m3,fp8_e5m2"
@@ -45,14 +46,6 @@ FORMAT_ALIASES = (
     "nvfp4_e2m1", "nv_fp4",
 )  # fmt: skip
 HARDWARE_NAMES = ("h100", "h200", "b200", "gb200")
-OUT_FILES = (
-    "numerics.csv",
-    "numerics_blocks.csv",
-    "numerics_gemms.csv",
-    "numerics_hardware.csv",
-    "numerics_hardware_layers.csv",
-    "numerics.html",
-)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -70,26 +63,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "--model and --batches load your own model as for `precision-nb profile`.",
         ),
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--workload", help="built-in workload: mlp, transformer (alias lm), cnn; default: mlp"
-    )
-    source.add_argument(
-        "--model",
-        metavar="MODULE:FACTORY",
-        help="your own model: package.module:factory, a callable returning an nn.Module (the "
-        "current folder is importable); default: none",
-    )
-    parser.add_argument(
-        "--preset",
-        default=None,
-        help="size preset: tiny, small, medium, large; default: small for the default workload, "
-        "tiny for a --workload or --model",
-    )
-    parser.add_argument(
-        "--batches",
-        metavar="MODULE:NAME",
-        help="batches for --model (the first batch is used); default: the name `batches` in "
+    add_source_flags(
+        parser,
+        "batches for --model (the first batch is used); default: the name `batches` in "
         "the factory's module",
     )
     parser.add_argument(
@@ -133,15 +109,10 @@ def _names(flag: str, value: str, allowed: tuple[str, ...], spellings: tuple[str
 def check_flags(args: argparse.Namespace) -> None:
     """Check the flag values and ``--out`` without importing torch (``ValueError`` naming the
     flag)."""
-    from precision_nb.cli.profile import PRESET_NAMES, WORKLOAD_NAMES
     from precision_nb.core.names import device_string
-    from precision_nb.core.validate import choice
     from precision_nb.views.report.folder import check_output_folder
 
-    if args.workload is not None:
-        choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
-    if args.preset is not None:
-        choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+    check_source(args)
     args.formats = _names("--formats", args.formats, FORMAT_NAMES, FORMAT_ALIASES)
     args.hardware = _names("--hardware", args.hardware, HARDWARE_NAMES, ())
     device_string(args.device, "--device")
@@ -150,18 +121,6 @@ def check_flags(args: argparse.Namespace) -> None:
             check_output_folder(Path(args.out).expanduser())
         except ValueError as err:
             raise ValueError(f"--{err}") from err  # "out: ..." -> "--out: ..."
-
-
-def _target(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    from precision_nb.cli.user_model import user_model
-    from precision_nb.engine.workloads import DEFAULT_PRESET, DEFAULT_WORKLOAD
-
-    model, batches = user_model(args.model, args.batches)
-    if model is not None:
-        return model, batches, args.preset or "tiny"
-    name = args.workload or DEFAULT_WORKLOAD
-    preset = args.preset or (DEFAULT_PRESET if args.workload is None else "tiny")
-    return name, None, preset
 
 
 def _text(analysis: Any, hardware: list[str]) -> str:
@@ -220,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from precision_nb.views.report.numerics import numerics
 
     try:
-        model, batches, preset = _target(args)
+        model, batches, preset = target(args)
         result = numerics(model, batches, formats=args.formats, device=args.device, preset=preset)
     except (ValueError, ImportError) as err:  # bad input; torchao missing for a block format
         return error("numerics", err)

@@ -15,7 +15,14 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["load", "user_model"]
+from precision_nb.core.defaults import (
+    DEFAULT_PRESET,
+    DEFAULT_WORKLOAD,
+    PRESET_NAMES,
+    WORKLOAD_NAMES,
+)
+
+__all__ = ["add_source_flags", "check_source", "load", "target", "user_model"]
 
 
 def load(flag: str, spec: str) -> tuple[Any, Any]:
@@ -95,3 +102,44 @@ def user_model(model: str | None, batches: str | None) -> tuple[Any, Any]:
     except ValueError as err:
         raise ValueError(f"--batches: {where}: {err}") from err
     return built, source
+
+
+def add_source_flags(parser: Any, batches_help: str) -> None:
+    """``--workload`` or ``--model``, ``--preset`` and ``--batches`` (help ``batches_help``)."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--workload", help="built-in workload: mlp, transformer (alias lm), cnn; default: mlp"
+    )
+    source.add_argument(
+        "--model",
+        metavar="MODULE:FACTORY",
+        help="your own model: package.module:factory, a callable returning an nn.Module (the "
+        "current folder is importable); default: none",
+    )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="size preset: tiny, small, medium, large; default: small for the default workload, "
+        "tiny for a --workload or --model",
+    )
+    parser.add_argument("--batches", metavar="MODULE:NAME", help=batches_help)
+
+
+def check_source(args: Any) -> None:
+    """``--workload`` and ``--preset`` among the allowed names (``ValueError`` naming the flag)."""
+    from precision_nb.core.validate import choice
+
+    if args.workload is not None:
+        choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
+    if args.preset is not None:
+        choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
+
+
+def target(args: Any) -> tuple[Any, Any, str]:
+    """(model or workload name, batches or None, preset) from :func:`add_source_flags`' flags."""
+    model, batches = user_model(args.model, args.batches)
+    if model is not None:
+        return model, batches, args.preset or "tiny"
+    name = args.workload or DEFAULT_WORKLOAD
+    preset = args.preset or (DEFAULT_PRESET if args.workload is None else "tiny")
+    return name, None, preset

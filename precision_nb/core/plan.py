@@ -14,7 +14,6 @@ import torch
 
 from precision_nb.core.names import (
     MODES,
-    PRECISIONS,
     REMEDIES,
     WEIGHTS,
     check_weights,
@@ -26,7 +25,6 @@ from precision_nb.core.validate import short_repr
 
 __all__ = [
     "MODES",
-    "PRECISIONS",
     "TORCH_DTYPES",
     "PrecisionConfig",
     "PrecisionPlan",

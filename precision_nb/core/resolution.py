@@ -20,7 +20,7 @@ from precision_nb.core import render
 from precision_nb.core.capabilities import Capabilities, get_capabilities
 from precision_nb.core.compile_mode import CompilePlan, resolve_compile
 from precision_nb.core.device import normalize_device_request, resolve_device_traced
-from precision_nb.core.matrix import MATRIX, ROWS, RULES_DOC, MatrixRow, lookup
+from precision_nb.core.matrix import MATRIX, RULES_DOC, MatrixRow, lookup
 from precision_nb.core.optim import OptimizerConfig, describe_fused
 from precision_nb.core.plan import TORCH_DTYPES, PrecisionConfig, PrecisionPlan
 from precision_nb.core.remedies import optimizer_decision
@@ -28,7 +28,6 @@ from precision_nb.core.validate import short_repr
 
 __all__ = [
     "MATRIX",
-    "ROWS",
     "Decision",
     "Explanation",
     "MatrixRow",

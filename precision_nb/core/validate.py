@@ -14,6 +14,8 @@ from typing import Any
 #: The most optimizer steps one call may ask for: a bound on ``steps`` everywhere (library, panel,
 #: command line), so a typo like ``steps=10**12`` is refused instead of starting a run for years.
 MAX_STEPS = 10_000_000
+#: The seeds ``torch.manual_seed`` accepts (a signed or unsigned 64-bit integer).
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 _REPR = reprlib.Repr()
 _REPR.maxstring = 60

@@ -88,11 +88,6 @@ class Rates:
     def resolved(self) -> float:
         return self.faster + self.slower
 
-    @property
-    def mc_error(self) -> float:
-        """The Monte-Carlo standard error of a rate of 5 % over these trials."""
-        return float(np.sqrt(0.05 * 0.95 / self.trials))
-
 
 def verdict_rates(
     base: np.ndarray,

@@ -41,7 +41,6 @@ from precision_nb.engine.measure_config import (
     MeasureConfig,
     PlanSpec,
     block_sizes,
-    check_options,
 )
 from precision_nb.engine.measurement import Measurement, PlanTiming, ProcessTiming, Warmup
 
@@ -59,7 +58,6 @@ __all__ = [
     "Warmup",
     "WarmupExhausted",
     "block_sizes",
-    "check_options",
     "measure_plans",
     "run_rounds",
     "warm_up",

@@ -20,9 +20,6 @@ SCHEDULES = ("constant", "cosine")
 #: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
 MAX_STEPS = validate.MAX_STEPS
 
-#: Seeds ``torch.manual_seed`` accepts.
-SEED_RANGE = (-(2**63), 2**64 - 1)
-
 
 def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     return validate.integer(f"train.{name}", value, minimum, maximum)
@@ -82,7 +79,7 @@ class TrainConfig:
         validate.choice("train.schedule", self.schedule, SCHEDULES)
         validate.number("train.min_lr_ratio", self.min_lr_ratio, minimum=0.0, maximum=1.0)
         if self.seed is not None:
-            validate.integer("train.seed", self.seed, *SEED_RANGE)
+            validate.integer("train.seed", self.seed, *validate.SEED_RANGE)
         for name in ("init_scale", "min_loss_scale"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
         _positive("growth_factor", self.growth_factor, 1.0)

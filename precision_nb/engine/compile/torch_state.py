@@ -64,10 +64,6 @@ class TorchCompilations:
         return sum(e.seconds for e in self.entries)
 
     @property
-    def recompile_reasons(self) -> tuple[str, ...]:
-        return tuple(e.recompile_reason for e in self.entries if e.recompile_reason)
-
-    @property
     def cache(self) -> str:
         """ "hit" (every lookup hit), "miss" (none did), "partial", or "none" (no lookup)."""
         hits = sum(e.cache_hits for e in self.entries)

@@ -33,7 +33,6 @@ from precision_nb.engine.distributed.parallel import batch_samples, check_divisi
 from precision_nb.engine.distributed.process import (
     exit_codes,
     failure,
-    free_port,
     read_ranks,
     root_cause,
     run_nodes,
@@ -49,7 +48,6 @@ from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload
 __all__ = [
     "exit_codes",
     "fit_distributed",
-    "free_port",
     "launch",
     "plan_spec",
     "resolved_on",

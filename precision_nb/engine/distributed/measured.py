@@ -258,11 +258,6 @@ def measure_distributed(
     return out
 
 
-def _block(plan: dict[str, Any], r: int) -> list[float]:
-    blocks = plan.get("blocks") or []
-    return blocks[r] if r < len(blocks) else []
-
-
 def _plan_of(line: dict[str, Any] | None, label: str) -> dict[str, Any]:
     return ((line or {}).get("plans") or {}).get(label) or {}
 

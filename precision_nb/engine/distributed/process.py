@@ -31,7 +31,6 @@ import psutil
 from precision_nb.core.distributed import Distributed, is_loopback
 from precision_nb.engine.distributed.failure import (
     AgentEnd,
-    agent_trouble,
     exit_codes,
     failure,
     root_cause,
@@ -53,7 +52,6 @@ __all__ = [
     "AgentEnd",
     "TorchrunRun",
     "agent_commands",
-    "agent_trouble",
     "exit_codes",
     "failure",
     "free_port",

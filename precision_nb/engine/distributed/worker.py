@@ -35,7 +35,6 @@ from precision_nb.engine.distributed.rank import (
     CommObserver,
     RankLog,
     build_model,
-    import_path,
     init_rank,
     make_trainer,
     memory_probe,
@@ -45,7 +44,7 @@ from precision_nb.engine.distributed.rank import (
 from precision_nb.engine.distributed.rank_measure import run_measured
 from precision_nb.engine.results import partial_result
 
-__all__ = ["RankLog", "import_path", "init_rank", "main", "make_trainer", "run"]
+__all__ = ["RankLog", "init_rank", "main", "make_trainer", "run"]
 
 
 def run(spec: dict[str, Any], log: RankLog) -> None:

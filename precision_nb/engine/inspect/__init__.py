@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from precision_nb.engine.inspect.op_trace import Flag, OpTracer
 from precision_nb.engine.inspect.step import InspectionData, run_inspection
 
-__all__ = ["Flag", "InspectionData", "OpTracer", "run_inspection"]
+__all__ = ["InspectionData", "run_inspection"]

@@ -41,10 +41,8 @@ from precision_nb.engine.stats import t_quantile
 SAMPLE_ELEMENTS = 2**14
 #: ... and at least this many rows (half for each of the two samples).
 MIN_SAMPLE_ROWS = 32
-#: The confidence of the sampled casts' intervals (:data:`Z95`, :func:`t95`).
+#: The confidence of the sampled casts' intervals (:func:`t95`).
 SAMPLE_CONFIDENCE = 0.95
-#: Two-sided 95 % normal quantile.
-Z95 = 1.959963984540054
 
 
 def t95(df: float) -> float:

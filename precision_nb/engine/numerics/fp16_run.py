@@ -34,13 +34,6 @@ from precision_nb.engine.numerics.collect import new_outputs
 
 _SEEN = "_precision_nb_fp16_trace_seen"
 
-#: Values of the ``fp16_run`` column: how a real fp16 autocast step holds a gradient.
-HELD = {
-    "fp16": "fp16: passes through fp16 whole in a real fp16 step",
-    "fp32": "fp32: kept in fp32 by autocast (a cast of it is a what-if only)",
-    "fp16+fp32": "used in fp16 and in fp32: its gradient is an fp32 sum with an fp16 part",
-}
-
 
 def counted_in_fp16(held: str | None, traced: bool) -> bool:
     """The one rule every fp16 what-if of a gradient follows (the scale window, the report's

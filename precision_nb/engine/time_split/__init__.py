@@ -23,8 +23,6 @@ from precision_nb.engine.adamw_timing import time_adamw
 from precision_nb.engine.time_split.advice import Advice, advise, wants_adamw_timing
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
 from precision_nb.engine.time_split.profiling import (
-    CastSummary,
-    MatmulShape,
     SplitConfig,
     TimeSplit,
     missing,
@@ -32,16 +30,13 @@ from precision_nb.engine.time_split.profiling import (
     split_plans,
     split_trainer,
 )
-from precision_nb.engine.time_split.reconcile import FamilyChange, PlanDifference, difference
+from precision_nb.engine.time_split.reconcile import PlanDifference, difference
 
 __all__ = [
     "DISTRIBUTED",
     "FAMILIES",
     "STEP_MARK",
     "Advice",
-    "CastSummary",
-    "FamilyChange",
-    "MatmulShape",
     "PlanDifference",
     "SplitConfig",
     "TimeAnalysis",

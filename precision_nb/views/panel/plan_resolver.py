@@ -20,7 +20,7 @@ from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabiliti
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.core.plan_code import code_spec, fused_flag, plan_code
+from precision_nb.core.plan_code import code_spec, plan_code
 from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.views.panel.controls import Controls
 from precision_nb.views.panel.selection import SIM_PREFIX, DeviceOption, Selection, check_seed
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from precision_nb.views.panel.distributed import DistributedPlanner
     from precision_nb.views.panel.outputs import PanelOutputs
 
-__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "fused_flag", "headline_html"]
+__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "headline_html"]
 
 _BADGE_REAL = "background:#d4edda;color:#155724"
 _BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"

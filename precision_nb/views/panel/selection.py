@@ -15,7 +15,7 @@ from precision_nb.core.defaults import DEFAULT_BUDGET_S
 from precision_nb.core.device import normalize_device_request
 from precision_nb.core.names import COMPILE_MODES, PLAN_SPELLINGS, compile_name
 from precision_nb.core.plan import normalize_plan, normalize_precision
-from precision_nb.core.validate import integer, number, positive_int, short_repr
+from precision_nb.core.validate import SEED_RANGE, integer, number, positive_int, short_repr
 
 __all__ = [
     "COMPARE_CHOICES",
@@ -56,9 +56,6 @@ COMPARE_CHOICES: dict[str, tuple[str, bool]] = {
     "bf16-true+kahan": ("bf16-true+kahan", False),
 }
 DEFAULT_COMPARE = ("fp32", "bf16", "fp16 + loss-scale lab")
-
-#: The seeds ``torch.manual_seed`` accepts (a signed or unsigned 64-bit integer).
-SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 def check_seed(value: Any) -> int:
@@ -106,10 +103,6 @@ class Selection:
         if self.device.startswith(SIM_PREFIX):
             return self.device[len(SIM_PREFIX) :]
         return None
-
-    @property
-    def fused_label(self) -> str:
-        return {None: "probe", True: "on", False: "off"}[self.fused]
 
 
 def _normalise_dtype(value: Any) -> str:

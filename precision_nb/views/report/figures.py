@@ -24,7 +24,6 @@ from precision_nb.core.text import speedup_text
 from precision_nb.views.report.figure_base import (
     DASHBOARD_SIZE,
     SINGLE_SIZE,
-    PlanFigure,
     Prepared,
     attempt_x,
     figure_to_png,
@@ -46,7 +45,6 @@ from precision_nb.views.report.tables import RecordSource
 
 __all__ = [
     "MEMORY_KIND_LABELS",
-    "PlanFigure",
     "dashboard_figure",
     "figure_to_png",
     "loss_figure",

@@ -20,7 +20,6 @@ from precision_nb.core.defaults import (
     DEFAULT_COMPARE,
     DEFAULT_PRESET,
     DEFAULT_PROCESSES,
-    DEFAULT_ROUNDS,
     DEFAULT_STEPS,
     DEFAULT_TARGET,
     DEFAULT_WARMUP_MAX,
@@ -28,25 +27,16 @@ from precision_nb.core.defaults import (
     PROFILE_POINTS,
 )
 from precision_nb.views.report import folder
-from precision_nb.views.report.folder import ReportWriteError, WriteInterrupted, check_output_folder
+from precision_nb.views.report.folder import ReportWriteError, check_output_folder
 from precision_nb.views.report.hints import hints
 from precision_nb.views.report.numerics import Numerics
 from precision_nb.views.report.profile_result import Profile, measurement_settings
 from precision_nb.views.report.tables import summary
 
 __all__ = [
-    "DEFAULT_BUDGET_S",
-    "DEFAULT_PROCESSES",
-    "DEFAULT_ROUNDS",
-    "DEFAULT_STEPS",
-    "DEFAULT_TARGET",
-    "DEFAULT_WARMUP_MAX",
-    "PROFILE_POINTS",
     "Profile",
     "ProfileInterrupted",
-    "ProfileOutput",
     "ReportWriteError",
-    "WriteInterrupted",
     "check_output_folder",
     "output_folder",
     "profile",
@@ -55,9 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: The earlier name of :class:`Profile` (same fields: out_dir, files, comparison, summary, hints).
-ProfileOutput = Profile
 
 
 def profile_request(

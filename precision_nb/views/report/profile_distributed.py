@@ -14,17 +14,12 @@ from precision_nb.views.report.markup import table_html
 from precision_nb.views.report.sections import Section, csv_file
 
 __all__ = [
-    "DISTRIBUTED_FILES",
     "TITLE",
     "distributed_body",
     "distributed_html",
     "distributed_section",
     "rank_step_table",
 ]
-
-#: The files a distributed profile adds to the report folder (and ``distributed_nodes.csv``, one
-#: row per node, for a run over several nodes).
-DISTRIBUTED_FILES = ("distributed_steps.csv", "distributed_memory.csv", "distributed_comm.csv")
 
 
 def rank_step_table(label: str, result: Any) -> list[dict[str, Any]]:

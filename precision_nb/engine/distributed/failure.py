@@ -137,9 +137,32 @@ def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> str:
     )
 
 
+def _from_outside(agent: AgentEnd) -> bool:
+    """The agent was signalled, or its rendezvous never completed: a cause, not a consequence."""
+    text = agent.log_text
+    return (
+        (agent.returncode or 0) < 0 or "SignalException" in text or "RendezvousTimeoutError" in text
+    )
+
+
+def _signalled_before_the_stop(agent: AgentEnd) -> bool:
+    """The agent's first signal was not the launcher's SIGTERM: it came from outside, before the
+    launcher stopped the run."""
+    got = re.search(r"SignalException: Process \d+ got signal: (\d+)", agent.log_text)
+    return got is not None and int(got.group(1)) != signal.SIGTERM
+
+
 def _first_failed_agent(run: TorchrunRun) -> AgentEnd | None:
-    failed = [a for a in run.agents if a.returncode not in (None, 0) and not a.stopped]
-    return min(failed, key=lambda a: a.t_end or 0.0) if failed else None
+    """The agent that failed first; one stopped from outside (a signal, no rendezvous) before
+    any other. A signalled agent waits for its ranks to stop between steps, so another node's
+    agent, whose rank lost its connection meanwhile, can end earlier, and the launcher then
+    stops the signalled one too (which its log's first signal tells apart)."""
+    failed = [
+        a
+        for a in run.agents
+        if a.returncode not in (None, 0) and (not a.stopped or _signalled_before_the_stop(a))
+    ]
+    return min(failed, key=lambda a: (not _from_outside(a), a.t_end or 0.0)) if failed else None
 
 
 def _who(r: RankResult, multinode: bool) -> str:
@@ -161,11 +184,7 @@ def failure(result: DistributedResult, run: TorchrunRun) -> DistributedError:
     lines = [run.headline or f"distributed run failed (torchrun exit code {run.returncode})"]
     # A signal to a node's agent or a rendezvous that never completed comes first: the other
     # nodes' ranks then fail on the lost connection. Otherwise a rank's own error is the cause.
-    outside = agent is not None and (
-        (agent.returncode or 0) < 0
-        or "SignalException" in agent.log_text
-        or "RendezvousTimeoutError" in agent.log_text
-    )
+    outside = agent is not None and _from_outside(agent)
     if agent is not None and trouble is not None and (outside or not own):
         node, root = agent.node, None
         if "RendezvousTimeoutError" in agent.log_text and req is not None:

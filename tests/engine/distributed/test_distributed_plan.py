@@ -261,3 +261,28 @@ def test_rank0_optimizer_outcome_comes_back_from_the_rank_result() -> None:
     assert rank0_optimizer_outcome(DistributedResult(plan=None, ranks=[rank])) == outcome
     rank.result = {}  # a rank that left no outcome: None, not a guess
     assert rank0_optimizer_outcome(DistributedResult(plan=None, ranks=[rank])) is None
+
+
+def test_a_signalled_node_is_named_though_another_node_ended_first(tmp_path) -> None:
+    # Ctrl-C on node 1's agent: its rank stops between steps while node 0's rank loses its
+    # connection and node 0's agent ends first; the launcher then stops node 1's agent too.
+    from types import SimpleNamespace
+
+    from precision_nb.engine.distributed.failure import AgentEnd, failure
+    from precision_nb.engine.distributed.process import TorchrunRun
+    from precision_nb.engine.distributed.results import DistributedResult
+
+    lost = {"t": 5.0, "type": "RuntimeError", "message": "Connection closed by peer"}
+    ranks = [RankResult(0, node=0, error=lost), RankResult(1, node=1, finished=True)]
+    node0 = AgentEnd(0, 1, 5.1, False, "torch.distributed.elastic ChildFailedError\n")
+    node1 = AgentEnd(1, 1, 6.0, True, "SignalException: Process 42 got signal: 2\n")
+    run = TorchrunRun(1, "", False, 0.0, 6.0, tmp_path, [node0, node1], "127.0.0.1:1")
+    plan = SimpleNamespace(request=SimpleNamespace(nnodes=2))
+    error = failure(DistributedResult(plan=plan, ranks=ranks), run)
+    assert error.node == 1
+    assert "node 1: its torchrun agent received SIGINT (Ctrl-C)" in str(error)
+    # a node the launcher stopped with its own SIGTERM is not the cause
+    node1 = AgentEnd(1, 1, 6.0, True, "SignalException: Process 42 got signal: 15\n")
+    run = TorchrunRun(1, "", False, 0.0, 6.0, tmp_path, [node0, node1], "127.0.0.1:1")
+    error = failure(DistributedResult(plan=plan, ranks=ranks), run)
+    assert error.node == 0 and "node 0, rank 0 raised RuntimeError" in str(error)

@@ -311,7 +311,7 @@ def test_a_true_plans_outcome_carries_its_saving_and_lost_updates_and_the_views_
     )  # fmt: skip
     assert out.outcome("bf16").lost_updates is None  # not probed in a mixed run by default
     card = {a.label: a for a in answers(out, inspections=inspections)}["bf16-true"]
-    assert any(line.startswith("against bf16 (mixed)") and "0.500x" in line for line in card.memory)
+    assert any(line.startswith("against bf16 (mixed)") and "0.500×" in line for line in card.memory)
     assert any(f"{lost.updates_rounded_away:.1%} of the weights" in x for x in card.numerics)
     row = col.summary(out).set_index("run").loc["bf16-true"]
     assert row[col.MIXED_TWIN] == "bf16" and row[col.CAST_RATIO] == 0.5

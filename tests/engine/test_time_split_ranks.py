@@ -1,6 +1,7 @@
 """A distributed run's time split without a launch: a rank's split survives its JSON line, the
 launcher keeps the slowest rank's, a rank that could not profile is named with its reason, and
-the kept splits are reconciled with the distributed verdict's interval."""
+the kept splits are reconciled with the distributed verdict's interval; a rank writes its split even
+when timing AdamW for the advice fails."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from dataclasses import dataclass
 
 import pytest
+import torch
+from torch import nn
 
 from precision_nb.engine.adamw_timing import AdamWTiming
 from precision_nb.engine.comparison import Comparison, PlanOutcome
@@ -15,8 +18,10 @@ from precision_nb.engine.time_split import (
     DISTRIBUTED,
     FAMILIES,
     PlanFacts,
+    SplitConfig,
     TimeSplit,
     missing,
+    rank_split,
     split_distributed,
 )
 from precision_nb.engine.time_split.profiling import CastSummary, MatmulShape
@@ -27,6 +32,8 @@ from precision_nb.engine.time_split.ranks import (
     slowest,
     to_json,
 )
+from precision_nb.engine.train_config import TrainConfig
+from precision_nb.engine.trainer import Trainer
 
 
 def _split(label: str, seconds: float = 0.5, **families: float) -> TimeSplit:
@@ -123,3 +130,43 @@ def test_a_distributed_comparison_gets_the_kept_splits_reconciled_with_its_verdi
     gone = comparison.outcomes["bf16"].time_split
     assert gone.missing == f"{DISTRIBUTED}: rank 1: the profiled steps failed: RuntimeError: x"
     assert any(e.kind == "warning" and "bf16" in e.message for e in events)
+
+
+class Tiny(nn.Module):
+    """A linear layer whose loss is its own output's mean: enough for a short fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x).square().mean()
+
+
+def _fitted() -> Trainer:
+    torch.manual_seed(0)
+    batch = torch.randn(8, 64)
+    cfg = TrainConfig(steps=2, progress=False, measure_peak=False)
+    trainer = Trainer(Tiny(), lambda i: batch, device="cpu", precision="fp32", train=cfg)
+    trainer.fit(2)
+    return trainer
+
+
+def test_a_rank_writes_its_split_and_its_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from precision_nb.engine import time_split
+
+    config = SplitConfig(steps=1, unprofiled=0)
+    split, facts = from_json(json.loads(json.dumps(rank_split(_fitted(), "fp32", config))))
+    assert split.available and split.steps == 1 and split.step_s > 0
+    assert facts is not None and "AdamW on float32 weights" in facts.optimizer
+
+    def fails(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("sharded parameters")
+
+    # a plain AdamW step that holds the whole step wants the fused timing: it fails here, and
+    # the split says so instead of losing the rank
+    monkeypatch.setattr(time_split, "wants_adamw_timing", lambda *_: True)
+    monkeypatch.setattr(time_split, "time_adamw", fails)
+    split, facts = from_json(rank_split(_fitted(), "fp32", config))
+    assert facts is not None and facts.adamw is None
+    assert "no optimizer advice" in split.notes[-1] and "sharded parameters" in split.notes[-1]

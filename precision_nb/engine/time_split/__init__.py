@@ -142,11 +142,12 @@ def _optimizer_words(trainer: Any) -> str:
     return f"{'fused' if fused else 'plain'} AdamW on {dtype} weights"
 
 
-def plan_facts(trainer: Any, split: TimeSplit) -> PlanFacts:
-    """:class:`PlanFacts` of ``trainer`` (its split decides whether AdamW is timed)."""
+def plan_facts(trainer: Any, split: TimeSplit, *, adamw: bool = True) -> PlanFacts:
+    """:class:`PlanFacts` of ``trainer`` (its split decides whether AdamW is timed; never with
+    ``adamw=False``)."""
     fused = bool(getattr(trainer.optimizer_outcome, "used", False))
     timing = None
-    if wants_adamw_timing(split, fused):
+    if adamw and wants_adamw_timing(split, fused):
         # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
         timing = time_adamw(
             trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
@@ -256,7 +257,18 @@ def rank_split(trainer: Any, label: str, config: SplitConfig) -> dict[str, Any]:
     (:mod:`~precision_nb.engine.time_split.ranks`); every rank calls it for the same plans in the
     same order, after the timed rounds (the profiled steps' collectives need every rank)."""
     split = split_trainer(trainer, label, config=config)
-    return ranks.to_json(split, plan_facts(trainer, split) if split.available else None)
+    if not split.available:
+        return ranks.to_json(split)
+    try:
+        facts = plan_facts(trainer, split)
+    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. sharded parameters: said
+        note = (
+            "no optimizer advice: timing plain against fused AdamW on this rank's parameters "
+            f"failed: {type(exc).__name__}: {exc}"
+        )
+        split = dataclasses.replace(split, notes=(*split.notes, note))
+        facts = plan_facts(trainer, split, adamw=False)
+    return ranks.to_json(split, facts)
 
 
 def split_distributed(

@@ -75,9 +75,10 @@ def slowest(label: str, items: Sequence[Mapping[str, Any] | None]) -> tuple[Time
     steps = ", ".join(f"rank {r}: {s.step_s * 1e3:.3f} ms" for r, (s, _) in enumerate(found))
     note = (
         f"rank {rank}'s profiled steps, the slowest of the {len(found)} ranks' ({steps}): a "
-        "distributed step takes as long as its slowest rank; the communication family is the "
-        "collectives' time the profiler recorded on that rank (launching them, and the "
-        "backend's own work where it is traced, waiting for the other ranks included)"
+        "distributed step takes as long as its slowest rank; communication is the time the "
+        "profiler recorded inside the collectives' own ops on that rank (c10d::, gloo, nccl); "
+        "waiting for an asynchronous collective outside them (DDP waits for its all-reduces at "
+        "the end of the backward) is in outside ops"
     )
     return dataclasses.replace(split, notes=(*split.notes, note)), facts
 

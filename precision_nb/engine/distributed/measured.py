@@ -40,6 +40,7 @@ from precision_nb.engine.measure import warmup_event as _warmup_event
 from precision_nb.engine.measure_config import MeasureConfig
 from precision_nb.engine.measurement import Measurement, PlanTiming, Warmup
 from precision_nb.engine.stats import ONE_LAUNCH
+from precision_nb.engine.time_split import SplitConfig, split_distributed
 from precision_nb.engine.workloads import get_workload
 
 __all__ = [
@@ -73,6 +74,9 @@ class MeasuredRuns:
     seconds: float = 0.0
     startup_s: float | None = None
     stopped: bool = False
+    #: Label -> each rank's ``time_split`` data (rank order, None where a rank wrote none);
+    #: empty when no time split was asked for.
+    time_splits: dict[str, list[dict[str, Any] | None]] = field(default_factory=dict)
 
 
 def slowest_per_step(blocks: Sequence[Sequence[float]]) -> tuple[list[float], bool]:
@@ -183,6 +187,7 @@ def measure_distributed(
     measure: MeasureConfig | None = None,
     callbacks: Iterable[Any] = (),
     stop: Any = None,
+    time_split: Any = None,
     **train_options: Any,
 ) -> MeasuredRuns:
     """Measure ``plans`` (label -> precision request) on ``model`` in one torchrun launch of
@@ -193,6 +198,8 @@ def measure_distributed(
     ``train_options`` are ``TrainConfig`` fields (``steps``: measured steps per plan, split over
     ``measure.rounds``). ``callbacks`` get rank 0's records (``on_log``, each with its ``run``
     label) and the phases as they start (``on_phase(text)``: "warm-up of bf16", "round 3/8").
+    ``time_split``: a :class:`~precision_nb.engine.time_split.SplitConfig`: after the timed
+    rounds every rank profiles a few steps of each plan (``MeasuredRuns.time_splits``).
     A failing rank raises :class:`~precision_nb.engine.distributed.results.DistributedError`
     (``.results``: label -> each plan's records so far).
     """
@@ -218,6 +225,7 @@ def measure_distributed(
             for label, p in resolved.items()
         ]
         spec["measure"] = asdict(mcfg)
+        spec["time_split"] = asdict(time_split) if time_split is not None else None
         spec_path.write_text(json.dumps(spec), encoding="utf-8")
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -246,6 +254,11 @@ def measure_distributed(
     measurement.events.append(measurement.load.event())
     out = MeasuredRuns(measurement, results, list(lines.values()), run.seconds)
     out.stopped = run.stopped or measurement.stopped
+    if time_split is not None:
+        out.time_splits = {
+            label: [_plan_line(logs[rank], "time_split", label) for rank in sorted(logs)]
+            for label in labels
+        }
     phases = [_first(items, "phase") for items in logs.values()]
     if phases and all(p is not None for p in phases):  # launch -> every rank's first warm-up
         out.startup_s = max(float(p["t"]) for p in phases if p is not None) - run.t0
@@ -265,6 +278,10 @@ def _plan_of(line: dict[str, Any] | None, label: str) -> dict[str, Any]:
 def _last(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     found = [item for item in items if item.get("kind") == kind]
     return found[-1] if found else None
+
+
+def _plan_line(items: list[dict[str, Any]], kind: str, label: str) -> dict[str, Any] | None:
+    return _last([item for item in items if item.get("plan") == label], kind)
 
 
 def _first(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
@@ -337,11 +354,12 @@ def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[st
             f"{', '.join(planning.labels)} ({cfg.steps} steps each after a warm-up)",
             flush=True,
         )
+    split = SplitConfig() if "time_split" in request.analyses else None
     measured = measure_distributed(
         request.model, plans=planning.precisions, distributed=dist, preset=request.preset,
         device=request.device, optimizer=request.optimizer, measure=request.measure,
         callbacks=[_PrintPhases()] if cfg.progress else [], stop=stop, steps=cfg.steps,
-        log_every=cfg.log_every, accumulation=cfg.accumulation,
+        log_every=cfg.log_every, accumulation=cfg.accumulation, time_split=split,
     )  # fmt: skip
     out = Comparison(merged=dict(planning.merged), events=list(planning.events))
     for label, result in measured.results.items():
@@ -362,9 +380,7 @@ def compare_distributed(request: Any, *, stop: Any = None) -> tuple[Any, dict[st
     }
     out.outcomes, more = plan_outcomes(m, out.results, base, drift=drift)
     out.events.extend(more)
-    if "time_split" in request.analyses:
-        from precision_nb.engine.time_split import DISTRIBUTED, split_missing
-
-        split_missing(out, DISTRIBUTED)
+    if split is not None:  # each rank profiled its plans after the timed rounds
+        out.events.extend(split_distributed(out, measured.time_splits, split))
     out.method = {**m.method(), "distributed step time": STEP_RULE}
     return out, measured.results

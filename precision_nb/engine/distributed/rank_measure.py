@@ -17,7 +17,9 @@ exits, torchrun stops the others and the launcher reports the failing rank.
 Lines written (each tagged with ``plan`` where it belongs to one): ``phase`` (warm-up of a plan,
 round r of R: the launcher's progress), the usual ``fit_start`` / ``record`` / ``memory`` /
 ``result`` per plan, then one ``measurement`` line with this rank's warm-ups, block times and round
-orders, which the launcher merges over the ranks.
+orders, which the launcher merges over the ranks. With a time split asked for (``time_split`` in
+the spec: a :class:`~precision_nb.engine.time_split.SplitConfig`), every rank then profiles a
+few steps of each plan (:func:`split_ranks`) and writes one ``time_split`` line per plan.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from precision_nb.engine.distributed.rank import (
     write_memory,
 )
 from precision_nb.engine.measure import MeasureConfig, WarmupExhausted, measure_plans
+from precision_nb.engine.time_split import SplitConfig, missing, profiler_busy, rank_split
+from precision_nb.engine.time_split.ranks import ELSEWHERE, to_json
 
-__all__ = ["agree_over", "run_measured"]
+__all__ = ["agree_over", "run_measured", "split_ranks"]
 
 
 def agree_over(group: Any, device: torch.device) -> Callable[[bool], bool]:
@@ -132,6 +136,41 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
         finally:
             write_memory(log, p.trainer, p.params, p.memory, compute=p.compute, plan=label)
         log.write("result", plan=label, result=result.to_dict())
+    _write_measurement(log, mcfg, measurement)
+    if spec.get("time_split") is not None:  # after the timed rounds, never inside them
+        agree = agree_over(world_group, flag_device)
+        split_ranks(plans, SplitConfig(**spec["time_split"]), log, agree, stop, measurement)
+    dist.destroy_process_group()
+
+
+def split_ranks(
+    plans: dict[str, Any], config: Any, log: RankLog, agree: Any, stop: Any, measurement: Any
+) -> None:
+    """Profile a few steps of every plan on its own trainer, on every rank, plans in the same
+    order (their collectives need all ranks); each plan's split goes to a ``time_split`` line.
+    A plan is profiled only when every rank can (an agreement before it); after a rank's
+    profiled steps failed, the plans after it are not profiled (the ranks' collectives could no
+    longer be in step), and their lines say so."""
+    why: str | None = None
+    for label, p in plans.items():
+        if why is None:
+            own = (
+                "the run was stopped before its time split" if stop.is_set() or measurement.stopped
+                else "another profiler is recording in this process" if profiler_busy()
+                else None
+            )  # fmt: skip
+            if not agree(own is None):
+                why = own or ELSEWHERE
+        if why is not None:
+            log.write("time_split", plan=label, **to_json(missing(label, why)))
+            continue
+        item = rank_split(p.trainer, label, config)
+        log.write("time_split", plan=label, **item)
+        if not agree(item["split"]["missing"] is None):
+            why = f"the profiled steps of {label} failed on a rank, so later plans are not profiled"
+
+
+def _write_measurement(log: RankLog, mcfg: MeasureConfig, measurement: Any) -> None:
     log.write(
         "measurement",
         config=dataclasses.asdict(mcfg),
@@ -147,4 +186,3 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
             for label, t in measurement.plans.items()
         },
     )
-    dist.destroy_process_group()

@@ -5,7 +5,9 @@ After the timed rounds, :func:`analyse_time` profiles a few steps of every plan 
 (:mod:`~precision_nb.engine.time_split.families`), sets each plan against the baseline with the
 reconstructed speedup held against the calibrated one
 (:mod:`~precision_nb.engine.time_split.reconcile`), and says what would make each plan faster,
-each advice with its figure (:mod:`~precision_nb.engine.time_split.advice`).
+each advice with its figure (:mod:`~precision_nb.engine.time_split.advice`). A distributed run's
+ranks each profile their own steps (:func:`rank_split`), and the launcher keeps the slowest
+rank's split per plan (:func:`split_distributed`, :mod:`~precision_nb.engine.time_split.ranks`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.cpu_features import read_cpu_features
 from precision_nb.core.events import Event
 from precision_nb.engine.adamw_timing import time_adamw
-from precision_nb.engine.time_split.advice import Advice, advise, wants_adamw_timing
+from precision_nb.engine.time_split import ranks
+from precision_nb.engine.time_split.advice import Advice, PlanFacts, advise, wants_adamw_timing
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
 from precision_nb.engine.time_split.profiling import (
     SplitConfig,
@@ -38,15 +41,20 @@ __all__ = [
     "STEP_MARK",
     "Advice",
     "PlanDifference",
+    "PlanFacts",
     "SplitConfig",
     "TimeAnalysis",
     "TimeSplit",
     "advise",
+    "analyse_splits",
     "analyse_time",
     "difference",
     "missing",
+    "plan_facts",
     "profiler_busy",
+    "rank_split",
     "split_comparison",
+    "split_distributed",
     "split_missing",
     "split_plans",
     "split_trainer",
@@ -134,6 +142,48 @@ def _optimizer_words(trainer: Any) -> str:
     return f"{'fused' if fused else 'plain'} AdamW on {dtype} weights"
 
 
+def plan_facts(trainer: Any, split: TimeSplit, *, adamw: bool = True) -> PlanFacts:
+    """:class:`PlanFacts` of ``trainer`` (its split decides whether AdamW is timed; never with
+    ``adamw=False``)."""
+    fused = bool(getattr(trainer.optimizer_outcome, "used", False))
+    timing = None
+    if adamw and wants_adamw_timing(split, fused):
+        # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
+        timing = time_adamw(
+            trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
+        )
+    return PlanFacts(_optimizer_words(trainer), emulated_bf16(trainer), fused, timing)
+
+
+def analyse_splits(
+    splits: Mapping[str, TimeSplit],
+    facts: Mapping[str, PlanFacts],
+    speedups: Mapping[str, Any],
+    baseline: str | None,
+    config: SplitConfig,
+    seconds: float,
+) -> TimeAnalysis:
+    """Every plan's split against the baseline's, and its advice (``facts``: label -> its
+    :class:`PlanFacts`; a plan without facts, one that failed, gets none)."""
+    base = splits.get(baseline) if baseline is not None else None
+    diffs: dict[str, PlanDifference] = {}
+    advice: dict[str, tuple[Advice, ...]] = {}
+    for label, split in splits.items():
+        fact = facts.get(label)
+        if base is not None and label != baseline:
+            diffs[label] = difference(
+                base, split, speedups.get(label), tolerance=config.tolerance,
+                optimizer=fact.optimizer if fact is not None else None,
+            )  # fmt: skip
+        if fact is None or not split.available:
+            advice[label] = ()
+            continue
+        advice[label] = advise(
+            split, diffs.get(label), emulated=fact.emulated, fused=fact.fused, adamw=fact.adamw
+        )
+    return TimeAnalysis(splits, diffs, advice, baseline, config, seconds)
+
+
 def analyse_time(
     trainers: Mapping[str, Any],
     measured_s: Mapping[str, float | None],
@@ -153,30 +203,12 @@ def analyse_time(
     t0 = time.perf_counter()
     cfg = config if config is not None else SplitConfig()
     splits = split_plans(trainers, measured_s, failures=failures, config=cfg)
-    base = splits.get(baseline) if baseline is not None else None
-    diffs: dict[str, PlanDifference] = {}
-    advice: dict[str, tuple[Advice, ...]] = {}
-    for label, split in splits.items():
-        trainer = trainers.get(label)  # None: a plan that failed before it had a trainer
-        if base is not None and label != baseline:
-            diffs[label] = difference(
-                base, split, speedups.get(label), tolerance=cfg.tolerance,
-                optimizer=_optimizer_words(trainer) if trainer is not None else None,
-            )  # fmt: skip
-        if trainer is None or not split.available:
-            advice[label] = ()
-            continue
-        fused = bool(getattr(trainer.optimizer_outcome, "used", False))
-        timing = None
-        if wants_adamw_timing(split, fused):
-            # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
-            timing = time_adamw(
-                trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
-            )
-        advice[label] = advise(
-            split, diffs.get(label), emulated=emulated_bf16(trainer), fused=fused, adamw=timing
-        )
-    return TimeAnalysis(splits, diffs, advice, baseline, cfg, time.perf_counter() - t0)
+    facts = {  # a plan that failed before it had a trainer has no facts
+        label: plan_facts(trainers[label], split)
+        for label, split in splits.items()
+        if label in trainers and split.available
+    }
+    return analyse_splits(splits, facts, speedups, baseline, cfg, time.perf_counter() - t0)
 
 
 def split_comparison(
@@ -203,6 +235,10 @@ def split_comparison(
         log.warning(message)
         return [Event("warning", message, {"section": "time_split"})]
     _attach(comparison, found)
+    return _events(found)
+
+
+def _events(found: TimeAnalysis) -> list[Event]:
     gone = [f"{k}: {s.missing}" for k, s in found.splits.items() if not s.available]
     events = [
         Event(
@@ -216,11 +252,59 @@ def split_comparison(
     return events
 
 
-#: Why a distributed run has no split (said in its section).
+def rank_split(trainer: Any, label: str, config: SplitConfig) -> dict[str, Any]:
+    """One plan's split and facts on a rank of a distributed run, as JSON data for the launcher
+    (:mod:`~precision_nb.engine.time_split.ranks`); every rank calls it for the same plans in the
+    same order, after the timed rounds (the profiled steps' collectives need every rank)."""
+    split = split_trainer(trainer, label, config=config)
+    if not split.available:
+        return ranks.to_json(split)
+    try:
+        facts = plan_facts(trainer, split)
+    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. sharded parameters: said
+        note = (
+            "no optimizer advice: timing plain against fused AdamW on this rank's parameters "
+            f"failed: {type(exc).__name__}: {exc}"
+        )
+        split = dataclasses.replace(split, notes=(*split.notes, note))
+        facts = plan_facts(trainer, split, adamw=False)
+    return ranks.to_json(split, facts)
+
+
+def split_distributed(
+    comparison: Any,
+    per_rank: Mapping[str, Sequence[Mapping[str, Any] | None]],
+    config: SplitConfig | None = None,
+) -> list[Event]:
+    """The time split of a distributed comparison from its ranks' ``time_split`` data (label ->
+    one item per rank, None where a rank wrote none): per plan the slowest rank's split
+    (:func:`~precision_nb.engine.time_split.ranks.slowest`), its profiler cost against the
+    distributed median step time, reconciled with the distributed verdict's calibrated interval;
+    attached as :func:`split_comparison` attaches one; returns the same events."""
+    cfg = config if config is not None else SplitConfig()
+    outcomes = comparison.outcomes
+    splits: dict[str, TimeSplit] = {}
+    facts: dict[str, PlanFacts] = {}
+    for label in comparison.results:
+        split, fact = ranks.slowest(label, per_rank.get(label, ()))
+        if not split.available:
+            split = missing(label, f"{DISTRIBUTED}: {split.missing}")
+        timing = outcomes[label].timing if label in outcomes else None
+        splits[label] = dataclasses.replace(split, measured_s=timing.median if timing else None)
+        if fact is not None:
+            facts[label] = fact
+    speedups = {k: o.speedup for k, o in outcomes.items()}
+    seconds = ranks.profiled_seconds(per_rank)
+    found = analyse_splits(splits, facts, speedups, comparison.baseline, cfg, seconds)
+    _attach(comparison, found)
+    return _events(found)
+
+
+#: Why a plan of a distributed run has no split (said in its section, followed by the rank's
+#: own reason): every rank profiles the same steps, so one rank that cannot leaves the plan none.
 DISTRIBUTED = (
-    "not profiled for a distributed run: the plans train inside torchrun's ranks, and the "
-    "profiled steps would have to run in every rank and come back with the records; the "
-    "communication family (c10d, nccl, gloo) is recognised in a trace, but no rank records one yet"
+    "not profiled for a distributed run: the plans train inside torchrun's ranks, every rank "
+    "profiles the same steps (their collectives need all ranks), and one could not"
 )
 
 

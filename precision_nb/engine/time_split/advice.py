@@ -48,6 +48,18 @@ class Advice:
         return f"{self.label}: {self.message}"
 
 
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the comparison and the advice read from a plan's trainer besides its split: words on
+    its optimizer, why its bf16 is emulated (or None), whether its AdamW was fused, and the
+    plain-against-fused AdamW timing where the optimizer advice wants it (else None)."""
+
+    optimizer: str | None = None
+    emulated: str | None = None
+    fused: bool = False
+    adamw: Any = None
+
+
 def wants_adamw_timing(split: TimeSplit, fused: bool | None) -> bool:
     """Whether the optimizer advice needs :func:`time_adamw`: plain AdamW and an optimizer
     step of at least :data:`OPTIMIZER_SHARE` of the step."""

@@ -175,6 +175,10 @@ def test_an_fsdp2_profile_is_measured_with_an_interval() -> None:
     assert bf16.speedup.low is not None
     assert bf16.verdict.kind in ("faster", "slower", "unresolved")
     assert "slowest rank" in p.comparison.method["distributed step time"]
+    for outcome in p.comparison.outcomes.values():  # FSDP2's all-gathers and reduce-scatters
+        split = outcome.time_split
+        assert split.available and split.families["communication"] > 0, split.missing
+        assert any(name.startswith("c10d::") for name, _ in split.ops["communication"])
     bf16 = p.distributed["bf16"]
     assert bf16.ranks[0].sharding["dtensor_parameters"] > 0
     assert bf16.ranks[0].compute["weight_dtype"] == "bf16"

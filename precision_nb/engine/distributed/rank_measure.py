@@ -18,8 +18,9 @@ Lines written (each tagged with ``plan`` where it belongs to one): ``phase`` (wa
 round r of R: the launcher's progress), the usual ``fit_start`` / ``record`` / ``memory`` /
 ``result`` per plan, then one ``measurement`` line with this rank's warm-ups, block times and round
 orders, which the launcher merges over the ranks. With a time split asked for (``time_split`` in
-the spec: a :class:`~precision_nb.engine.time_split.SplitConfig`), every rank then profiles a
-few steps of each plan (:func:`split_ranks`) and writes one ``time_split`` line per plan.
+the run file the launcher wrote: a :class:`~precision_nb.engine.time_split.SplitConfig`), every
+rank then profiles a few steps of each plan (:func:`split_ranks`) and writes one ``time_split``
+line per plan.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ classification on hand-built event trees, the reconciliation, the sentence and t
 from __future__ import annotations
 
 import copy
+import gc
 import random
 import re
 import types
@@ -423,6 +424,7 @@ def test_collectives_of_a_real_ddp_step_are_communication(tmp_path) -> None:
         pytest.skip("a process group is already set up in this process")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)  # fmt: skip
+    model = None
     try:
         model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
         x = torch.randn(32, 64)
@@ -431,6 +433,10 @@ def test_collectives_of_a_real_ddp_step_are_communication(tmp_path) -> None:
             with torch.profiler.record_function(STEP_MARK):
                 model(x).sum().backward()
     finally:
+        # DDP's reducer holds the group: freed while the group is alive, not after it is
+        # destroyed (its gloo threads were then joined at the function's end and could hang)
+        model = None
+        gc.collect()
         dist.destroy_process_group()
     (split,) = steps_of(prof.events())
     assert split.families["communication"] > 0

@@ -85,6 +85,10 @@ class AgentEnd:
     log_text: str
 
 
+#: How a torchrun agent logs a signal it received (its number in the group).
+_AGENT_SIGNAL = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
 def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
     """What went wrong with the agent itself (killed, interrupted, no rendezvous), or None when
     it failed because a rank failed (the ranks' records tell that)."""
@@ -92,7 +96,7 @@ def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
     if code is not None and code < 0:
         name = _signal_name(-code)
         return f"its torchrun agent was killed by signal {name} (exit code {code})"
-    got = re.search(r"SignalException: Process \d+ got signal: (\d+)", text)
+    got = _AGENT_SIGNAL.search(text)
     if got:
         name = _signal_name(int(got.group(1)))
         ctrl_c = " (Ctrl-C)" if name == "SIGINT" else ""
@@ -148,7 +152,7 @@ def _from_outside(agent: AgentEnd) -> bool:
 def _signalled_before_the_stop(agent: AgentEnd) -> bool:
     """The agent's first signal was not the launcher's SIGTERM: it came from outside, before the
     launcher stopped the run."""
-    got = re.search(r"SignalException: Process \d+ got signal: (\d+)", agent.log_text)
+    got = _AGENT_SIGNAL.search(agent.log_text)
     return got is not None and int(got.group(1)) != signal.SIGTERM
 
 

@@ -54,7 +54,10 @@ class OneMatmul(nn.Module):
 
 
 class ManyElementwise(nn.Module):
-    """Many elementwise ops on a mid-sized activation and a 64-element weight: no matmul."""
+    """Many elementwise ops on a large activation and a 64-element weight: no matmul. Each op's
+    work (8192 x 64 elements) dwarfs the Python and dispatch time between ops, which lands in
+    "other": with a quarter of that activation, a CPU shared with busy processes put ~18 % of the
+    step there and the elementwise share fell to 0.79."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,7 +100,7 @@ def _trainer(model: nn.Module, batch: torch.Tensor, mode: str) -> Trainer:
 @pytest.mark.parametrize("mode", ["fp32", "bf16"])
 @pytest.mark.parametrize(
     ("model", "shape", "family"),
-    [(OneMatmul, (1024, 8192), "matmul"), (ManyElementwise, (2048, 64), "elementwise")],
+    [(OneMatmul, (1024, 8192), "matmul"), (ManyElementwise, (8192, 64), "elementwise")],
 )
 def test_time_known_by_construction_lands_in_its_family(
     mode: str, model: type, shape: tuple[int, int], family: str, one_thread: None

@@ -15,11 +15,10 @@ per-round ratios of block medians. Prints, per reduced-precision plan:
     python benchmarks/bench_profile.py --runs 0 --rate 8   # fresh processes per second only
 
 ``--rate N`` (default 6) also measures how many fresh processes per second the default profile's
-measurement gets through, each started from scratch (``PRECISION_NB_FRESH_START=exec``, every
-process imports torch) and forked by the fork server (``fork``, the default), side by side in
-alternation (``--rate-repeats`` pairs): N processes per measurement, no budget; the ratio
-fork/exec is the start-up amortisation. Each profile line says how many processes it measured
-and what stopped it (target ±5 % or the 40 s budget).
+measurement gets through (N processes per measurement, no budget, ``--rate-repeats`` times; each
+process is a new interpreter that imports torch: ``benchmarks/bench_process_start.py`` shows why
+they are not forked). Each profile line says how many processes it measured and what stopped it
+(target ±5 % or the 40 s budget).
 
 Targets: max/min <= 1.25, profile/hand within [0.75, 1.25] (0.8-1.25 read as x1.25 either
 way), every default profile under 60 s. A shared machine moves these numbers; read them with
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import statistics
 import sys
 import time
@@ -89,51 +87,38 @@ def hand_loop(
     return {mode: statistics.median(values) for mode, values in ratios.items()}
 
 
-def process_rate(start: str, processes: int, preset: str = DEFAULT_PRESET, steps: int = 0) -> dict:
+def process_rate(processes: int, preset: str = DEFAULT_PRESET, steps: int = 0) -> dict:
     """One measurement of the default workload (fp32 and bf16, the profile's steps and rounds
-    unless ``steps``) in ``processes`` processes, fresh ones started by ``start`` ("fork" or
-    "exec"); the measurement's own account: processes, seconds, per second, how started."""
+    unless ``steps``) in ``processes`` processes; the measurement's own account: processes,
+    seconds, per second, how started."""
     from precision_nb.engine.compare import compare
-    from precision_nb.engine.fork_server import ENV_START
     from precision_nb.engine.measure import MeasureConfig
 
     steps = steps or DEFAULT_STEPS
     rounds = min(DEFAULT_ROUNDS, steps)
     cfg = MeasureConfig(rounds=rounds, warmup_max=DEFAULT_WARMUP_MAX, processes=processes)
-    before = os.environ.get(ENV_START)
-    os.environ[ENV_START] = start
-    try:
-        out = compare(
-            ["fp32", "bf16"], DEFAULT_WORKLOAD, preset, steps=steps, log_every=steps,
-            progress=False, measure=cfg,
-        )  # fmt: skip
-    finally:
-        os.environ.pop(ENV_START)
-        if before is not None:
-            os.environ[ENV_START] = before
+    out = compare(
+        ["fp32", "bf16"], DEFAULT_WORKLOAD, preset, steps=steps, log_every=steps,
+        progress=False, measure=cfg,
+    )  # fmt: skip
     assert out.measurement is not None
     (rate,) = [e.data for e in out.measurement.events if "per_second" in e.data]
     return rate
 
 
 def print_rates(processes: int, repeats: int) -> None:
-    """Fresh processes per second, started from scratch and forked, in alternation."""
-    rates: dict[str, list[float]] = {"exec": [], "fork": []}
+    """Fresh processes per second of the default profile's measurement."""
+    rates = []
     for repeat in range(repeats):
-        for start in ("exec", "fork"):
-            got = process_rate(start, processes)
-            rates[start].append(got["per_second"])
-            print(
-                f"rate {repeat + 1}, {start}: {got['fresh_processes']} fresh processes in "
-                f"{got['seconds']:.1f} s = {got['per_second']:.2f} per second, each started in "
-                f"{got['startup_s'] or float('nan'):.2f} s (median) ({got['start']})",
-                flush=True,
-            )
-    before, after = statistics.median(rates["exec"]), statistics.median(rates["fork"])
-    print(
-        f"fresh processes per second (median of {repeats}): started from scratch {before:.2f}, "
-        f"forked {after:.2f}; fork/exec {after / before:.2f}x"
-    )
+        got = process_rate(processes)
+        rates.append(got["per_second"])
+        print(
+            f"rate {repeat + 1}: {got['fresh_processes']} fresh processes in "
+            f"{got['seconds']:.1f} s = {got['per_second']:.2f} per second, each started in "
+            f"{got['startup_s'] or float('nan'):.2f} s (median) ({got['start']})",
+            flush=True,
+        )
+    print(f"fresh processes per second (median of {repeats}): {statistics.median(rates):.2f}")
 
 
 def one_profile(steps: int | None = None, rounds: int | None = None) -> tuple[Any, float]:

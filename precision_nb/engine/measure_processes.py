@@ -5,8 +5,8 @@ measure_plans`: warm-ups, rotated rounds; these sessions are the runs the report
 where the workload can reach a fresh process (:func:`rebuild_spec`: a built-in workload, a
 ``module:factory`` with its batches, or this process's model, batches and loss sent by value
 through :mod:`~precision_nb.engine.shipping`), in fresh worker processes run one after the other
-(:mod:`~precision_nb.engine.measure_worker`, forked by a server that imported torch once, see
-:mod:`~precision_nb.engine.fork_server`). Each worker builds the same model from the same seed
+(:mod:`~precision_nb.engine.measure_worker`, each a new interpreter, see
+:mod:`~precision_nb.engine.process_start`). Each worker builds the same model from the same seed
 (or receives this process's initial model), warms every plan up and measures all of them
 interleaved in rounds, so its process effect is paired like a round's drift; it starts its
 rotation with another plan than the previous one. Only its step times come back. What cannot
@@ -43,8 +43,8 @@ import numpy as np
 
 from precision_nb.core.events import Event
 from precision_nb.core.text import plus_minus_text
-from precision_nb.engine import fork_server, shipping, stats
 from precision_nb.engine import load as machine_load
+from precision_nb.engine import process_start, shipping, stats
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.measure import (
     MAX_PROCESSES,
@@ -233,7 +233,7 @@ def _more_processes(
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
     try:
-        starts = fork_server.Starts(_worker_env(), folder)
+        starts = process_start.Starts(_worker_env())
         bar = tqdm(
             total=ctx.cfg.processes, desc="fresh processes", unit="process",
             disable=not progress, leave=False,
@@ -243,7 +243,6 @@ def _more_processes(
             m.stopped_by = _loop(m, rebuild, ctx, folder, bar, starts)
         finally:
             bar.close()
-            starts.close()
         if starts.used:
             m.events.append(_rate_event(m, time.perf_counter() - began, starts))
     finally:
@@ -258,7 +257,7 @@ def _here(m: Measurement, reason: str) -> Measurement:
     return m
 
 
-def _rate_event(m: Measurement, seconds: float, starts: fork_server.Starts) -> Event:
+def _rate_event(m: Measurement, seconds: float, starts: process_start.Starts) -> Event:
     """How the fresh processes were started, how many were measured per second, and the median
     start-up of one (from its start to its first warm-up step)."""
     count = len(m.processes)
@@ -269,7 +268,7 @@ def _rate_event(m: Measurement, seconds: float, starts: fork_server.Starts) -> E
     return Event(
         "measurement",
         f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second{each}), "
-        f"{starts.describe()}",
+        f"{starts.how}",
         {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": starts.how,
          "startup_s": startup},
     )  # fmt: skip
@@ -288,7 +287,7 @@ def _loop(
     ctx: _Context,
     folder: Path,
     bar: Any,
-    starts: fork_server.Starts,
+    starts: process_start.Starts,
 ) -> str:
     """Start fresh processes until a rule ends the measurement; returns what ended it."""
     cfg, stop = ctx.cfg, ctx.stop
@@ -389,10 +388,10 @@ def _run_worker(
     deadline: float | None,
     folder: Path,
     stop: Any,
-    starts: fork_server.Starts,
+    starts: process_start.Starts,
 ) -> tuple[ProcessTiming | None, str, float]:
     """Run one worker to its end: (its timing, "", seconds) or (None, why it failed, seconds);
-    the seconds count from its start (a fork server's own start-up is not included)."""
+    the seconds count from its start."""
     spec = rebuild.to_dict(index, cfg, deadline)
     out = folder / f"process{index + 1}.json"
     spec["out"] = str(out)
@@ -408,9 +407,8 @@ def _run_worker(
     spec_path = folder / f"spec{index + 1}.json"
     spec_path.write_text(json.dumps(spec), encoding="utf-8")
     errors = folder / f"process{index + 1}.err"
-    starter = starts.get()
     began = time.perf_counter()
-    child = starter.launch(spec_path, errors)
+    child = starts.launch(spec_path, errors)
     try:
         while (code := child.poll(0.1)) is None:
             if stop is not None and stop.is_set():

@@ -263,14 +263,12 @@ def test_what_did_not_load_in_the_first_fresh_process_is_measured_here(monkeypat
     assert any(e.kind == "warning" and "process 2 failed" in e.message for e in m.events)
 
 
-@pytest.mark.parametrize("start", ["fork", "exec"])
-def test_each_plan_is_measured_in_fresh_processes_too(monkeypatch, start):
+def test_each_plan_is_measured_in_fresh_processes_too():
     import os
 
-    from precision_nb.engine import fork_server
+    from precision_nb.engine import process_start
     from precision_nb.engine.compare import compare
 
-    monkeypatch.setenv(fork_server.ENV_START, start)
     cfg = MeasureConfig(rounds=2, warmup_min=2, warmup_max=3, processes=2)
     out = compare(
         ["fp32", "bf16"], "mlp", "tiny", steps=4, log_every=4, progress=False, measure=cfg
@@ -279,9 +277,8 @@ def test_each_plan_is_measured_in_fresh_processes_too(monkeypatch, start):
     assert m.process_count == 2, m.events
     (fresh,) = m.processes
     assert fresh.pid not in (None, os.getpid()) and fresh.startup_s > 0
-    how = fork_server.ForkServer.how if start == "fork" else fork_server.ExecStarter.how
     (rate,) = [e for e in m.events if "per_second" in e.data]
-    assert rate.data["start"] == how and rate.data["fresh_processes"] == 1
+    assert rate.data["start"] == process_start.HOW and rate.data["fresh_processes"] == 1
     assert fresh.orders[0] == ["bf16", "fp32"]  # its rotation starts with the other plan
     for label in ("fp32", "bf16"):
         assert [len(b) for b in fresh.plans[label].blocks] == [2, 2]

@@ -63,8 +63,8 @@ def test_compare_of_a_notebook_model_measures_in_fresh_processes_within_the_budg
         m = panel.result.measurement
         n = m.process_count
         assert n >= 2, m.stopped_by
-        # the three ways a measurement over processes ends; a tiny model on a fork server can
-        # start the most processes one measurement allows well within the budget
+        # the three ways a measurement over processes ends; a tiny model can start the most
+        # processes one measurement allows well within the budget
         stops = ("target:", "budget: 120 s", f"the maximum of {MAX_PROCESSES} processes")
         assert m.stopped_by.startswith(stops), m.stopped_by
         assert any(

@@ -4,7 +4,7 @@ Low-precision weights round an update smaller than half a unit in the last place
 weight is bit-identical after the step. :class:`UpdateProbe` measures it on the run itself, not as
 a what-if: on a logged step it copies the trainable parameters just before ``optimizer.step()``
 (an optimizer step pre-hook) and compares them with the same tensors right after (a post-hook),
-element by element, on the device. Two fractions of the parameter elements come out, overall and
+bit for bit, on the device. Two fractions of the parameter elements come out, overall and
 per parameter tensor (layer):
 
 - ``updates_rounded_away``: elements whose stored value did not change in that step. In a mixed
@@ -79,15 +79,17 @@ class UpdateProbe:
         if self._logged(self.steps + 1):
             self._before = [p.detach().clone() for p in self.params]
 
-    @torch.no_grad()
     def _post(self, *_: Any) -> None:
         self.steps += 1
-        if self._before is None:
+        if self._before is None:  # not a logged step: nothing more (this runs every step)
             return
-        same = [(p == b).sum() for p, b in zip(self.params, self._before, strict=True)]
-        still = [(p == s).sum() for p, s in zip(self.params, self.start, strict=True)]
+        moved, left = [], []
+        with torch.no_grad():  # the copy taken before the step is the scratch of both counts
+            for p, b, s in zip(self.params, self._before, self.start, strict=True):
+                moved.append(_moved(p, b, scratch=b))
+                left.append(_moved(p, s, scratch=b))
         self._before = None
-        self._pending = (self.steps, torch.stack(same + still))  # stays on the device
+        self._pending = (self.steps, torch.stack(moved + left))  # stays on the device
 
     def take(self) -> dict[str, Any]:
         """The record fields of the last measured step (a host read), then forget it."""
@@ -98,7 +100,8 @@ class UpdateProbe:
         values = counts.tolist()  # the logging point's read
         n = len(self.params)
         total = sum(self.numel) or 1
-        same, still = values[:n], values[n:]
+        same = [k - m for k, m in zip(self.numel, values[:n], strict=True)]
+        still = [k - m for k, m in zip(self.numel, values[n:], strict=True)]
         layers = {
             name: {"updates_rounded_away": s / k, "weights_never_moved": t / k}
             for name, s, t, k in zip(self.names, same, still, self.numel, strict=True)
@@ -107,3 +110,25 @@ class UpdateProbe:
         out = {"updates_rounded_away": sum(same) / total, "weights_never_moved": sum(still) / total}
         self.history.append({"step": step, **out, "layers": layers})
         return out
+
+
+#: An integer dtype of each element size: a tensor viewed as one compares bit patterns.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _moved(
+    now: torch.Tensor, before: torch.Tensor, scratch: torch.Tensor | None = None
+) -> torch.Tensor:
+    """How many elements of ``now`` differ from ``before`` bit for bit (a device scalar): the
+    difference of the bit patterns is not zero exactly there. Several times faster than
+    ``(now == before).sum()`` on a CPU, and bit-identical is what a rounded-away update leaves.
+    ``scratch`` (a tensor like ``now``, ``before`` itself allowed) takes the difference instead
+    of a new tensor: no allocation, no fresh pages to fault in."""
+    if hasattr(now, "to_local"):  # FSDP2's DTensor: this rank's shard
+        now, before = now.to_local(), before.to_local()
+        scratch = None if scratch is None else scratch.to_local()
+    bits = _BITS.get(now.element_size())
+    if bits is None:  # no integer type of that size (complex128): compare values
+        return torch.count_nonzero(now != before)
+    out = None if scratch is None else scratch.view(bits)
+    return torch.count_nonzero(torch.sub(now.view(bits), before.view(bits), out=out))

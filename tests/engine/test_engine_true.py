@@ -194,7 +194,11 @@ def test_the_update_probe_agrees_with_a_count_by_hand(batches, make_model):
                 optimizer=OptimizerConfig(lr=3e-4), train=quiet(steps=12, log_every=6))  # fmt: skip
     result = t.fit(callbacks=[Start()])
     total = sum(p.numel() for p in model.parameters())
-    still = sum(int((p == s).sum()) for p, s in zip(model.parameters(), start, strict=True))
+    bits = torch.int16  # bf16 weights, compared bit for bit
+    still = sum(
+        int((p.view(bits) == s.view(bits)).sum())
+        for p, s in zip(model.parameters(), start, strict=True)
+    )
     last = result.records[-1]
     assert last["weights_never_moved"] == still / total
     assert 0 < last["weights_never_moved"] < 1
@@ -317,3 +321,34 @@ def test_a_true_plans_outcome_carries_its_saving_and_lost_updates_and_the_views_
     assert row[col.MIXED_TWIN] == "bf16" and row[col.CAST_RATIO] == 0.5
     assert row[col.STATE_RATIO] == saving.ratio
     assert row[col.ROUNDED_AWAY] == lost.updates_rounded_away and row[col.LOST_STEP] == lost.step
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_the_probe_counts_elements_whose_bits_changed(dtype):
+    from precision_nb.engine.update_probe import _moved
+
+    before = torch.tensor([1.0, 0.0, float("nan"), 2.0, -3.0], dtype=dtype)
+    assert int(_moved(before.clone(), before)) == 0  # the NaN left as it was is unchanged
+    now = before.clone()
+    now[1] = -0.0  # equal as a value, another bit pattern: the stored weight changed
+    assert int(_moved(now, before)) == 1
+    now[3] = 2.5
+    assert int(_moved(now, before)) == 2
+    complex_before = torch.tensor([1 + 1j, 2 + 0j], dtype=torch.complex128)
+    assert int(_moved(complex_before * torch.tensor([1, 3]), complex_before)) == 1
+
+
+def test_the_probe_counts_the_same_in_its_scratch_tensor():
+    from precision_nb.engine.update_probe import _moved
+
+    torch.manual_seed(0)
+    start = torch.randn(1000).bfloat16()
+    before = start.clone()
+    before[:100] += 1
+    now = before.clone()
+    now[200:450] -= 1
+    scratch = before.clone()
+    in_step = _moved(now, scratch, scratch=scratch)  # the copy from before the step, overwritten
+    since_start = _moved(now, start, scratch=scratch)
+    assert (int(in_step), int(since_start)) == (250, 350)
+    assert int(_moved(now, before)) == 250 and int(_moved(now, start)) == 350

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -66,12 +67,18 @@ def test_bench_profile_hand_loop_gives_a_paired_ratio() -> None:
     assert set(ratios) == {"bf16"} and ratios["bf16"] > 0
 
 
-def test_bench_profile_counts_fresh_processes_per_second_for_both_starts() -> None:
-    bench = _load("bench_profile")
-    for start in ("exec", "fork"):
-        rate = bench.process_rate(start, processes=2, preset="tiny", steps=2)
-        assert rate["fresh_processes"] == 1 and rate["per_second"] > 0
-        assert rate["start"].startswith("forked" if start == "fork" else "started from scratch")
+def test_bench_profile_counts_fresh_processes_per_second() -> None:
+    from precision_nb.engine.process_start import HOW
+
+    rate = _load("bench_profile").process_rate(processes=2, preset="tiny", steps=2)
+    assert rate["fresh_processes"] == 1 and rate["per_second"] > 0 and rate["start"] == HOW
+
+
+def test_bench_process_start_needs_two_of_each_to_compare_spreads(capsys) -> None:
+    bench = _load("bench_process_start")
+    with pytest.raises(SystemExit):
+        bench.main(["--children", "1"])
+    assert "--exec, --parents and --children: each at least 2" in capsys.readouterr().err
 
 
 def test_bench_calibration_measures_the_panel_and_a_notebook_model_in_their_own_processes(

@@ -223,7 +223,7 @@ def test_panel_works_in_jupyterlab(lab_server, browser_page, artifacts_dir):
 
 #: The README's panel: the loss-scale lab starts at 2^24, so its first steps overflow; the scale
 #: backs off on every skipped step and grows again after 6 clean ones. The budget leaves room for
-#: fresh processes even on a machine busy enough to slow this process's rounds tenfold.
+#: fresh processes (new interpreters, about 5 s each here) on a machine several times slower.
 README_CELL = """import precision_nb as pnb
 
 panel = pnb.Panel(
@@ -232,7 +232,7 @@ panel = pnb.Panel(
     steps=24,
     compare_plans=("fp32", "bf16", "fp16 + loss-scale lab"),
     train_options={"init_scale": 2.0**24, "growth_interval": 6},
-    budget=150,
+    budget=60,
 )
 panel"""
 

@@ -63,8 +63,16 @@ def _describe(r: RankResult, exit_code: int | None) -> str:
 def root_cause(ranks: list[RankResult], codes: dict[int, int]) -> int | None:
     """The rank that failed first: one that ended with neither a result nor an error (killed),
     else the earliest recorded error (one of its own before the SIGTERM of a run being ended),
-    else the first rank torchrun reports."""
-    killed = [r.rank for r in ranks if not r.finished and r.error is None]
+    else the first rank torchrun reports. A rank killed by a signal the agent stops ranks with
+    (SIGINT, SIGTERM) is not the cause when another rank raised an error of its own: on a busy
+    machine the agent's signal can reach a rank before it records the stop."""
+    raised = any(r.error is not None and not _stop_error(r) for r in ranks)
+    stops = {-int(signal.SIGINT), -int(signal.SIGTERM)}
+    killed = [
+        r.rank
+        for r in ranks
+        if not r.finished and r.error is None and not (raised and codes.get(r.rank) in stops)
+    ]
     if killed:
         return min(killed, key=lambda k: (codes.get(k, 0) >= 0, k))
     errors = [r for r in ranks if r.error is not None]

@@ -170,6 +170,17 @@ def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
     assert root_cause([RankResult(0, finished=True), RankResult(1, finished=True)], codes) == 0
 
 
+def test_a_rank_the_agent_stopped_is_not_the_cause_beside_a_rank_that_raised() -> None:
+    from precision_nb.engine.distributed.launcher import root_cause
+
+    raised = RankResult(1, error={"type": "ArithmeticError", "message": "boom", "t": 1.0})
+    stopped = RankResult(0)  # no result, no error: the agent's SIGINT came before its handler
+    assert root_cause([stopped, raised], {0: -2}) == 1
+    assert root_cause([stopped, raised], {0: -15}) == 1
+    assert root_cause([stopped, raised], {0: -9}) == 0  # killed outright (OOM killer): the cause
+    assert root_cause([stopped, RankResult(1, finished=True)], {0: -2}) == 0
+
+
 def test_fsdp2_shards_the_outermost_blocks_once() -> None:
     from torch import nn
 

@@ -292,6 +292,11 @@ def test_a_signalled_node_is_named_though_another_node_ended_first(tmp_path) -> 
     error = failure(DistributedResult(plan=plan, ranks=ranks), run)
     assert error.node == 1
     assert "node 1: its torchrun agent received SIGINT (Ctrl-C)" in str(error)
+    # the launcher's SIGTERM ended it while it waited for its rank: the Ctrl-C is still the cause
+    node1 = AgentEnd(1, -15, 6.0, True, "SignalException: Process 42 got signal: 2\n")
+    run = TorchrunRun(1, "", False, 0.0, 6.0, tmp_path, [node0, node1], "127.0.0.1:1")
+    error = failure(DistributedResult(plan=plan, ranks=ranks), run)
+    assert error.node == 1 and "received SIGINT (Ctrl-C)" in str(error)
     # a node the launcher stopped with its own SIGTERM is not the cause
     node1 = AgentEnd(1, 1, 6.0, True, "SignalException: Process 42 got signal: 15\n")
     run = TorchrunRun(1, "", False, 0.0, 6.0, tmp_path, [node0, node1], "127.0.0.1:1")

@@ -39,10 +39,11 @@ LOOP = f"bench_profile.hand_loop(('fp32', 'bf16'), {DEFAULT_ROUNDS}, {BLOCK})['b
 
 
 def exec_once() -> float:
-    """The hand loop's speedup in an interpreter started from scratch."""
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import bench_profile; print({LOOP})"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(done.stdout.split()[-1])
+    """The hand loop's speedup in an interpreter started from scratch (the calibration
+    benchmark's hand process; imported here, beside this script, when it runs)."""
+    from bench_calibration import hand_process
+
+    return hand_process(DEFAULT_ROUNDS, BLOCK)
 
 
 def parent_once(children: int) -> list[float]:

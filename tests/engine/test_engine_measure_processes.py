@@ -320,9 +320,6 @@ def test_a_plan_failing_in_a_fresh_process_fails_that_process(tmp_path):
             return 0
 
     class Starts:
-        def get(self):
-            return self
-
         def launch(self, spec, stderr):
             out = json.loads(spec.read_text())["out"]
             plan = {"warmup": None, "blocks": [], "failed": "NotImplementedError: no forward"}

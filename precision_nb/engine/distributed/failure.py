@@ -101,12 +101,12 @@ def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
     """What went wrong with the agent itself (killed, interrupted, no rendezvous), or None when
     it failed because a rank failed (the ranks' records tell that)."""
     code, text = agent.returncode, agent.log_text
-    got = _AGENT_SIGNAL.search(text)
     # a signal it logged first, other than the launcher's SIGTERM, is the cause even when the
     # launcher's SIGTERM then ended it (exit code -15) while it waited for its ranks to stop
-    if code is not None and code < 0 and not (got and int(got.group(1)) != signal.SIGTERM):
+    if code is not None and code < 0 and not _signalled_before_the_stop(agent):
         name = _signal_name(-code)
         return f"its torchrun agent was killed by signal {name} (exit code {code})"
+    got = _AGENT_SIGNAL.search(text)
     if got:
         name = _signal_name(int(got.group(1)))
         ctrl_c = " (Ctrl-C)" if name == "SIGINT" else ""

@@ -14,7 +14,9 @@ Three parts, each printed as rates and ratios (nothing here is a timed assertion
    independent hand-written interleaved loop (``bench_profile.hand_loop``) run in H fresh
    processes and pooled as the geometric mean of their speedups (the quantity an interval over
    processes estimates: the product's t interval is over the processes' log speedups; H = 20 by
-   default, as one process's speedup can differ from the next by a third on a CPU):
+   default, as one process's speedup can differ from the next by a third on a CPU). The runs go
+   round-robin over the surfaces and the hand processes are spread between them, so the
+   reference and the surfaces are measured over the same minutes:
    ``profile`` (``precision-nb profile``, all defaults), the panel's Compare
    (``Panel(workload="mlp", preset="small", steps=48).compare()`` with its default budget) and a
    notebook-defined model (a subclass of the default workload's MLP defined in ``__main__``,
@@ -254,45 +256,77 @@ def hand_process(rounds: int, block: int) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def _spread(count: int, gaps: int) -> list[int]:
+    """``count`` items spread as evenly as possible over ``gaps`` gaps (the first ones first)."""
+    return [count // gaps + (g < count % gaps) for g in range(gaps)]
+
+
 def coverage(
     profiles: int, hands: int, surfaces: Sequence[str] = ("profile", "panel", "notebook")
 ) -> list[str]:
+    """Each surface's ``profiles`` runs against the pooled hand loop. The runs go round-robin over
+    the surfaces, and the ``hands`` hand-loop processes are spread between them, so the reference
+    is measured over the same stretch of time as the surfaces: a machine whose speed drifts over
+    the minutes this takes moves both alike."""
     from precision_nb.core.defaults import DEFAULT_ROUNDS, DEFAULT_STEPS
 
     block = max(1, DEFAULT_STEPS // DEFAULT_ROUNDS)
-    hand = [hand_process(DEFAULT_ROUNDS, block) for _ in range(hands)]
+    runs = [(surface, k) for k in range(profiles) for surface in surfaces]
+    before = _spread(hands, len(runs) + 1)
+    hand: list[float] = []
+    got: dict[tuple[str, int], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run, count in zip([*runs, None], before, strict=True):
+            hand += [hand_process(DEFAULT_ROUNDS, block) for _ in range(count)]
+            if run is None:
+                break
+            surface, k = run
+            got[surface, k] = surface_run(surface, Path(tmp) / f"{surface}{k}")
+            done = got[surface, k]
+            said = (
+                f"failed: {done['error']}"
+                if "error" in done
+                else f"bf16 {done['estimate']:.2f}x [{done['low']:.2f}-{done['high']:.2f}]"
+            )
+            print(
+                f"  ({len(got)}/{len(runs)} runs, {len(hand)} hand processes so far) {surface} "
+                f"{k + 1}: {said}",
+                flush=True,
+            )
     m = np.log(hand)
     pooled = float(np.exp(m.mean()))
     _, low, high = stats.process_interval(m) if hands > 1 else (0, math.nan, math.nan)
+    half = len(hand) // 2
     lines = [
-        f"hand loop, {hands} fresh processes: {', '.join(f'{h:.2f}' for h in hand)}; pooled "
-        f"(geometric mean) {pooled:.2f}x (median {statistics.median(hand):.2f}x), its own t "
-        f"interval over processes {math.exp(low):.2f}-{math.exp(high):.2f} (the reference's own "
-        "uncertainty: an interval that misses the pooled value by less may still hold the truth)"
+        f"hand loop, {hands} fresh processes between the runs, in order: "
+        f"{', '.join(f'{h:.2f}' for h in hand)}; pooled (geometric mean) {pooled:.2f}x (median "
+        f"{statistics.median(hand):.2f}x; first half {np.exp(m[:half].mean()):.2f}x, second half "
+        f"{np.exp(m[half:].mean()):.2f}x), its own t interval over processes "
+        f"{math.exp(low):.2f}-{math.exp(high):.2f} (the reference's own uncertainty: an interval "
+        "that misses the pooled value by less may still hold the truth)"
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        for surface in surfaces:
-            held = 0
-            for k in range(profiles):
-                got = surface_run(surface, Path(tmp) / f"{surface}{k}")
-                if "error" in got:
-                    lines.append(
-                        f"{surface} {k + 1}: failed after {got['seconds']:.0f} s: {got['error']}"
-                    )
-                    continue
-                lo, hi = got["low"], got["high"]
-                holds = lo <= pooled <= hi
-                held += holds
+    for surface in surfaces:
+        held = 0
+        for k in range(profiles):
+            done = got[surface, k]
+            if "error" in done:
                 lines.append(
-                    f"{surface} {k + 1}: bf16 {got['estimate']:.2f}x [{lo:.2f}-{hi:.2f}] "
-                    f"{'holds' if holds else 'MISSES'} the pooled hand value; over "
-                    f"{got['processes']} processes, stopped by {got['stopped_by']}; "
-                    f"{got['seconds']:.0f} s (target < 60 s); {got['load'].describe()}"
+                    f"{surface} {k + 1}: failed after {done['seconds']:.0f} s: {done['error']}"
                 )
+                continue
+            lo, hi = done["low"], done["high"]
+            holds = lo <= pooled <= hi
+            held += holds
             lines.append(
-                f"coverage, {surface}: {held} of {profiles} intervals hold the pooled value "
-                "(target: at least 4 of 5)"
+                f"{surface} {k + 1}: bf16 {done['estimate']:.2f}x [{lo:.2f}-{hi:.2f}] "
+                f"{'holds' if holds else 'MISSES'} the pooled hand value; over "
+                f"{done['processes']} processes, stopped by {done['stopped_by']}; "
+                f"{done['seconds']:.0f} s (target < 60 s); {done['load'].describe()}"
             )
+        lines.append(
+            f"coverage, {surface}: {held} of {profiles} intervals hold the pooled value "
+            "(target: at least 4 of 5)"
+        )
     return lines
 
 

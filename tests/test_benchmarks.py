@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -90,6 +90,31 @@ def test_bench_calibration_measures_the_panel_and_a_notebook_model_in_their_own_
         assert "error" not in got, got
         assert got["estimate"] > 0 and got["processes"] >= 1 and got["stopped_by"]
         assert got["seconds"] > 0 and got["load"] is not None
+
+
+def test_bench_calibration_spreads_the_hand_loop_between_round_robin_runs(monkeypatch) -> None:
+    bench = _load("bench_calibration")
+    assert bench._spread(20, 16) == [2, 2, 2, 2] + [1] * 12 and sum(bench._spread(7, 3)) == 7
+    order: list[str] = []
+
+    def hand(rounds: int, block: int) -> float:
+        order.append("hand")
+        return 1.25
+
+    def run(surface: str, out: object, quick: bool = False) -> dict:
+        order.append(surface)
+        low = 1.3 if surface == "panel" else 1.1  # the panel's intervals all miss 1.25
+        load = SimpleNamespace(describe=lambda: "quiet")
+        return {"estimate": 1.2, "low": low, "high": 1.4, "processes": 3, "stopped_by": "x",
+                "seconds": 1.0, "load": load}  # fmt: skip
+
+    monkeypatch.setattr(bench, "hand_process", hand)
+    monkeypatch.setattr(bench, "surface_run", run)
+    lines = bench.coverage(2, 5, ("profile", "panel"))
+    assert order == ["hand", "profile", "hand", "panel", "hand", "profile", "hand", "panel", "hand"]
+    assert "pooled (geometric mean) 1.25x" in lines[0]
+    assert "coverage, profile: 2 of 2 intervals hold" in "\n".join(lines)
+    assert "coverage, panel: 0 of 2 intervals hold" in "\n".join(lines)
 
 
 def test_bench_numerics_times_both_variants_and_a_full_call():

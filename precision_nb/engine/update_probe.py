@@ -57,7 +57,10 @@ class UpdateProbe:
         self.steps, self.last, self.log_every = steps_before, steps_before + steps, log_every
         self.start = [p.detach().clone() for p in self.params]
         self.numel = [p.numel() for p in self.params]
+        #: The copy taken before a logged step (kept between logged steps and refilled: no new
+        #: allocation, no fresh pages per logged step), and whether this step filled it.
         self._before: list[torch.Tensor] | None = None
+        self._armed = False
         self._pending: tuple[int, torch.Tensor] | None = None
         #: One dict per measured step: step, the two fractions and ``layers`` (name -> both).
         self.history: list[dict[str, Any]] = []
@@ -76,19 +79,26 @@ class UpdateProbe:
         return step % self.log_every == 0 or step == self.last
 
     def _pre(self, *_: Any) -> None:
-        if self._logged(self.steps + 1):
+        if not self._logged(self.steps + 1):
+            return
+        if self._before is None:
             self._before = [p.detach().clone() for p in self.params]
+        else:
+            with torch.no_grad():
+                for b, p in zip(self._before, self.params, strict=True):
+                    b.copy_(p.detach())
+        self._armed = True
 
     def _post(self, *_: Any) -> None:
         self.steps += 1
-        if self._before is None:  # not a logged step: nothing more (this runs every step)
+        if not self._armed or self._before is None:  # not a logged step (runs every step)
             return
         moved, left = [], []
         with torch.no_grad():  # the copy taken before the step is the scratch of both counts
             for p, b, s in zip(self.params, self._before, self.start, strict=True):
                 moved.append(_moved(p, b, scratch=b))
                 left.append(_moved(p, s, scratch=b))
-        self._before = None
+        self._armed = False
         self._pending = (self.steps, torch.stack(moved + left))  # stays on the device
 
     def take(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ classification on hand-built event trees, the reconciliation, the sentence and t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import random
 import re
@@ -27,9 +28,16 @@ from precision_nb.engine.time_split import (
     profiler_busy,
     split_plans,
     split_trainer,
+    this_process,
 )
 from precision_nb.engine.time_split.families import split_step, steps_of
-from precision_nb.engine.time_split.profiling import CastSummary, MatmulShape
+from precision_nb.engine.time_split.profiling import (
+    CastSummary,
+    MatmulShape,
+    _without_profiler,
+    schedule,
+    without_profiler,
+)
 from precision_nb.engine.time_split.reconcile import NOTABLE, FamilyChange, changes, sentence
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
@@ -114,6 +122,111 @@ def test_time_known_by_construction_lands_in_its_family(
     assert split.share(family) >= 0.80, {f: round(split.share(f), 3) for f in FAMILIES}
     assert sum(split.families.values()) == pytest.approx(split.step_s, rel=1e-6)
     assert split.sum_error is not None
+
+
+def test_the_plans_are_profiled_together_in_rotated_blocks_and_left_as_they_were() -> None:
+    cfg = SplitConfig(steps=4, unprofiled=3, block=2)
+    assert schedule(["a", "b"], cfg) == [
+        ("a", "warm"), ("b", "warm"),
+        ("a", "settle"), ("a", "unprofiled"), ("a", "unprofiled"),  # 2 of 3 before, 1 after
+        ("b", "settle"), ("b", "unprofiled"), ("b", "unprofiled"),
+        ("b", "settle"), ("b", "profiled"), ("b", "profiled"),  # each round rotated by one
+        ("a", "settle"), ("a", "profiled"), ("a", "profiled"),
+        ("a", "settle"), ("a", "profiled"), ("a", "profiled"),
+        ("b", "settle"), ("b", "profiled"), ("b", "profiled"),
+        ("b", "settle"), ("b", "unprofiled"), ("a", "settle"), ("a", "unprofiled"),
+    ]  # fmt: skip
+    torch.manual_seed(0)
+    trainers = {m: _trainer(Linear(), torch.randn(64, 512), m) for m in ("fp32", "bf16")}
+    before = {m: copy.deepcopy(t.model.state_dict()) for m, t in trainers.items()}
+    order: list[str] = []
+    for label, trainer in trainers.items():  # which plan's step ran, in the order they ran
+        forward = trainer.model.forward
+        trainer.model.forward = lambda x, f=forward, k=label: (order.append(k), f(x))[1]
+    cfg = SplitConfig(steps=2, unprofiled=1)
+    out = split_plans(trainers, config=cfg)
+    assert all(out[m].available and out[m].steps == 2 for m in trainers), out
+    assert order == [label for label, _ in schedule(["fp32", "bf16"], cfg)]
+    for m, trainer in trainers.items():
+        assert torch.equal(before[m]["layer.weight"], trainer.model.state_dict()["layer.weight"])
+
+
+def test_the_profilers_cost_is_taken_out_of_the_families() -> None:
+    torch.manual_seed(0)
+    trainer = _trainer(Linear(), torch.randn(64, 512), "bf16")
+    split = split_trainer(trainer, config=SplitConfig(steps=3, unprofiled=2))
+    assert split.unprofiled_s and split.traced_s > 0
+    # what the trace holds, less the cost: the step without the profiler, no family below 0
+    cost = max(split.traced_s - split.unprofiled_s, 0.0)
+    assert split.profiler_s == pytest.approx(cost, abs=1e-12)
+    assert split.step_s == pytest.approx(split.traced_s - cost)
+    assert all(0 <= split.families[f] <= split.traced[f] for f in FAMILIES)
+    assert sum(split.family_events.values()) == pytest.approx(split.events, abs=len(FAMILIES))
+    assert split.sum_error == pytest.approx(split.traced_s / split.timer_s - 1)
+    # on a CPU the cost goes to the families by their events; what one cannot give, to the rest
+    traced = {f: 1.0 for f in FAMILIES}
+    events = {"matmul": 10.0, "optimizer": 30.0}
+    cpu = _without_profiler(traced, 0.4, events, kernels=False)
+    assert cpu["matmul"] == pytest.approx(0.9) and cpu["optimizer"] == pytest.approx(0.7)
+    assert all(cpu[f] == 1.0 for f in FAMILIES if f not in events)
+    capped = _without_profiler({**traced, "matmul": 0.01}, 0.4, events, kernels=False)
+    assert capped["matmul"] == 0.0 and capped["optimizer"] == pytest.approx(0.61)
+    # on a GPU the host's cost delays kernels, so it comes out of the idle time only
+    gpu = _without_profiler(traced, 0.5, events, kernels=True)
+    assert gpu["other"] == 0.5 and all(gpu[f] == 1.0 for f in FAMILIES if f != "other")
+    assert _without_profiler(traced, 5.0, events, kernels=True)["other"] == 0.0
+    with pytest.raises(ValueError, match="block"):
+        SplitConfig(block=0)
+    no_steps = split_trainer(trainer, config=SplitConfig(steps=1, unprofiled=0))
+    assert no_steps.profiler_s == 0 and no_steps.families == no_steps.traced
+
+
+def test_the_profilers_cost_per_event_is_pooled_over_the_plans() -> None:
+    def traced(label: str, seconds: float, unprofiled: float | None, events: int) -> TimeSplit:
+        fam = {f: 0.0 for f in FAMILIES} | {"matmul": seconds / 2, "optimizer": seconds / 2}
+        by_family = {"matmul": events / 4, "optimizer": events * 3 / 4}
+        return TimeSplit(label, fam, step_s=seconds, traced=fam, traced_s=seconds,
+                         unprofiled_s=unprofiled, events=events,
+                         family_events=by_family)  # fmt: skip
+
+    # 4 ms and 1 ms more than unprofiled over 400 and 600 events: 5 us per event, pooled
+    splits = {"fp32": traced("fp32", 0.012, 0.008, 400), "bf16": traced("bf16", 0.007, 0.006, 600)}
+    out = without_profiler(splits, kernels=False)
+    assert out["fp32"].profiler_s == pytest.approx(0.002) and out["fp32"].step_s == (
+        pytest.approx(0.010)
+    )
+    assert out["bf16"].profiler_s == pytest.approx(0.003) and out["bf16"].step_s == (
+        pytest.approx(0.004)
+    )
+    # bf16's 3 ms by its events: a quarter from matmul, three quarters from the optimizer
+    assert out["bf16"].families["matmul"] == pytest.approx(0.0035 - 0.00075)
+    assert out["bf16"].families["optimizer"] == pytest.approx(0.0035 - 0.00225)
+    assert out["fp32"].traced == splits["fp32"].traced  # the trace's own figures kept
+    # casts' events are not counted: a plan whose extra events are casts is charged the same
+    casting = traced("bf16", 0.010, 0.007, 400)
+    casting = dataclasses.replace(
+        casting, events=500, family_events={**casting.family_events, "casts": 100},
+        traced={**casting.traced, "casts": 0.001}, traced_s=0.011,
+    )  # fmt: skip
+    both = without_profiler({"fp32": traced("fp32", 0.012, 0.008, 400), "bf16": casting},
+                            kernels=False)  # fmt: skip
+    assert both["fp32"].profiler_s == pytest.approx(both["bf16"].profiler_s) == pytest.approx(4e-3)
+    assert both["bf16"].families["casts"] == 0.001  # nothing taken from the casts
+    # a traced step under the unprofiled one costs nothing (never below 0); without unprofiled
+    # steps nothing is taken
+    slow = {"a": traced("a", 0.005, 0.006, 100)}
+    assert without_profiler(slow, kernels=False)["a"].profiler_s == 0
+    # a cost estimate over 75 % of a plan's step outside casts is noise: left in, and said
+    # 1.9 and 8 ms over 100 events each: 4.95 ms for a, over 75 % of its 2 ms; none taken out
+    noisy = {"a": traced("a", 0.002, 0.0001, 100), "b": traced("b", 0.010, 0.002, 100)}
+    kept = without_profiler(noisy, kernels=False)
+    assert all(k.profiler_s == 0 and k.families == k.traced for k in kept.values())
+    assert (
+        "estimated for a (4.95 ms per step) is over 75 % of its traced step"
+        in (kept["b"].notes[-1])
+    )
+    none = {"a": traced("a", 0.005, None, 100), "b": traced("b", 0.005, 0.004, 100)}
+    assert without_profiler(none, kernels=False) == none
 
 
 def test_the_trainer_is_left_as_it_was() -> None:
@@ -320,8 +433,10 @@ def test_other_threads_count_and_an_overlap_is_reported() -> None:
 
 def _split(label: str, **families: float) -> TimeSplit:
     fam = {f: families.get(f, 0.0) for f in FAMILIES}
-    return TimeSplit(label, fam, step_s=sum(fam.values()), timer_s=sum(fam.values()), steps=3,
-                     unprofiled_s=sum(fam.values()) * 0.9, view="test")  # fmt: skip
+    traced = {f: v * 1.1 for f, v in fam.items()}  # the profiler's cost: 10 % more per family
+    return TimeSplit(label, fam, step_s=sum(fam.values()), traced=traced,
+                     traced_s=sum(traced.values()), timer_s=sum(traced.values()), steps=3,
+                     unprofiled_s=sum(fam.values()), view="test")  # fmt: skip
 
 
 @dataclass
@@ -342,8 +457,48 @@ def test_reconstruction_is_the_product_of_the_family_factors() -> None:
     assert d.agrees is True and "within" in d.reconcile
     off = difference(base, plan, Speed(2.0, 1.9, 2.1), tolerance=0.1)
     assert off.agrees is False and "does not add up" in off.reconcile
-    assert "fp32 +11% with 0 events per step" in off.reconcile  # each plan's profiler cost
+    assert "fp32 9.0 ms (profiled 9.9 ms, 0 events)" in off.reconcile  # both plans' steps
+    assert "bf16 6.0 ms (profiled 6.6 ms, 0 events)" in off.reconcile
     assert difference(base, plan, None).agrees is None
+
+
+@dataclass
+class Calibrated(Speed):
+    processes: int = 1
+    process_ratios: tuple[float, ...] = ()
+
+
+def test_a_split_is_held_against_its_own_process_when_others_measured_too() -> None:
+    base = _split("fp32", matmul=6e-3, optimizer=2e-3, other=1e-3)
+    plan = _split("bf16", matmul=2e-3, casts=1e-3, optimizer=2e-3, other=1e-3)  # 1.5x
+    calibrated = Calibrated(1.3, 1.25, 1.35, 5, (1.2, 1.25, 1.3, 1.35, 1.52))
+    inside = difference(base, plan, calibrated, tolerance=0.05, here=Speed(1.52, 1.45, 1.6))
+    assert inside.agrees is True and (inside.process, inside.process_low) == (1.52, 1.45)
+    assert (
+        "within this process's timed 1.520× (1.450–1.600 over its rounds) widened by ±5 %; the "
+        "calibrated 1.300× (1.250–1.350) is over 5 processes, this one among them, single "
+        "processes 1.20–1.52" in inside.reconcile
+    )
+    outside = difference(base, plan, calibrated, tolerance=0.05, here=Speed(1.2, 1.15, 1.25))
+    assert outside.agrees is False and "outside this process's timed 1.200×" in outside.reconcile
+    # without other processes the calibrated speedup is this process's: held against it
+    alone = difference(base, plan, calibrated, tolerance=0.05)
+    assert alone.agrees is False and alone.process is None
+    assert "outside the calibrated 1.300× (1.250–1.350) widened" in alone.reconcile
+
+
+def test_this_process_is_the_first_processes_rounds_only_when_others_measured() -> None:
+    def plan(blocks: list[list[float]]) -> Any:
+        return types.SimpleNamespace(blocks=blocks)
+
+    blocks = [[2.0, 2.0], [2.2, 2.2], [2.0, 2.1], [2.1, 2.0]]
+    measured = types.SimpleNamespace(
+        process_count=3, plans={"fp32": plan(blocks), "bf16": plan([[1.0, 1.0]] * 4)}
+    )
+    here = this_process(measured, "fp32")
+    assert set(here) == {"bf16"} and here["bf16"].estimate == pytest.approx(2.05, rel=0.03)
+    assert this_process(types.SimpleNamespace(process_count=1, plans={}), "fp32") == {}
+    assert this_process(None, "fp32") == {} and this_process(measured, None) == {}
 
 
 def test_the_sentence_is_true_whatever_the_numbers() -> None:

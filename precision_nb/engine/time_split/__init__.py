@@ -22,6 +22,7 @@ from typing import Any
 from precision_nb.core.cpu_features import read_cpu_features
 from precision_nb.core.events import Event
 from precision_nb.engine.adamw_timing import time_adamw
+from precision_nb.engine.stats import paired_speedup
 from precision_nb.engine.time_split import ranks
 from precision_nb.engine.time_split.advice import Advice, PlanFacts, advise, wants_adamw_timing
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
@@ -58,6 +59,7 @@ __all__ = [
     "split_missing",
     "split_plans",
     "split_trainer",
+    "this_process",
 ]
 
 
@@ -89,6 +91,8 @@ class TimeAnalysis:
                 "profiled_steps": split.steps,
                 "events_per_step": split.events,
                 "step_ms": split.step_s * 1e3,
+                "traced_step_ms": split.traced_s * 1e3,
+                "profiler_ms": split.profiler_s * 1e3,
                 "measured_median_ms": split.measured_s * 1e3 if split.measured_s else None,
                 "profiler_overhead": split.overhead,
                 "reconstructed_speedup": diff.reconstructed if diff else None,
@@ -162,9 +166,11 @@ def analyse_splits(
     baseline: str | None,
     config: SplitConfig,
     seconds: float,
+    here: Mapping[str, Any] | None = None,
 ) -> TimeAnalysis:
     """Every plan's split against the baseline's, and its advice (``facts``: label -> its
-    :class:`PlanFacts`; a plan without facts, one that failed, gets none)."""
+    :class:`PlanFacts`; a plan without facts, one that failed, gets none; ``here``: label -> the
+    speedup of the process the splits ran in, when other processes measured too)."""
     base = splits.get(baseline) if baseline is not None else None
     diffs: dict[str, PlanDifference] = {}
     advice: dict[str, tuple[Advice, ...]] = {}
@@ -174,6 +180,7 @@ def analyse_splits(
             diffs[label] = difference(
                 base, split, speedups.get(label), tolerance=config.tolerance,
                 optimizer=fact.optimizer if fact is not None else None,
+                here=(here or {}).get(label),
             )  # fmt: skip
         if fact is None or not split.available:
             advice[label] = ()
@@ -192,13 +199,15 @@ def analyse_time(
     *,
     failures: Mapping[str, str] | None = None,
     config: SplitConfig | None = None,
+    here: Mapping[str, Any] | None = None,
 ) -> TimeAnalysis:
     """Split, compare and advise for every plan (see the module docstring).
 
     ``trainers``: label -> the plan's trainer, its timed rounds done; ``measured_s``: label ->
     the timed rounds' median step time; ``speedups``: label -> its calibrated
     :class:`~precision_nb.engine.stats.Speedup` over ``baseline``; ``failures``: label -> why
-    a plan failed (no split for it).
+    a plan failed (no split for it); ``here``: label -> the speedup of this process over its
+    rounds, when other processes measured too (the splits run here).
     """
     t0 = time.perf_counter()
     cfg = config if config is not None else SplitConfig()
@@ -208,7 +217,22 @@ def analyse_time(
         for label, split in splits.items()
         if label in trainers and split.available
     }
-    return analyse_splits(splits, facts, speedups, baseline, cfg, time.perf_counter() - t0)
+    return analyse_splits(splits, facts, speedups, baseline, cfg, time.perf_counter() - t0, here)
+
+
+def this_process(measurement: Any, baseline: str | None) -> dict[str, Any]:
+    """Label -> the speedup over ``baseline`` of this process alone, over its rounds, when fresh
+    processes measured too ({} when this process is the whole measurement)."""
+    if measurement is None or baseline is None or measurement.process_count < 2:
+        return {}
+    plans = measurement.plans
+    if baseline not in plans:
+        return {}
+    return {
+        label: paired_speedup(plans[baseline].blocks, p.blocks)
+        for label, p in plans.items()
+        if label != baseline
+    }
 
 
 def split_comparison(
@@ -229,6 +253,7 @@ def split_comparison(
         found = analyse_time(
             {k: t for k, t in trainers.items() if k in comparison.results}, medians, speedups,
             comparison.baseline, failures=failed, config=config,
+            here=this_process(comparison.measurement, comparison.baseline),
         )  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         message = f"the time split was left out: {type(exc).__name__}: {exc}"
@@ -255,8 +280,21 @@ def _events(found: TimeAnalysis) -> list[Event]:
 def rank_split(trainer: Any, label: str, config: SplitConfig) -> dict[str, Any]:
     """One plan's split and facts on a rank of a distributed run, as JSON data for the launcher
     (:mod:`~precision_nb.engine.time_split.ranks`); every rank calls it for the same plans in the
-    same order, after the timed rounds (the profiled steps' collectives need every rank)."""
+    same order, after the timed rounds (the profiled steps' collectives need every rank). The
+    profiler's cost stays in the families: a rank's steps wait on the other ranks' collectives,
+    and its few unprofiled steps, profiling one plan at a time, are no steady measure of the step
+    without the profiler (taken out, they left a 2-rank DDP split with casts only)."""
     split = split_trainer(trainer, label, config=config)
+    if split.available:
+        note = (
+            "the profiler's cost is not taken out on a distributed run: a rank's steps wait on "
+            "the other ranks' collectives, and its unprofiled steps are no steady measure of the "
+            "step without the profiler"
+        )
+        split = dataclasses.replace(
+            split, families=split.traced, step_s=split.traced_s, profiler_s=0.0,
+            notes=(*split.notes, note),
+        )  # fmt: skip
     if not split.available:
         return ranks.to_json(split)
     try:

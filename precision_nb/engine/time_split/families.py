@@ -176,6 +176,8 @@ class StepSplit:
     overlap_s: float = 0.0
     #: Events the profiler recorded in the step (the mark included): what its cost scales with.
     events: int = 0
+    #: Family -> events accounted to it (the mark and wrappers to "other").
+    family_events: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAMILIES, 0))
 
     def add(self, family: str, name: str, seconds: float) -> None:
         if seconds <= 0:
@@ -245,6 +247,7 @@ class _Walk:
                 self.split.matmuls.append(found)
                 gemm = True
         self._account(event, family)
+        self.split.family_events[family or "other"] += 1
         node = name.endswith(("Backward0", "Backward1"))
         seq = getattr(event, "sequence_nr", -1)
         for child in children:
@@ -312,21 +315,21 @@ def split_step(
 
 
 def steps_of(
-    events: Sequence[Any], *, device: bool = False, autocast: bool = True
+    events: Sequence[Any], *, device: bool = False, autocast: bool = True, mark: str = STEP_MARK
 ) -> list[StepSplit]:
-    """Every profiled step in ``events`` (a profiler's ``events()``), in order (``device``,
-    ``autocast``: as :func:`split_step` takes them)."""
-    marks = [e for e in events if e.name == STEP_MARK and getattr(e, "cpu_parent", None) is None]
+    """Every profiled step in ``events`` (a profiler's ``events()``) marked ``mark``, in order
+    (``device``, ``autocast``: as :func:`split_step` takes them)."""
+    marks = [e for e in events if e.name == mark and getattr(e, "cpu_parent", None) is None]
     marks.sort(key=lambda e: e.time_range.start)
     out = []
-    for mark in marks:
-        start, end = mark.time_range.start, mark.time_range.end
+    for step in marks:
+        start, end = step.time_range.start, step.time_range.end
         others = [
             e
             for e in events
             if getattr(e, "cpu_parent", None) is None
-            and e.thread != mark.thread
+            and e.thread != step.thread
             and start <= e.time_range.start < end
         ]
-        out.append(split_step(mark, others, device=device, autocast=autocast))
+        out.append(split_step(step, others, device=device, autocast=autocast))
     return out

@@ -44,16 +44,21 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SplitConfig:
     """How many steps each plan's split profiles (``steps``) and times without the profiler
-    around them (``unprofiled``, before and after), and the tolerance (a fraction) within which
-    the reconstructed speedup must meet the calibrated interval."""
+    around them (``unprofiled``, half before and half after), in blocks of ``block`` steps per
+    plan, each block after one settling step that is not counted (as the timed rounds run
+    blocks: a step right after another plan's finds the caches holding that plan's tensors);
+    and the tolerance (a fraction) within which the reconstructed speedup must meet the timed
+    one."""
 
-    steps: int = 3
-    unprofiled: int = 1
+    steps: int = 12
+    unprofiled: int = 6
+    block: int = 3
     tolerance: float = 0.10
 
     def __post_init__(self) -> None:
         validate.positive_int("steps", self.steps)
         validate.integer("unprofiled", self.unprofiled, 0)
+        validate.positive_int("block", self.block)
         validate.number("tolerance", self.tolerance, minimum=0.0)
 
 
@@ -87,11 +92,18 @@ class MatmulShape:
 class TimeSplit:
     """One plan's step time by op family (see :mod:`~precision_nb.engine.time_split.families`).
 
-    ``families``: seconds per step of each family, medians over the ``steps`` profiled steps
-    (each step's families sum to its wall time in the trace); ``step_s``: their sum, the
-    profiled step. ``timer_s``: the median of the same steps by the step timer (another clock:
-    ``sum_error`` holds the families against it); ``unprofiled_s``: the median of the
-    unprofiled steps of the same short fit; ``measured_s``: the timed rounds' median step time.
+    ``traced``: seconds per step of each family as the trace has them, medians over the
+    ``steps`` profiled steps (each step's families sum to its wall time in the trace);
+    ``traced_s``: their sum, the profiled step. ``timer_s``: the median of the same steps by the
+    step timer (another clock: ``sum_error`` holds the traced families against it);
+    ``unprofiled_s``: the median of the unprofiled steps of the same short fit, interleaved with
+    the profiled ones. ``profiler_s``: the profiler's own cost per step, the traced step less the
+    unprofiled one, its cost per event pooled over the plans profiled together
+    (:func:`without_profiler`; 0 without unprofiled steps), charged to the families by their
+    events (on a GPU, out of the idle time: the host's cost delays kernels, it does not lengthen
+    them): ``families`` and ``step_s`` are what is left, the step without the
+    profiler, which every difference and the reconstructed speedup use.
+    ``measured_s``: the timed rounds' median step time.
     ``view``: what the seconds are (the host's self time, or the kernels' time on a GPU).
     ``missing``: why there is no split (then the figures are empty).
     """
@@ -99,6 +111,9 @@ class TimeSplit:
     label: str
     families: Mapping[str, float] = field(default_factory=dict)
     step_s: float = 0.0
+    traced: Mapping[str, float] = field(default_factory=dict)
+    traced_s: float = 0.0
+    profiler_s: float = 0.0
     timer_s: float = 0.0
     unprofiled_s: float | None = None
     measured_s: float | None = None
@@ -112,6 +127,8 @@ class TimeSplit:
     overlap_s: float = 0.0
     #: Events the profiler recorded per profiled step (median): its cost grows with them.
     events: int = 0
+    #: Family -> events recorded in it per profiled step (median).
+    family_events: Mapping[str, float] = field(default_factory=dict)
     #: Profiled attempts the grad scaler skipped (no optimizer step in them).
     skipped: int = 0
     notes: tuple[str, ...] = ()
@@ -129,17 +146,17 @@ class TimeSplit:
 
     @property
     def overhead(self) -> float | None:
-        """The profiled step over the timed rounds' median, minus 1 (the profiler's cost)."""
-        if not self.measured_s or not self.step_s:
+        """The traced step over the timed rounds' median, minus 1 (the profiler's cost)."""
+        if not self.measured_s or not self.traced_s:
             return None
-        return self.step_s / self.measured_s - 1.0
+        return self.traced_s / self.measured_s - 1.0
 
     @property
     def sum_error(self) -> float | None:
-        """Families' sum over the step timer's time of the same steps, minus 1."""
+        """Traced families' sum over the step timer's time of the same steps, minus 1."""
         if not self.timer_s:
             return None
-        return sum(self.families.values()) / self.timer_s - 1.0
+        return sum(self.traced.values()) / self.timer_s - 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -175,10 +192,10 @@ def _activities(device: torch.device) -> tuple[list[ProfilerActivity], str, tupl
 
 
 @contextmanager
-def _mark(device: torch.device):  # noqa: ANN202
-    """The range around one profiled step; on CUDA it waits for the step's kernels, so the
-    step's wall time holds them."""
-    with record_function(STEP_MARK):
+def _mark(device: torch.device, name: str = STEP_MARK):  # noqa: ANN202
+    """The range ``name`` around one profiled step; on CUDA it waits for the step's kernels, so
+    the step's wall time holds them."""
+    with record_function(name):
         yield
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -235,78 +252,234 @@ def split_trainer(
     is stated against it). Returns a split with ``missing`` set when the profiler cannot start
     or the steps fail; the trainer is restored either way.
     """
-    cfg = config if config is not None else SplitConfig()
     label = label if label is not None else trainer.label
-    device = torch.device(trainer.device)
+    return split_plans({label: trainer}, {label: measured_s}, config=config)[label]
+
+
+def split_plans(
+    trainers: Mapping[str, Any],
+    measured_s: Mapping[str, float | None] | None = None,
+    *,
+    failures: Mapping[str, str] | None = None,
+    config: SplitConfig | None = None,
+) -> dict[str, TimeSplit]:
+    """Label -> :class:`TimeSplit` of every plan, after the timed rounds. The plans on one device
+    are profiled together, their steps interleaved in rounds with the order rotated (as the
+    timed rounds interleave them), so a slower stretch of the machine falls on every plan alike.
+    ``failures``: label -> why a plan failed (it gets no split, and the split says so)."""
+    cfg = config if config is not None else SplitConfig()
+    medians, failed = dict(measured_s or {}), dict(failures or {})
+    out: dict[str, TimeSplit] = {
+        label: missing(label, f"the plan failed, so it has no split: {why}")
+        for label, why in failed.items()
+    }
+    groups: dict[str, dict[str, Any]] = {}
+    for label, trainer in trainers.items():
+        if label not in failed:
+            groups.setdefault(str(torch.device(trainer.device)), {})[label] = trainer
+    for group in groups.values():
+        out.update(_split_together(group, medians, cfg))
+    order = [*trainers, *(k for k in failed if k not in trainers)]
+    return {label: out[label] for label in order}
+
+
+def _split_together(
+    trainers: dict[str, Any], medians: Mapping[str, float | None], cfg: SplitConfig
+) -> dict[str, TimeSplit]:
+    """The splits of ``trainers`` (one device), profiled in one interleaved run; if that run
+    fails with several plans, each plan is profiled alone, so the failure is its own plan's."""
     t0 = time.perf_counter()
     if profiler_busy():
         why = "another profiler is recording in this process (torch allows one at a time)"
-        return missing(label, why, measured_s)
+        return {label: missing(label, why, medians.get(label)) for label in trainers}
+    device = torch.device(next(iter(trainers.values())).device)
     try:
         activities, view, notes = _activities(device)
     except ValueError as exc:
-        return missing(label, str(exc), measured_s)
-    saved = _snapshot(trainer)
+        return {label: missing(label, str(exc), medians.get(label)) for label in trainers}
+    saved = {label: _snapshot(trainer) for label, trainer in trainers.items()}
     try:
-        return _profiled(trainer, label, cfg, device, activities, view, notes, measured_s, t0)
+        return _profiled(trainers, cfg, device, (activities, view, notes), medians, t0)
     except Exception as exc:  # noqa: BLE001 - any error of the extra steps (the model's own
         # included, raised as itself) leaves the measured comparison whole: said, never hidden
-        log.warning("%s: no time split: %s: %s", label, type(exc).__name__, exc)
-        return missing(label, f"the profiled steps failed: {type(exc).__name__}: {exc}", measured_s)
+        if len(trainers) > 1:
+            log.info("interleaved profiling failed (%s); profiling each plan alone", exc)
+        else:
+            (label,) = trainers
+            log.warning("%s: no time split: %s: %s", label, type(exc).__name__, exc)
+            why = f"the profiled steps failed: {type(exc).__name__}: {exc}"
+            return {label: missing(label, why, medians.get(label))}
     finally:
-        _restore(trainer, saved)
+        for label, trainer in trainers.items():
+            _restore(trainer, saved[label])
+    out: dict[str, TimeSplit] = {}
+    for label, trainer in trainers.items():
+        out.update(_split_together({label: trainer}, medians, cfg))
+    return out
+
+
+def _rounds(labels: list[str], count: int, kind: str, block: int, offset: int) -> list[Any]:
+    """``count`` steps of ``kind`` per plan in blocks of ``block``, each block after one
+    settling step, the plans' order rotated by one each round (starting at ``offset``)."""
+    out: list[tuple[str, str]] = []
+    for r, start in enumerate(range(0, count, block)):
+        k = (r + offset) % len(labels)
+        for label in labels[k:] + labels[:k]:
+            out += [(label, "settle")] + [(label, kind)] * min(block, count - start)
+    return out
+
+
+def schedule(labels: list[str], cfg: SplitConfig) -> list[tuple[str, str]]:
+    """The short fit's steps in the order they run, as (label, kind): a warm step per plan, the
+    unprofiled blocks before, the profiled ones, the unprofiled ones after (kinds "warm",
+    "settle", "unprofiled", "profiled")."""
+    before, after = (cfg.unprofiled + 1) // 2, cfg.unprofiled // 2
+    b = cfg.block
+    out = [(label, "warm") for label in labels]
+    out += _rounds(labels, before, "unprofiled", b, 0)
+    offset = -(-before // b)
+    out += _rounds(labels, cfg.steps, "profiled", b, offset)
+    offset += -(-cfg.steps // b)
+    return out + _rounds(labels, after, "unprofiled", b, offset)
 
 
 def _profiled(
-    trainer: Any,
-    label: str,
+    trainers: dict[str, Any],
     cfg: SplitConfig,
     device: torch.device,
-    activities: list[ProfilerActivity],
-    view: str,
-    notes: tuple[str, ...],
-    measured_s: float | None,
+    how: tuple[list[ProfilerActivity], str, tuple[str, ...]],
+    medians: Mapping[str, float | None],
     t0: float,
-) -> TimeSplit:
-    n, u = cfg.steps, cfg.unprofiled
-    session = _session(trainer, 1 + 2 * u + n)
-    session.advance(1 + u)
+) -> dict[str, TimeSplit]:
+    activities, view, notes = how
+    labels = list(trainers)
+    plan = schedule(labels, cfg)
+    kinds = {label: [k for who, k in plan if who == label] for label in labels}
+    sessions = {label: _session(t, len(kinds[label])) for label, t in trainers.items()}
+    marks = {label: f"{STEP_MARK}#{i}" for i, label in enumerate(labels)}
+    first = next(i for i, (_, kind) in enumerate(plan) if kind == "profiled")
+    last = max(i for i, (_, kind) in enumerate(plan) if kind == "profiled")
+    for label, _ in plan[: first - 1]:  # up to the settling step before the first profiled one
+        sessions[label].advance(1)
     prof = profile(activities=activities, record_shapes=True)
     # the profiler's C++ side prints at its start and stop (and once from a thread): not for users
     with cpp_output_to_debug_log("starting torch.profiler"):
         prof.start()
-    session.timer.marker = lambda: _mark(device)
     try:
         with profiler_ranges_unsaid():  # a compiled plan traced inside a step mark
-            session.advance(n)
+            for label, kind in plan[first - 1 : last + 1]:
+                timer = sessions[label].timer
+                if kind == "profiled":
+                    timer.marker = lambda name=marks[label]: _mark(device, name)
+                try:
+                    sessions[label].advance(1)
+                finally:
+                    timer.marker = None
     finally:
-        session.timer.marker = None
         with cpp_output_to_debug_log("stopping torch.profiler"):
             prof.stop()
-    session.advance(u)
-    result = session.finish()
-    times = list(result.step_times_s)
-    history = list(result.scale_history)
-    if len(times) < 1 + 2 * u + n:
-        raise RuntimeError(f"the short fit stopped after {len(times)} of {1 + 2 * u + n} steps")
-    profiled = slice(1 + u, 1 + u + n)
-    split_steps = steps_of(
-        prof.events(), device=ProfilerActivity.CUDA in activities,
-        autocast=bool(getattr(trainer.plan, "autocast_enabled", False)),
-    )  # fmt: skip
-    if len(split_steps) != n:
-        raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {n} steps")
-    unprofiled = times[1 : 1 + u] + times[1 + u + n :]
-    families = _median_families(split_steps)
+    for label, _ in plan[last + 1 :]:
+        sessions[label].advance(1)
+    results = {label: session.finish() for label, session in sessions.items()}
+    events = prof.events()
+    seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
+    splits = {
+        label: _split_of(
+            label,
+            trainers[label],
+            results[label],
+            kinds[label],
+            events,
+            marks[label],
+            cfg,
+            device,
+            (ProfilerActivity.CUDA in activities, view, notes),
+            medians.get(label),
+            seconds,
+        )  # fmt: skip
+        for label in labels
+    }
+    return without_profiler(splits, kernels=ProfilerActivity.CUDA in activities)
+
+
+#: The largest part of a plan's traced step (outside casts) the profiler's cost may take; an
+#: estimate above it is left in, and the split says so.
+MOST_TAKEN = 0.75
+
+
+def without_profiler(splits: dict[str, TimeSplit], *, kernels: bool) -> dict[str, TimeSplit]:
+    """``splits`` (profiled together) with the profiler's cost taken out. The cost is pooled
+    over the plans as a cost per recorded event outside casts: the sum of their traced steps less
+    their unprofiled medians over the sum of those events (never below 0); each plan is charged
+    that times its events, and each family by its own. Casts are left out of the count: on the
+    default workload fp32 and bf16 paid the same (4.4 and 4.5 ms per step) though bf16 recorded
+    a fifth more events, all of them autocast's casts. Pooling holds the estimate steadier than
+    one plan's few unprofiled steps. Without unprofiled steps nothing is taken."""
+    if any(s.unprofiled_s is None for s in splits.values()):
+        return splits
+    counted = {
+        k: {f: n for f, n in s.family_events.items() if f != "casts"} for k, s in splits.items()
+    }
+    events = sum(sum(c.values()) for c in counted.values())
+    extra = sum(s.traced_s - (s.unprofiled_s or 0.0) for s in splits.values())
+    per_event = max(extra, 0.0) / events if events else 0.0
+    costs = {k: per_event * sum(counted[k].values()) for k in splits}
+    rooms = {k: s.traced_s - s.traced.get("casts", 0.0) for k, s in splits.items()}
+    over = [k for k in splits if costs[k] > MOST_TAKEN * rooms[k]]
+    if over:  # an estimate this large is the unprofiled steps' noise: every plan keeps its cost
+        k = over[0]
+        note = (
+            f"the profiler's cost estimated for {k} ({costs[k] * 1e3:.2f} ms per step) is over "
+            f"{MOST_TAKEN * 100:.0f} % of its traced step outside casts ({rooms[k] * 1e3:.2f} ms): "
+            "not taken out of any plan, the families keep it"
+        )
+        return {k: dataclasses.replace(s, notes=(*s.notes, note)) for k, s in splits.items()}
+    out = {}
+    for label, split in splits.items():
+        families = _without_profiler(dict(split.traced), costs[label], counted[label], kernels)
+        out[label] = dataclasses.replace(
+            split, families=families, step_s=sum(families.values()),
+            profiler_s=split.traced_s - sum(families.values()),
+        )  # fmt: skip
+    return out
+
+
+def _split_of(
+    label: str,
+    trainer: Any,
+    result: Any,
+    kinds: list[str],
+    events: Any,
+    mark: str,
+    cfg: SplitConfig,
+    device: torch.device,
+    how: tuple[bool, str, tuple[str, ...]],
+    measured_s: float | None,
+    seconds: float,
+) -> TimeSplit:
+    """One plan's split from the interleaved run's trace and its short fit's result."""
+    kernels, view, notes = how
+    times, history = list(result.step_times_s), list(result.scale_history)
+    if len(times) < len(kinds):
+        raise RuntimeError(f"the short fit stopped after {len(times)} of {len(kinds)} steps")
+    profiled = [i for i, kind in enumerate(kinds) if kind == "profiled"]
+    autocast = bool(getattr(trainer.plan, "autocast_enabled", False))
+    split_steps = steps_of(events, device=kernels, autocast=autocast, mark=mark)
+    if len(split_steps) != cfg.steps:
+        raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {cfg.steps} steps")
+    unprofiled = [t for t, kind in zip(times, kinds, strict=False) if kind == "unprofiled"]
+    traced = _median_families(split_steps)
     notes += _compiled_notes(trainer, split_steps)
     return TimeSplit(
         label,
-        families=families,
-        step_s=sum(families.values()),
-        timer_s=statistics.median(times[profiled]),
+        families=traced,
+        step_s=sum(traced.values()),
+        traced=traced,
+        traced_s=sum(traced.values()),
+        timer_s=statistics.median(times[i] for i in profiled),
         unprofiled_s=statistics.median(unprofiled) if unprofiled else None,
         measured_s=measured_s,
-        steps=n,
+        steps=cfg.steps,
         view=view,
         device=str(device),
         casts=_casts(split_steps),
@@ -314,9 +487,12 @@ def _profiled(
         ops=_top_ops(split_steps),
         overlap_s=statistics.fmean(s.overlap_s for s in split_steps),
         events=int(statistics.median(s.events for s in split_steps)),
-        skipped=sum(1 for h in history[profiled] if h.get("skipped")),
+        family_events={
+            f: float(statistics.median(s.family_events[f] for s in split_steps)) for f in FAMILIES
+        },
+        skipped=sum(1 for i in profiled if i < len(history) and history[i].get("skipped")),
         notes=notes,
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
     )
 
 
@@ -324,6 +500,32 @@ def _median_families(steps: list[StepSplit]) -> dict[str, float]:
     """Each family's median over the profiled steps: a step the machine interrupted (a time
     slice lost inside one op) moves one step's family, not the median."""
     return {f: statistics.median(s.families[f] for s in steps) for f in FAMILIES}
+
+
+def _without_profiler(
+    traced: dict[str, float], cost: float, events: Mapping[str, float], kernels: bool
+) -> dict[str, float]:
+    """``traced`` less the profiler's ``cost`` per step: on a GPU out of the idle time ("other"),
+    else charged to the families by their ``events`` (the profiler's cost is per event, so work
+    two plans share, such as the optimizer step, keeps its time in both), none taken below 0:
+    what a family cannot give goes to the others by the same rule."""
+    out = dict(traced)
+    if kernels:
+        out["other"] = max(out["other"] - cost, 0.0)
+        return out
+    left = cost
+    while left > 1e-12:
+        open_ = {f: events.get(f, 0.0) for f in out if events.get(f, 0.0) > 0 and out[f] > 0}
+        total = sum(open_.values())
+        if not total:
+            break
+        taken = 0.0
+        for f, n in open_.items():
+            cut = min(left * n / total, out[f])
+            out[f] -= cut
+            taken += cut
+        left -= taken
+    return out
 
 
 def _casts(steps: list[StepSplit]) -> CastSummary:
@@ -373,24 +575,3 @@ def _compiled_notes(trainer: Any, steps: list[StepSplit]) -> tuple[str, ...]:
         f"{compiled * 1e3:.3f} ms per step are 'compiled kernels, not attributed', and casts "
         "fused into them are not seen as casts",
     )
-
-
-def split_plans(
-    trainers: Mapping[str, Any],
-    measured_s: Mapping[str, float | None] | None = None,
-    *,
-    failures: Mapping[str, str] | None = None,
-    config: SplitConfig | None = None,
-) -> dict[str, TimeSplit]:
-    """Label -> :class:`TimeSplit` of every plan, one after the other, after the timed rounds.
-    ``failures``: label -> why a plan failed (it gets no split, and the split says so)."""
-    medians, failed = dict(measured_s or {}), dict(failures or {})
-    out: dict[str, TimeSplit] = {}
-    for label in [*trainers, *(k for k in failed if k not in trainers)]:
-        if label in failed:
-            out[label] = missing(label, f"the plan failed, so it has no split: {failed[label]}")
-            continue
-        out[label] = split_trainer(
-            trainers[label], label, measured_s=medians.get(label), config=config
-        )
-    return out

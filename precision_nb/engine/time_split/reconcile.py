@@ -1,14 +1,20 @@
 """A plan's time split against the baseline's: per family the time gained or lost, one sentence
 that says it, and the reconstructed speedup held against the calibrated one.
 
-The reconstruction is a product of per-family changes: starting from the baseline's profiled
-step, each family's change is applied in turn (in :data:`~precision_nb.engine.time_split.
-families.FAMILIES` order) and multiplies the step time by a factor; the product of the factors is
-the plan's profiled step over the baseline's, and its inverse the **reconstructed speedup**. It
-agrees with the calibrated speedup when it lies inside the calibrated interval widened by a
-stated tolerance on either side (the profiler's cost differs between plans: a plan with more,
-smaller ops pays more of it). When it does not, the difference says so, with both plans'
-profiler overheads, rather than leaving the split to explain a number it does not add up to.
+The families are the profiled steps' with the profiler's own cost taken out (each plan's
+profiled step against its unprofiled steps, interleaved with them:
+:class:`~precision_nb.engine.time_split.profiling.TimeSplit`). The reconstruction is a product
+of per-family changes: starting from the baseline's step, each family's change is applied in
+turn (in :data:`~precision_nb.engine.time_split.families.FAMILIES` order) and multiplies the step
+time by a factor; the product of the factors is the plan's step over the baseline's, and its
+inverse the **reconstructed speedup**. The split's steps run in one process, after its timed
+rounds; so the reconstruction is held against that process's own timed speedup (its interval over
+the process's rounds) widened by a stated tolerance on either side, and the calibrated speedup
+over every process is given beside it with the range of the single processes' speedups (one
+process's speedup can differ from the next by more than the calibrated interval is wide). When
+there was one process, that process's speedup is the calibrated one. When the reconstruction lies
+outside, the difference says so, with both plans' steps, rather than leaving the split to explain
+a number it does not add up to.
 """
 
 from __future__ import annotations
@@ -87,9 +93,11 @@ class PlanDifference:
     """A plan's split against the baseline's (see module docstring).
 
     ``calibrated``: the calibrated speedup's estimate, ``low`` and ``high`` (None where there
-    is no interval); ``agrees``: whether the reconstruction lies in the interval widened by
-    ``tolerance`` (None when there is nothing to hold it against); ``missing``: why there is no
-    difference (the plan's or the baseline's split is missing).
+    is no interval); ``process``, ``process_low``, ``process_high``: the timed speedup of the
+    process the split ran in, over its rounds (None when the calibrated one is that process's);
+    ``agrees``: whether the reconstruction lies in the process's interval (else the calibrated
+    one) widened by ``tolerance`` (None when there is nothing to hold it against); ``missing``:
+    why there is no difference (the plan's or the baseline's split is missing).
     """
 
     label: str
@@ -104,6 +112,9 @@ class PlanDifference:
     sentence: str = ""
     reconcile: str = ""
     missing: str | None = None
+    process: float | None = None
+    process_low: float | None = None
+    process_high: float | None = None
 
     def change(self, family: str) -> FamilyChange | None:
         return next((c for c in self.changes if c.family == family), None)
@@ -177,11 +188,14 @@ def difference(
     *,
     tolerance: float = 0.10,
     optimizer: str | None = None,
+    here: Any = None,
 ) -> PlanDifference:
     """``plan`` against ``base``. ``calibrated``: the plan's
     :class:`~precision_nb.engine.stats.Speedup` over the baseline (``estimate``, ``low``,
-    ``high``), or None. ``optimizer``: words on the optimizer the plan ran (the sentence
-    gives it where the optimizer step did not move)."""
+    ``high``, ``processes``, ``process_ratios``), or None; ``here``: the speedup of the process
+    the split ran in, over its rounds, when other processes measured too (else None).
+    ``optimizer``: words on the optimizer the plan ran (the sentence gives it where the
+    optimizer step did not move)."""
     for split, who in ((plan, "the plan"), (base, "the baseline")):
         if not split.available:
             return PlanDifference(
@@ -193,43 +207,58 @@ def difference(
     reconstructed = total_b / total_p if total_p > 0 else math.nan
     est = getattr(calibrated, "estimate", None)
     low, high = getattr(calibrated, "low", None), getattr(calibrated, "high", None)
-    agrees, words = _reconcile(base, plan, reconstructed, est, low, high, tolerance)
+    agrees, words = _reconcile(base, plan, reconstructed, calibrated, here, tolerance)
+    own = (getattr(here, k, None) for k in ("estimate", "low", "high"))
     return PlanDifference(
         plan.label, base.label, found, reconstructed, est, low, high, tolerance, agrees,
-        sentence(plan.label, found, reconstructed, optimizer), words,
+        sentence(plan.label, found, reconstructed, optimizer), words, None, *own,
     )  # fmt: skip
 
 
+def _against(
+    speedup: Any, tol: float, what: str, scope: str = ""
+) -> tuple[float, float, str] | None:
+    """The range ``speedup`` gives widened by ``tol``, and its words (``scope``: what its
+    interval is over); None without an estimate."""
+    est = getattr(speedup, "estimate", None)
+    if est is None:
+        return None
+    low, high = getattr(speedup, "low", None), getattr(speedup, "high", None)
+    if low is not None and high is not None:
+        words = f"{what} {times_text(est, '.3f')} ({interval_text(low, high, spec='.3f')}{scope})"
+        return low / (1 + tol), high * (1 + tol), words
+    return est / (1 + tol), est * (1 + tol), f"{what} {times_text(est, '.3f')} (no interval)"
+
+
 def _reconcile(
-    base: TimeSplit,
-    plan: TimeSplit,
-    got: float,
-    est: float | None,
-    low: float | None,
-    high: float | None,
-    tol: float,
+    base: TimeSplit, plan: TimeSplit, got: float, calibrated: Any, here: Any, tol: float
 ) -> tuple[bool | None, str]:
     head = f"reconstructed from the families: {times_text(got, '.3f')}"
-    if est is None or not math.isfinite(got):
+    own = _against(here, tol, "this process's timed", " over its rounds")
+    cal = _against(calibrated, tol, "the calibrated")
+    held = own or cal
+    if held is None or not math.isfinite(got):
         return None, f"{head}; no calibrated speedup to hold it against"
-    if low is not None and high is not None:
-        lo, hi = low / (1 + tol), high * (1 + tol)
-        against = (
-            f"the calibrated {times_text(est, '.3f')} ({interval_text(low, high, spec='.3f')}) "
-            f"widened by {plus_minus_text(tol)}"
+    lo, hi, against = held
+    against += f" widened by {plus_minus_text(tol)}"
+    beside = ""
+    if own is not None and cal is not None:
+        ratios = getattr(calibrated, "process_ratios", ()) or ()
+        spread = (
+            f", single processes {interval_text(min(ratios), max(ratios), spec='.2f')}"
+            if len(ratios) > 1
+            else ""
         )
-    else:
-        lo, hi = est / (1 + tol), est * (1 + tol)
-        against = f"the calibrated {times_text(est, '.3f')} (no interval) {plus_minus_text(tol)}"
+        n = getattr(calibrated, "processes", None)
+        beside = f"; {cal[2]} is over {n} processes, this one among them{spread}"
     if lo <= got <= hi:
-        return True, f"{head}, within {against}"
-    over = [
-        f"{s.label} {s.step_s / s.unprofiled_s - 1:+.0%} with {s.events} events per step"
+        return True, f"{head}, within {against}{beside}"
+    steps = [
+        f"{s.label} {ms(s.step_s)} (profiled {ms(s.traced_s)}, {s.events} events)"
         for s in (base, plan)
-        if s.unprofiled_s
     ]
-    why = f" (the profiler's cost per step against unprofiled steps: {', '.join(over)})"
     return False, (
-        f"{head}, outside {against}: the split does not add up to the measured speedup"
-        f"{why if over else ''}; read its milliseconds as the profiled steps', not the timed ones'"
+        f"{head}, outside {against}{beside}: the split does not add up to the measured speedup "
+        f"(the split's steps, the profiler's cost taken out: {', '.join(steps)}); read its "
+        "milliseconds as these few steps' of one process, not the timed rounds'"
     )

@@ -34,7 +34,8 @@ CSV_NAME = "time_by_family.csv"
 #: The columns of time_by_family.csv, in order.
 COLUMNS = (
     "run", "family", "family_title", "ms_per_step", "share", "baseline", "baseline_ms",
-    "change_ms", "times_faster_there", "step_ms", "measured_median_ms", "profiler_overhead",
+    "change_ms", "times_faster_there", "step_ms", "traced_step_ms", "profiler_ms",
+    "measured_median_ms", "profiler_overhead",
     "reconstructed_speedup", "calibrated_speedup", "calibrated_low", "calibrated_high",
     "tolerance", "agrees", "view", "profiled_steps", "events_per_step", "missing",
 )  # fmt: skip
@@ -42,10 +43,11 @@ _HEADERS = {"title": "family", "ms": "ms per step", "share": "share", "change": 
 
 METHOD = (
     "After the timed rounds, each plan trains a few more steps on its own trainer under "
-    "torch.profiler (the trainer is restored afterwards); each op's own time goes to one family, "
-    "and what no op covers is 'outside ops'. The milliseconds are the profiled steps' (the "
-    "profiler has a cost, stated per plan); the reconstructed speedup is the baseline's profiled "
-    "step over the plan's, held against the calibrated speedup."
+    "torch.profiler, the plans' steps interleaved in rotated rounds with unprofiled steps before "
+    "and after (the trainers are restored afterwards); each op's own time goes to one family, "
+    "and what no op covers is 'outside ops'. The profiler's own cost (the profiled steps against "
+    "the unprofiled ones, stated per plan) is taken out of the families; the reconstructed "
+    "speedup is the baseline's step over the plan's, held against the calibrated speedup."
 )
 
 
@@ -76,10 +78,22 @@ def _facts(split: TimeSplit) -> list[str]:
     ]
     if split.measured_s:
         out.append(
-            f"Profiled step {ms(split.step_s)} against the timed rounds' median "
-            f"{ms(split.measured_s)}: the profiler's cost is {split.overhead:+.0%}"
-            + (f" (unprofiled steps now: {ms(split.unprofiled_s)})." if split.unprofiled_s else ".")
+            f"Profiled step {ms(split.traced_s)} against the timed rounds' median "
+            f"{ms(split.measured_s)}: the profiler's cost is {split.overhead:+.0%}."
         )
+    if split.unprofiled_s:
+        out.append(
+            f"The unprofiled steps between the profiled ones took {ms(split.unprofiled_s)}: "
+            f"the profiler's {ms(split.profiler_s)} per step (its cost per event pooled over "
+            f"the plans, times this plan's {split.events} events) are taken out of "
+            + (
+                "the GPU's idle time."
+                if split.device.startswith("cuda")
+                else "the families by their events."
+            )
+        )
+    else:
+        out.append("No unprofiled steps: the families include the profiler's cost.")
     if split.sum_error is not None:
         out.append(
             f"The families add up to {split.sum_error:+.1%} of the step timer's time for the "

@@ -10,7 +10,7 @@ import csv
 import pytest
 
 from precision_nb.core.distributed import Distributed
-from precision_nb.engine.time_split import FAMILIES
+from precision_nb.engine.time_split import FAMILIES, SplitConfig
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_every_plan_has_a_split_whose_families_sum_to_its_step_with_communicatio
         split = outcome.time_split
         assert split is p.time_split.splits[label]
         assert split.available, split.missing
-        assert set(split.families) == set(FAMILIES) and split.steps == 3
+        assert set(split.families) == set(FAMILIES) and split.steps == SplitConfig().steps
         assert sum(split.families.values()) == pytest.approx(split.step_s, rel=1e-9)
         assert split.step_s > 0 and split.families["communication"] > 0
         assert split.ops["communication"], "the collectives are named"

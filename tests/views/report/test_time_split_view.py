@@ -22,8 +22,11 @@ from precision_nb.views.report.time_split import (
 def _split(label: str, **families: float) -> TimeSplit:
     fam = {f: families.get(f, 0.0) for f in FAMILIES}
     total = sum(fam.values())
-    return TimeSplit(label, fam, step_s=total, timer_s=total, measured_s=total / 1.2, steps=3,
-                     unprofiled_s=total / 1.1, view="host self time per op (CPU)")  # fmt: skip
+    traced = {f: v * 1.1 for f, v in fam.items()}  # the profiler's cost: 10 % more per family
+    return TimeSplit(label, fam, step_s=total, traced=traced, traced_s=total * 1.1,
+                     profiler_s=total * 0.1, timer_s=total * 1.1, measured_s=total / 1.2, steps=3,
+                     unprofiled_s=total, view="host self time per op (CPU)",
+                     device="cpu")  # fmt: skip
 
 
 class Speed:
@@ -48,7 +51,13 @@ def test_the_section_shows_each_plans_sentence_reconciliation_and_advice() -> No
     assert sentence.startswith("bf16 saved 4.0 ms in matmuls (3× faster there), added 1.0 ms")
     assert html.escape(sentence) in page
     assert "Reconciliation (agrees)" in page  # 12/9 = 1.33x, inside [1.3, 1.5] ±10 %
-    assert "the profiler&#x27;s cost is +20%" in page
+    assert "Profiled step 13.2 ms against the timed rounds&#x27; median 10.0 ms" in page
+    assert "the profiler&#x27;s cost is +32%" in page  # the traced step, 1.1 x 1.2
+    assert (  # fp32: 12 ms unprofiled, 13.2 ms traced
+        "The unprofiled steps between the profiled ones took 12.0 ms: the profiler&#x27;s 1.2 ms "
+        "per step (its cost per event pooled over the plans, times this plan&#x27;s 0 events) are "
+        "taken out of the families by their events." in page
+    )
     assert html.escape(analysis.advice["bf16"][0].message) in page  # 44 % outside ops
     assert "No split: the plan failed, so it has no split: out of memory" in page
     assert "The baseline." in page

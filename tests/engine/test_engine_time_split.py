@@ -31,14 +31,9 @@ from precision_nb.engine.time_split import (
     this_process,
 )
 from precision_nb.engine.time_split.families import split_step, steps_of
-from precision_nb.engine.time_split.profiling import (
-    CastSummary,
-    MatmulShape,
-    _without_profiler,
-    schedule,
-    without_profiler,
-)
+from precision_nb.engine.time_split.profiling import CastSummary, MatmulShape
 from precision_nb.engine.time_split.reconcile import NOTABLE, FamilyChange, changes, sentence
+from precision_nb.engine.time_split.schedule import _without_profiler, schedule, without_profiler
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 

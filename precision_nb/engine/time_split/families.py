@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -332,4 +333,22 @@ def steps_of(
             and start <= e.time_range.start < end
         ]
         out.append(split_step(step, others, device=device, autocast=autocast))
+    return out
+
+
+def median_families(steps: list[StepSplit]) -> dict[str, float]:
+    """Each family's median over the profiled steps: a step the machine interrupted (a time
+    slice lost inside one op) moves one step's family, not the median."""
+    return {f: statistics.median(s.families[f] for s in steps) for f in FAMILIES}
+
+
+def top_ops(steps: list[StepSplit]) -> dict[str, tuple[tuple[str, float], ...]]:
+    n = len(steps)
+    out: dict[str, tuple[tuple[str, float], ...]] = {}
+    for fam in FAMILIES:
+        acc: dict[str, float] = {}
+        for s in steps:
+            for name, sec in s.ops.get(fam, {}).items():
+                acc[name] = acc.get(name, 0.0) + sec / n
+        out[fam] = tuple(sorted(acc.items(), key=lambda kv: -kv[1])[:5])
     return out

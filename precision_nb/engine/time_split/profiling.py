@@ -1,18 +1,15 @@
 """A few profiled training steps per plan, after the timed rounds, grouped into op families.
 
-:func:`split_trainer` takes a plan's :class:`~precision_nb.engine.trainer.Trainer` once its timed
-rounds are over and runs a short fit of its own on it (the same loop, batches and optimizer as the
-timed steps): one warm step, ``unprofiled`` steps timed without the profiler, ``steps`` steps under
-``torch.profiler`` (CPU activities, CUDA kernels too on CUDA; shapes recorded), then
-``unprofiled`` more. Each profiled step runs inside a ``record_function`` mark (the step timer's
-:attr:`~precision_nb.engine.step_timer.StepTimer.marker`), so the trace says where each step
-begins and ends. Afterwards the trainer's model, optimizer state, counters and RNG are restored:
-the profiled steps change nothing a caller reads.
-
-The profiler has its own cost. It is stated, never hidden: the profiled step against the timed
-rounds' median (``overhead``), and against the unprofiled steps of the same short fit. A profiler
-that cannot start (another one is recording, a device it cannot see) leaves a split that says why
-it is missing; the speed measurement is not touched either way.
+:func:`split_plans` takes the plans' trainers once their timed rounds are over and runs a short fit
+on them together (their own loop, batches and optimizer), in the order
+:func:`~precision_nb.engine.time_split.schedule.schedule` gives: unprofiled blocks, blocks under
+``torch.profiler`` (CPU activities, CUDA kernels too on CUDA; shapes recorded), unprofiled blocks.
+Each profiled step runs inside a ``record_function`` mark of its plan, so the trace says where
+each step begins and ends. Afterwards every trainer's model, optimizer state, counters and RNG
+are restored: the profiled steps change nothing a caller reads. The profiler's own cost is stated
+and taken out (:func:`~precision_nb.engine.time_split.schedule.without_profiler`). A profiler that
+cannot start (another one is recording, a device it cannot see) leaves a split that says why it
+is missing; the speed measurement is not touched either way.
 """
 
 from __future__ import annotations
@@ -30,36 +27,22 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from precision_nb.core import validate
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.inspect.autocast_probe import cpp_output_to_debug_log
 from precision_nb.engine.quiet import profiler_ranges_unsaid
 from precision_nb.engine.session import FitSession
-from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK, StepSplit, steps_of
+from precision_nb.engine.time_split.families import (
+    FAMILIES,
+    STEP_MARK,
+    StepSplit,
+    median_families,
+    steps_of,
+    top_ops,
+)
+from precision_nb.engine.time_split.schedule import SplitConfig, schedule, without_profiler
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SplitConfig:
-    """How many steps each plan's split profiles (``steps``) and times without the profiler
-    around them (``unprofiled``, half before and half after), in blocks of ``block`` steps per
-    plan, each block after one settling step that is not counted (as the timed rounds run
-    blocks: a step right after another plan's finds the caches holding that plan's tensors);
-    and the tolerance (a fraction) within which the reconstructed speedup must meet the timed
-    one."""
-
-    steps: int = 12
-    unprofiled: int = 6
-    block: int = 3
-    tolerance: float = 0.10
-
-    def __post_init__(self) -> None:
-        validate.positive_int("steps", self.steps)
-        validate.integer("unprofiled", self.unprofiled, 0)
-        validate.positive_int("block", self.block)
-        validate.number("tolerance", self.tolerance, minimum=0.0)
 
 
 @dataclass(frozen=True)
@@ -318,31 +301,6 @@ def _split_together(
     return out
 
 
-def _rounds(labels: list[str], count: int, kind: str, block: int, offset: int) -> list[Any]:
-    """``count`` steps of ``kind`` per plan in blocks of ``block``, each block after one
-    settling step, the plans' order rotated by one each round (starting at ``offset``)."""
-    out: list[tuple[str, str]] = []
-    for r, start in enumerate(range(0, count, block)):
-        k = (r + offset) % len(labels)
-        for label in labels[k:] + labels[:k]:
-            out += [(label, "settle")] + [(label, kind)] * min(block, count - start)
-    return out
-
-
-def schedule(labels: list[str], cfg: SplitConfig) -> list[tuple[str, str]]:
-    """The short fit's steps in the order they run, as (label, kind): a warm step per plan, the
-    unprofiled blocks before, the profiled ones, the unprofiled ones after (kinds "warm",
-    "settle", "unprofiled", "profiled")."""
-    before, after = (cfg.unprofiled + 1) // 2, cfg.unprofiled // 2
-    b = cfg.block
-    out = [(label, "warm") for label in labels]
-    out += _rounds(labels, before, "unprofiled", b, 0)
-    offset = -(-before // b)
-    out += _rounds(labels, cfg.steps, "profiled", b, offset)
-    offset += -(-cfg.steps // b)
-    return out + _rounds(labels, after, "unprofiled", b, offset)
-
-
 def _profiled(
     trainers: dict[str, Any],
     cfg: SplitConfig,
@@ -402,48 +360,6 @@ def _profiled(
     return without_profiler(splits, kernels=ProfilerActivity.CUDA in activities)
 
 
-#: The largest part of a plan's traced step (outside casts) the profiler's cost may take; an
-#: estimate above it is left in, and the split says so.
-MOST_TAKEN = 0.75
-
-
-def without_profiler(splits: dict[str, TimeSplit], *, kernels: bool) -> dict[str, TimeSplit]:
-    """``splits`` (profiled together) with the profiler's cost taken out. The cost is pooled
-    over the plans as a cost per recorded event outside casts: the sum of their traced steps less
-    their unprofiled medians over the sum of those events (never below 0); each plan is charged
-    that times its events, and each family by its own. Casts are left out of the count: on the
-    default workload fp32 and bf16 paid the same (4.4 and 4.5 ms per step) though bf16 recorded
-    a fifth more events, all of them autocast's casts. Pooling holds the estimate steadier than
-    one plan's few unprofiled steps. Without unprofiled steps nothing is taken."""
-    if any(s.unprofiled_s is None for s in splits.values()):
-        return splits
-    counted = {
-        k: {f: n for f, n in s.family_events.items() if f != "casts"} for k, s in splits.items()
-    }
-    events = sum(sum(c.values()) for c in counted.values())
-    extra = sum(s.traced_s - (s.unprofiled_s or 0.0) for s in splits.values())
-    per_event = max(extra, 0.0) / events if events else 0.0
-    costs = {k: per_event * sum(counted[k].values()) for k in splits}
-    rooms = {k: s.traced_s - s.traced.get("casts", 0.0) for k, s in splits.items()}
-    over = [k for k in splits if costs[k] > MOST_TAKEN * rooms[k]]
-    if over:  # an estimate this large is the unprofiled steps' noise: every plan keeps its cost
-        k = over[0]
-        note = (
-            f"the profiler's cost estimated for {k} ({costs[k] * 1e3:.2f} ms per step) is over "
-            f"{MOST_TAKEN * 100:.0f} % of its traced step outside casts ({rooms[k] * 1e3:.2f} ms): "
-            "not taken out of any plan, the families keep it"
-        )
-        return {k: dataclasses.replace(s, notes=(*s.notes, note)) for k, s in splits.items()}
-    out = {}
-    for label, split in splits.items():
-        families = _without_profiler(dict(split.traced), costs[label], counted[label], kernels)
-        out[label] = dataclasses.replace(
-            split, families=families, step_s=sum(families.values()),
-            profiler_s=split.traced_s - sum(families.values()),
-        )  # fmt: skip
-    return out
-
-
 def _split_of(
     label: str,
     trainer: Any,
@@ -468,7 +384,7 @@ def _split_of(
     if len(split_steps) != cfg.steps:
         raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {cfg.steps} steps")
     unprofiled = [t for t, kind in zip(times, kinds, strict=False) if kind == "unprofiled"]
-    traced = _median_families(split_steps)
+    traced = median_families(split_steps)
     notes += _compiled_notes(trainer, split_steps)
     return TimeSplit(
         label,
@@ -484,7 +400,7 @@ def _split_of(
         device=str(device),
         casts=_casts(split_steps),
         matmuls=_matmuls(split_steps),
-        ops=_top_ops(split_steps),
+        ops=top_ops(split_steps),
         overlap_s=statistics.fmean(s.overlap_s for s in split_steps),
         events=int(statistics.median(s.events for s in split_steps)),
         family_events={
@@ -494,38 +410,6 @@ def _split_of(
         notes=notes,
         seconds=seconds,
     )
-
-
-def _median_families(steps: list[StepSplit]) -> dict[str, float]:
-    """Each family's median over the profiled steps: a step the machine interrupted (a time
-    slice lost inside one op) moves one step's family, not the median."""
-    return {f: statistics.median(s.families[f] for s in steps) for f in FAMILIES}
-
-
-def _without_profiler(
-    traced: dict[str, float], cost: float, events: Mapping[str, float], kernels: bool
-) -> dict[str, float]:
-    """``traced`` less the profiler's ``cost`` per step: on a GPU out of the idle time ("other"),
-    else charged to the families by their ``events`` (the profiler's cost is per event, so work
-    two plans share, such as the optimizer step, keeps its time in both), none taken below 0:
-    what a family cannot give goes to the others by the same rule."""
-    out = dict(traced)
-    if kernels:
-        out["other"] = max(out["other"] - cost, 0.0)
-        return out
-    left = cost
-    while left > 1e-12:
-        open_ = {f: events.get(f, 0.0) for f in out if events.get(f, 0.0) > 0 and out[f] > 0}
-        total = sum(open_.values())
-        if not total:
-            break
-        taken = 0.0
-        for f, n in open_.items():
-            cut = min(left * n / total, out[f])
-            out[f] -= cut
-            taken += cut
-        left -= taken
-    return out
 
 
 def _casts(steps: list[StepSplit]) -> CastSummary:
@@ -551,18 +435,6 @@ def _matmuls(steps: list[StepSplit]) -> tuple[MatmulShape, ...]:
             entry[1] += m.seconds
     shapes = [MatmulShape(*key, calls / n, sec / n) for key, (calls, sec) in acc.items()]
     return tuple(sorted(shapes, key=lambda m: -m.seconds))
-
-
-def _top_ops(steps: list[StepSplit]) -> dict[str, tuple[tuple[str, float], ...]]:
-    n = len(steps)
-    out: dict[str, tuple[tuple[str, float], ...]] = {}
-    for fam in FAMILIES:
-        acc: dict[str, float] = {}
-        for s in steps:
-            for name, sec in s.ops.get(fam, {}).items():
-                acc[name] = acc.get(name, 0.0) + sec / n
-        out[fam] = tuple(sorted(acc.items(), key=lambda kv: -kv[1])[:5])
-    return out
 
 
 def _compiled_notes(trainer: Any, steps: list[StepSplit]) -> tuple[str, ...]:

@@ -1,9 +1,9 @@
 """A plan's time split against the baseline's: per family the time gained or lost, one sentence
 that says it, and the reconstructed speedup held against the calibrated one.
 
-The families are the profiled steps' with the profiler's own cost taken out (each plan's
-profiled step against its unprofiled steps, interleaved with them:
-:class:`~precision_nb.engine.time_split.profiling.TimeSplit`). The reconstruction is a product
+The families are the profiled steps' with the profiler's own cost taken out (the profiled steps
+against the unprofiled ones interleaved with them, pooled over the plans:
+:func:`~precision_nb.engine.time_split.schedule.without_profiler`). The reconstruction is a product
 of per-family changes: starting from the baseline's step, each family's change is applied in
 turn (in :data:`~precision_nb.engine.time_split.families.FAMILIES` order) and multiplies the step
 time by a factor; the product of the factors is the plan's step over the baseline's, and its

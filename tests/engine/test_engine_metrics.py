@@ -1,3 +1,5 @@
+import mmap
+
 import pytest
 import torch
 from torch import nn
@@ -108,13 +110,23 @@ def test_cpu_peak_is_measured_once_per_dtype(monkeypatch):
     assert peak_flops(torch.device("mps"), torch.float32) is None
 
 
+def _fresh_pages(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of new anonymous memory, every page touched: resident whatever the process's
+    allocator already holds (a tensor of this size may reuse a free region of the heap that is
+    resident already, and then the resident set does not grow: it did not in a full suite run)."""
+    pages = mmap.mmap(-1, nbytes)
+    for offset in range(0, nbytes, mmap.PAGESIZE):
+        pages[offset] = 1
+    return pages
+
+
 def test_host_memory_probe_tracks_a_peak():
     probe = MemoryProbe(torch.device("cpu"))
     probe.reset()
     a = probe.read()
-    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB
+    blob = _fresh_pages(64 * 2**20)
     b = probe.read()
-    del blob
+    blob.close()
     c = probe.read()
     assert a.kind == "host_rss" and a.reserved is None
     assert b.current > a.current + 32 * 2**20
@@ -125,9 +137,9 @@ def test_host_rss_is_psutils_rss_of_this_process():
     import psutil
 
     before = host_rss()
-    blob = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    blob = _fresh_pages(64 * 2**20)
     grown = host_rss()
-    del blob
+    blob.close()
     assert abs(before - psutil.Process().memory_info().rss) < 16 * 2**20
     assert grown > before + 32 * 2**20  # it follows this process's memory
 

@@ -174,6 +174,10 @@ def test_the_profilers_cost_is_taken_out_of_the_families() -> None:
         SplitConfig(block=0)
     no_steps = split_trainer(trainer, config=SplitConfig(steps=1, unprofiled=0))
     assert no_steps.profiler_s == 0 and no_steps.families == no_steps.traced
+    kept = split_trainer(trainer, config=SplitConfig(steps=1, unprofiled=2, take_out=False))
+    assert kept.unprofiled_s and kept.profiler_s == 0 and kept.families == kept.traced
+    with pytest.raises(ValueError, match="take_out"):
+        SplitConfig(take_out="no")
 
 
 def test_the_profilers_cost_per_event_is_pooled_over_the_plans() -> None:

@@ -357,6 +357,8 @@ def _profiled(
         )  # fmt: skip
         for label in labels
     }
+    if not cfg.take_out:
+        return splits
     return without_profiler(splits, kernels=ProfilerActivity.CUDA in activities)
 
 

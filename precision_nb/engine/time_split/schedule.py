@@ -29,19 +29,22 @@ class SplitConfig:
     around them (``unprofiled``, half before and half after), in blocks of ``block`` steps per
     plan, each block after one settling step that is not counted (as the timed rounds run
     blocks: a step right after another plan's finds the caches holding that plan's tensors);
-    and the tolerance (a fraction) within which the reconstructed speedup must meet the timed
-    one."""
+    the tolerance (a fraction) within which the reconstructed speedup must meet the timed
+    one; and whether the profiler's cost is taken out of the families (``take_out``,
+    :func:`without_profiler`)."""
 
     steps: int = 12
     unprofiled: int = 6
     block: int = 3
     tolerance: float = 0.10
+    take_out: bool = True
 
     def __post_init__(self) -> None:
         validate.positive_int("steps", self.steps)
         validate.integer("unprofiled", self.unprofiled, 0)
         validate.positive_int("block", self.block)
         validate.number("tolerance", self.tolerance, minimum=0.0)
+        validate.boolean("take_out", self.take_out)
 
 
 def _rounds(labels: list[str], count: int, kind: str, block: int, offset: int) -> list[Any]:

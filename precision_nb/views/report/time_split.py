@@ -82,16 +82,19 @@ def _facts(split: TimeSplit) -> list[str]:
             f"{ms(split.measured_s)}: the profiler's cost is {split.overhead:+.0%}."
         )
     if split.unprofiled_s:
-        out.append(
-            f"The unprofiled steps between the profiled ones took {ms(split.unprofiled_s)}: "
-            f"the profiler's {ms(split.profiler_s)} per step (its cost per event pooled over "
-            f"the plans, times this plan's {split.events} events) are taken out of "
-            + (
-                "the GPU's idle time."
+        between = f"The unprofiled steps between the profiled ones took {ms(split.unprofiled_s)}: "
+        if split.profiler_s > 0:
+            where = (
+                "the GPU's idle time"
                 if split.device.startswith("cuda")
-                else "the families by their events."
+                else "the families by their events"
             )
-        )
+            out.append(
+                f"{between}the profiler's {ms(split.profiler_s)} per step (its cost per event "
+                f"outside casts, pooled over the plans profiled together) are taken out of {where}."
+            )
+        else:
+            out.append(f"{between}no profiler cost is taken out of the families.")
     else:
         out.append("No unprofiled steps: the families include the profiler's cost.")
     if split.sum_error is not None:

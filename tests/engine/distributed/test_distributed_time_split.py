@@ -37,6 +37,7 @@ def test_every_plan_has_a_split_whose_families_sum_to_its_step_with_communicatio
         assert split.available, split.missing
         assert set(split.families) == set(FAMILIES) and split.steps == SplitConfig().steps
         assert sum(split.families.values()) == pytest.approx(split.step_s, rel=1e-9)
+        assert split.profiler_s == 0 and split.families == split.traced  # the cost kept in
         assert split.step_s > 0 and split.families["communication"] > 0
         assert split.ops["communication"], "the collectives are named"
         assert split.families["matmul"] > 0

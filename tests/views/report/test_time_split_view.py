@@ -55,12 +55,24 @@ def test_the_section_shows_each_plans_sentence_reconciliation_and_advice() -> No
     assert "the profiler&#x27;s cost is +32%" in page  # the traced step, 1.1 x 1.2
     assert (  # fp32: 12 ms unprofiled, 13.2 ms traced
         "The unprofiled steps between the profiled ones took 12.0 ms: the profiler&#x27;s 1.2 ms "
-        "per step (its cost per event pooled over the plans, times this plan&#x27;s 0 events) are "
+        "per step (its cost per event outside casts, pooled over the plans profiled together) are "
         "taken out of the families by their events." in page
     )
     assert html.escape(analysis.advice["bf16"][0].message) in page  # 44 % outside ops
     assert "No split: the plan failed, so it has no split: out of memory" in page
     assert "The baseline." in page
+
+
+def test_a_split_that_kept_the_profilers_cost_says_nothing_was_taken_out() -> None:
+    import dataclasses
+
+    kept = dataclasses.replace(_split("fp32", matmul=6e-3), profiler_s=0.0)
+    page = time_split_section(TimeAnalysis({"fp32": kept}, {}, {}, "fp32")).html
+    assert (
+        "The unprofiled steps between the profiled ones took 6.0 ms: no profiler cost is taken "
+        "out of the families." in page
+    )
+    assert "are taken out of" not in page
 
 
 def test_time_by_family_csv_has_one_row_per_plan_and_family() -> None:

@@ -6,7 +6,11 @@ profiles fp32 against bf16 with the time split, on two models:
 - ``mlp-small``: the default workload and preset, by a default profile (fresh processes until the
   speedup interval reaches its target or the budget is spent, inspection and numerics on);
 - ``gpt2``: Hugging Face GPT-2 built from a small config (random weights, nothing downloaded),
-  called with a dict batch and its own loss, measured in this process (a model object).
+  called with a dict batch and its own loss: a model object, which a profile sends to its fresh
+  processes by value, as it would a user's. Those processes import ``transformers`` to load it;
+  the test extras' set-up that lets it import beside a CPU build of torch
+  (``tests/thirdparty_setup.py``) reaches them through a ``sitecustomize`` on their
+  ``PYTHONPATH``.
 
 Printed per run: the profiled step, the families' sum against the step timer's median for the
 same steps (target within 5 %), the profiler's cost against the timed rounds' median, the
@@ -41,9 +45,8 @@ CASES = ("mlp-small", "gpt2")
 
 def gpt2(quick: bool) -> tuple[torch.nn.Module, list[dict[str, torch.Tensor]]]:
     """GPT-2 from a config, and its batches (input ids, attention mask, labels)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
     sys.path.insert(0, str(ROOT / "tests"))
-    import conftest  # noqa: F401  (lets transformers import beside a CPU build of torch)
+    import thirdparty_setup  # noqa: F401  (lets transformers import beside a CPU build of torch)
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -172,10 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(run_case(args.worker, args.quick)), flush=True)
         return 0
     rows = []
+    sys.path.insert(0, str(ROOT / "tests"))
+    from thirdparty_setup import site_folder
+
+    env = dict(os.environ)  # the runs and their measuring processes import transformers
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (site_folder(), env.get("PYTHONPATH")) if p)
     for case in args.cases.split(","):
         for _ in range(args.runs):
             cmd = [sys.executable, __file__, "--worker", case] + (["--quick"] if args.quick else [])
-            done = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env
+            )
             found = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             if done.returncode != 0 or not found:
                 print(f"{case}: the worker failed ({done.returncode}):\n{done.stderr[-2000:]}")

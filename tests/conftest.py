@@ -1,18 +1,12 @@
 """Shared fixtures: torch's hardware queries patched to pose as other machines, and hand-built
 run records that follow the engine's record schema (docs/architecture.md).
 
-The suite's set-up for the test extras: torchvision's wheel beside a CPU build of torch cannot load
-its C ops (``_C.so``), and its import then stops at ``register_fake("torchvision::nms")``
-("operator torchvision::nms does not exist"), as does the import of ``transformers`` (and its
-``Trainer``), which imports torchvision when it is installed. Here, and only when the library
-really cannot load, the two operators torchvision registers fake kernels for are defined as
-schemas without kernels, so both import; nothing the tests run calls them. Nothing is downloaded
-from a model hub (``HF_HUB_OFFLINE=1``).
+The test extras' set-up (torchvision's C ops beside a CPU build of torch, no model-hub downloads)
+is :mod:`thirdparty_setup`, imported first.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shlex
@@ -22,37 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import thirdparty_setup  # noqa: F401  (first: lets transformers and torchvision import)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-
-os.environ["HF_HUB_OFFLINE"] = "1"
-
-TORCHVISION_OPS_WITHOUT_KERNELS = (
-    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-)
-
-
-def _torchvision_library() -> torch.library.Library | None:
-    """Define torchvision's two faked operators when its C ops cannot load beside this torch."""
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or spec.origin is None:
-        return None
-    found = sorted(Path(spec.origin).parent.glob("_C.*"))
-    try:
-        if found:
-            torch.ops.load_library(str(found[0]))
-            return None
-    except OSError:
-        pass
-    library = torch.library.Library("torchvision", "DEF")  # kept alive in _LIBRARY
-    for schema in TORCHVISION_OPS_WITHOUT_KERNELS:
-        library.define(schema)
-    return library
-
-
-_LIBRARY = _torchvision_library()
 
 
 @pytest.fixture

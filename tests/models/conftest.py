@@ -3,7 +3,8 @@
 (nothing is downloaded: ``HF_HUB_OFFLINE=1``), beside an ``nn.TransformerEncoderLayer`` model.
 
 torchvision's C ops that cannot load beside a CPU build of torch are defined in the suite's set-up
-(``tests/conftest.py``), so torchvision and ``transformers`` import.
+(``tests/thirdparty_setup.py``, imported by ``tests/conftest.py``), so torchvision and
+``transformers`` import.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from split_traces import assert_same_splits, profiled_steps
 
 from precision_nb.engine.time_split import FAMILIES, SplitConfig, split_trainer
 from precision_nb.engine.train_config import TrainConfig
@@ -54,3 +55,23 @@ def test_gpt2_bf16_casts_are_autocasts_and_fp32_has_none(splits) -> None:
     assert bf16.autocast_count >= 4 * LAYERS + 1
     weights = LAYERS * (3 * E * E + E * E + 4 * E * E + 4 * E * E) + VOCAB * E
     assert bf16.autocast_nbytes >= 2 * weights
+
+
+def test_gpt2_traces_read_from_the_profilers_result_split_the_same(transformers) -> None:
+    config = transformers.GPT2Config(
+        n_embd=E, n_layer=LAYERS, n_head=2, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    assert_same_splits(profiled_steps(step, steps=2), 2, autocast=True)

@@ -41,6 +41,7 @@ from precision_nb.engine.time_split.families import (
     top_ops,
 )
 from precision_nb.engine.time_split.schedule import SplitConfig, schedule, without_profiler
+from precision_nb.engine.time_split.trace import host_events
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +340,8 @@ def _profiled(
     for label, _ in plan[last + 1 :]:
         sessions[label].advance(1)
     results = {label: session.finish() for label, session in sessions.items()}
-    events = prof.events()
+    kernels = ProfilerActivity.CUDA in activities
+    events = (None if kernels else host_events(prof)) or prof.events()
     seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
     splits = {
         label: _split_of(
@@ -351,7 +353,7 @@ def _profiled(
             marks[label],
             cfg,
             device,
-            (ProfilerActivity.CUDA in activities, view, notes),
+            (kernels, view, notes),
             medians.get(label),
             seconds,
         )  # fmt: skip
@@ -359,7 +361,7 @@ def _profiled(
     }
     if not cfg.take_out:
         return splits
-    return without_profiler(splits, kernels=ProfilerActivity.CUDA in activities)
+    return without_profiler(splits, kernels=kernels)
 
 
 def _split_of(

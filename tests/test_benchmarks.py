@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -167,3 +170,28 @@ def test_bench_true_demo_counts_lost_updates_as_the_run_measures_them() -> None:
     memory = bench.memory_check(preset="tiny")
     assert memory["bf16"]["measured"] == 2 * memory["bf16-true"]["measured"]
     assert all(m["measured"] == m["by_hand"] for m in memory.values())
+
+
+def test_bench_process_spread_separates_the_processes_own_values_from_the_rounds_error() -> None:
+    bench = _load("bench_process_spread")
+    rng = np.random.default_rng(0)
+    own = rng.normal(0.3, 0.10, 4000)  # each process's own log speedup
+    errors = np.full(own.size, 0.04)  # its rounds' standard error
+    parts = bench.decompose(own + rng.normal(0, 0.04, own.size), errors)
+    assert parts["between"] == pytest.approx(0.10, abs=0.005)
+    assert parts["spread"] == pytest.approx(math.hypot(0.10, 0.04), abs=0.005)
+    assert bench.decompose([0.1, 0.2, 0.3], [1.0, 1.0, 1.0])["between"] == 0.0
+    # the t interval's half-width: 19 processes reach ±5 % at a spread of 0.10, 18 do not
+    assert bench.processes_needed(0.10, 0.05) == 19
+    half = stats.t.ppf(0.975, 18) * 0.10 / math.sqrt(19)
+    assert math.expm1(half) <= 0.05 < math.expm1(stats.t.ppf(0.975, 17) * 0.10 / math.sqrt(18))
+
+
+def test_bench_process_spread_measures_each_process_once(capsys) -> None:
+    bench = _load("bench_process_spread")
+    estimates, errors, rate = bench.measure(processes=3, steps=8, preset="tiny")
+    assert len(estimates) == len(errors) == 3 and all(e > 0 for e in errors)
+    assert rate.startswith("2 fresh process(es) in")
+    with pytest.raises(SystemExit):
+        bench.main(["--processes", "2"])
+    assert "--processes: at least 3" in capsys.readouterr().err

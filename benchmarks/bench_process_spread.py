@@ -1,0 +1,96 @@
+"""What sets the width of the interval over fresh processes: each process's own speedup, or how
+precisely its rounds measure it?
+
+One comparison of the default workload (bf16 against fp32) measures in ``--processes`` processes
+(this one and fresh ones, no target, no budget) with ``--steps`` measured steps per plan in each.
+Per process: its estimate (the Hodges-Lehmann estimate of its rounds' paired log ratios, the
+value the interval over processes is built from) and its rounds' standard error (their standard
+deviation over the square root of their number). Printed: the estimates, their standard
+deviation, the rounds' root-mean-square standard error, what is left for the processes' own
+values (the square root of the difference of the squares), the processes a ±``--target``
+interval at 95 % would need at that spread, and the seconds one fresh process cost here (the
+measurement's own event). Run it twice with different ``--steps``: if the spread does not fall
+with more steps per process, only more processes narrow the interval.
+
+    python benchmarks/bench_process_spread.py                   # 12 processes, 48 steps each
+    python benchmarks/bench_process_spread.py --steps 144       # three times the steps
+    python benchmarks/bench_process_spread.py --processes 3 --steps 8 --preset tiny  # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+from precision_nb.core.defaults import DEFAULT_PRESET, DEFAULT_STEPS, DEFAULT_WORKLOAD
+
+
+def decompose(estimates: Sequence[float], errors: Sequence[float]) -> dict[str, float]:
+    """The spread of the process estimates, the rounds' root-mean-square error, and the spread
+    left for the processes' own values (0 when the rounds' error explains all of it)."""
+    values, err = np.asarray(estimates, float), np.asarray(errors, float)
+    spread = float(values.std(ddof=1))
+    within = float(np.sqrt(np.mean(err**2)))
+    return {"spread": spread, "within": within, "between": math.sqrt(max(spread**2 - within**2, 0))}
+
+
+def processes_needed(spread: float, target: float, confidence: float = 0.95) -> int:
+    """The fewest processes whose t interval's relative half-width (log scale) is within
+    ``target`` when the estimates spread by ``spread``."""
+    for n in range(2, 10_000):
+        half = sps.t.ppf(0.5 + confidence / 2, n - 1) * spread / math.sqrt(n)
+        if math.expm1(half) <= target:
+            return n
+    return 10_000
+
+
+def measure(processes: int, steps: int, preset: str) -> tuple[list[float], list[float], str]:
+    """Each process's estimate and its rounds' standard error, and the fresh processes' event."""
+    import precision_nb as pnb
+    from precision_nb.engine import stats
+    from precision_nb.engine.measure_config import MeasureConfig
+
+    cfg = MeasureConfig(processes=processes, target=None, budget_s=None)
+    c = pnb.compare(("fp32", "bf16"), DEFAULT_WORKLOAD, preset, steps=steps, progress=False,
+                    measure=cfg)  # fmt: skip
+    m = c.measurement
+    estimates, errors = [], []
+    for base, plan in zip(m.blocks_by_process("fp32"), m.blocks_by_process("bf16"), strict=True):
+        d = np.array(stats.log_ratios(base, plan))
+        estimates.append(float(stats.hodges_lehmann(d)))
+        errors.append(float(d.std(ddof=1) / math.sqrt(len(d))))
+    rate = next((e.message for e in m.events if "fresh process(es) in" in e.message), "")
+    return estimates, errors, rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="per plan and process")
+    parser.add_argument("--preset", default=DEFAULT_PRESET)
+    parser.add_argument("--target", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    if args.processes < 3:
+        parser.error("--processes: at least 3 (a spread needs two fresh processes and this one)")
+    estimates, errors, rate = measure(args.processes, args.steps, args.preset)
+    parts = decompose(estimates, errors)
+    print(f"{DEFAULT_WORKLOAD}/{args.preset}, {args.steps} steps per plan in each process")
+    print("speedups per process: " + ", ".join(f"{math.exp(v):.3f}" for v in estimates))
+    print(
+        f"spread of the process estimates (sd, log) {parts['spread']:.3f}; the rounds' own "
+        f"standard error (rms) {parts['within']:.3f}; left for the processes' own values "
+        f"{parts['between']:.3f}"
+    )
+    need = processes_needed(parts["spread"], args.target)
+    print(f"processes for ±{args.target * 100:g} % at 95 % at this spread: {need}")
+    print(rate)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

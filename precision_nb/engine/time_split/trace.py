@@ -1,15 +1,15 @@
 """The profiled steps' host events as a tree, read straight from the profiler's result.
 
 ``torch.profiler.profile.events()`` builds a ``FunctionEvent`` for every recorded event, asking
-each for some 35 fields (memory, flops, stack, flow ids) that the split never reads: on the
-24 profiled steps of GPT-2 from a small config (54,000 events) it took 4.1 s, where this reader
-takes 0.75 s (``benchmarks/bench_time_split.py`` shows the split's cost). A trace without device activity
-(the CPU view) is read here instead: per event only what the split reads (name, thread, time
-range, sequence number; input shapes and dtypes when asked), with the tree built by the same rules
-``torch.autograd.profiler_util.EventList`` uses (an event inside another's time range on its
-thread is its child; a parent whose only child has its name takes that child's place), so the
-families come out the same, which a test checks against ``events()`` on real traces. A trace
-with device kernels keeps ``events()``: the kernels are joined to their ops there.
+each for some 35 fields (memory, flops, stack, flow ids) that the split never reads: on the 24
+profiled steps of GPT-2 from a small config (54,000 events) it took 4.1 s, where this reader
+takes 0.75 s. A trace without device activity (the CPU view) is read here instead: per event
+only what the split reads (name, thread, time range, sequence number; input shapes and dtypes
+when asked), with the tree built by the same rules ``torch.autograd.profiler_util.EventList``
+uses (an event inside another's time range on its thread is its child; a parent whose only child
+has its name takes that child's place), so the families come out the same, which a test checks
+against ``events()`` on real traces. A trace with device kernels keeps ``events()``: the kernels
+are joined to their ops there.
 """
 
 from __future__ import annotations

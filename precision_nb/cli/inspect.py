@@ -77,10 +77,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
     check_flag(precision_list(args.precision, "--precision"), "--precision")
     device_string(args.device, "--device")
-    try:
-        check_output_folder(Path(args.out).expanduser())
-    except ValueError as err:
-        raise ValueError(f"--{err}") from err  # "out: ..." -> "--out: ..."
+    check_output_folder(Path(args.out).expanduser(), "--out")
 
 
 def run(args: argparse.Namespace) -> int:

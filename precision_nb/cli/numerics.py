@@ -117,10 +117,7 @@ def check_flags(args: argparse.Namespace) -> None:
     args.hardware = _names("--hardware", args.hardware, HARDWARE_NAMES, ())
     device_string(args.device, "--device")
     if args.out is not None:
-        try:
-            check_output_folder(Path(args.out).expanduser())
-        except ValueError as err:
-            raise ValueError(f"--{err}") from err  # "out: ..." -> "--out: ..."
+        check_output_folder(Path(args.out).expanduser(), "--out")
 
 
 def _text(analysis: Any, hardware: list[str]) -> str:

@@ -230,7 +230,7 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--strategy", args.strategy), ("--comm-hook", args.comm_hook)):
         if value is not None and args.nproc is None:
             raise ValueError(f"{flag}: given without --nproc; it applies to a distributed profile")
-    check_output_folder(Path(args.out).expanduser())
+    check_output_folder(Path(args.out).expanduser(), "--out")
 
 
 @contextlib.contextmanager

@@ -237,7 +237,7 @@ def test_output_that_is_a_file_is_refused(tmp_path, capsys):
     target = tmp_path / "report"
     target.write_text("a file")
     assert _profile("--preset", "tiny", "--out", str(target)) == 2
-    assert "exists and is not a folder" in capsys.readouterr().err
+    assert f"--out: {str(target)!r} exists and is not a folder" in capsys.readouterr().err
     assert target.read_text() == "a file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 

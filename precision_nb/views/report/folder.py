@@ -112,22 +112,25 @@ def _shown(out: Path) -> str:
     return repr(text) if text == full else f"{text!r} ({full})"
 
 
-def check_output_folder(out: Path) -> None:
-    """``ValueError`` unless ``out`` is (or can become) a folder this process can write into."""
+def check_output_folder(out: Path, field: str = "out") -> None:
+    """``ValueError`` unless ``out`` is (or can become) a folder this process can write into;
+    the message names ``field`` (the command line passes ``"--out"``)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {_shown(out)} exists and is not a folder; give a folder path")
+        raise ValueError(f"{field}: {_shown(out)} exists and is not a folder; give a folder path")
     if out.is_dir():
         if not os.access(out, os.W_OK | os.X_OK):
-            raise ValueError(f"out: folder {_shown(out)} is not writable")
+            raise ValueError(f"{field}: folder {_shown(out)} is not writable")
         return
     parent = _existing_ancestor(out.absolute().parent)
     if not parent.is_dir():
-        raise ValueError(f"out: {_shown(out)} cannot be created: {str(parent)!r} is not a folder")
+        raise ValueError(
+            f"{field}: {_shown(out)} cannot be created: {str(parent)!r} is not a folder"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(
-            f"out: {_shown(out)} does not exist and cannot be created: {str(parent)!r} is not "
-            "writable"
+            f"{field}: {_shown(out)} does not exist and cannot be created: {str(parent)!r} is "
+            "not writable"
         )
 
 

@@ -97,7 +97,7 @@ def test_save_writes_the_cli_folder_and_refuses_a_file(make_result, tmp_path):
     assert "CPU low-precision features" in (tmp_path / "new" / "out" / "report.html").read_text()
     target = tmp_path / "file"
     target.write_text("keep")
-    with pytest.raises(ValueError, match="exists and is not a folder"):
+    with pytest.raises(ValueError, match="^out: .* exists and is not a folder"):
         result.save(target)
     assert target.read_text() == "keep"
     assert "bf16 is 2.00x" in repr(result)

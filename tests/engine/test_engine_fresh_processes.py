@@ -9,27 +9,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+from notebook_cell import CELL
+
 ROOT = Path(__file__).resolve().parents[2]
 
-NOTEBOOK_CELL = textwrap.dedent(
+# a script whose __main__ defines the model, as a notebook cell does, then compares it
+NOTEBOOK_CELL = CELL + textwrap.dedent(
     """
     import json, os
-    import torch
-    from torch import nn
     from precision_nb.engine.compare import compare
     from precision_nb.engine.measure import MeasureConfig
-
-    class Net(nn.Module):  # defined here, in __main__, as in a notebook cell
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
-
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
-
-    def batches(step):
-        g = torch.Generator().manual_seed(step)
-        return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
 
     cfg = MeasureConfig(rounds=2, warmup_min=2, warmup_max=2, processes=2)
     out = compare(["fp32", "bf16"], model=Net(), batches=batches, steps=4, log_every=4,

@@ -8,38 +8,12 @@ import html
 import re
 
 import pytest
+from notebook_cell import notebook_cell
 
 from precision_nb.core.defaults import DEFAULT_BUDGET_S, MAX_PROCESSES
 from precision_nb.views.panel import Panel
 
 TIMEOUT = 300
-
-
-#: A notebook cell: its classes and functions belong to ``__main__``, which a fresh process does
-#: not have (cloudpickle sends them by value).
-CELL = """
-import torch
-from torch import nn
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-def batches(step):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
-"""
-
-
-def notebook_cell() -> dict:
-    namespace: dict = {"__name__": "__main__"}
-    exec(CELL, namespace)  # noqa: S102 - the test's own source, run as a notebook cell runs
-    assert namespace["Net"].forward.__module__ == "__main__"
-    return namespace
 
 
 def _compare(panel: Panel) -> list[str]:

@@ -567,6 +567,11 @@ def test_each_advice_comes_with_its_figure_and_only_above_its_threshold() -> Non
     assert found["casts"].figures["bytes"] == 2**21 and "2.00 MiB" in found["casts"].message
     assert found["unaligned"].figures["shapes"] == [("addmm", 64, 20, 30, "c10::BFloat16")]
     assert found["optimizer"].figures["ratio"] == 3.0
+    # its milliseconds are time_adamw's, timed apart, and it says so beside the profiled step's
+    assert "(3.0 ms) with plain AdamW" in found["optimizer"].message
+    assert "timed apart from the training step (time_adamw: 3.0 ms against 1.0 ms" in (
+        found["optimizer"].message
+    )
     assert "1.5× the baseline's speed" in found["emulated_bf16"].message
     quiet = _split("bf16", matmul=9e-3, other=1e-3)
     assert advise(quiet, None, fused=True, adamw=timing) == ()

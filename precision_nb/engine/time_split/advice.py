@@ -186,9 +186,9 @@ def _optimizer(split: TimeSplit, fused: bool | None, adamw: Any) -> Advice | Non
         "optimizer",
         f"the optimizer step is {share:.0%} of the profiled step ({spent}) "
         f"with plain AdamW; fused AdamW measured {times_text(adamw.ratio, '.2g')} faster per step "
-        "on this model's parameters (quartiles of the rounds "
-        f"{interval_text(adamw.ratio_low, adamw.ratio_high, spec='.2g')}{TIMES}: "
-        f"{ms(adamw.plain_s)} against {ms(adamw.fused_s)}): "
+        "on this model's parameters, timed apart from the training step (time_adamw: "
+        f"{ms(adamw.plain_s)} against {ms(adamw.fused_s)} per optimizer step, quartiles of its "
+        f"rounds {interval_text(adamw.ratio_low, adamw.ratio_high, spec='.2g')}{TIMES}): "
         "pass fused=True.",
         {"share": share, "seconds": split.families["optimizer"], "plain_s": adamw.plain_s,
          "fused_s": adamw.fused_s, "ratio": adamw.ratio},

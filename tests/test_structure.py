@@ -3,7 +3,9 @@
 - no import cycle among the run-time imports of any ``precision_nb`` modules: every ``import``
   counts, at module level and inside functions alike (a function-local import only delays a
   cycle, it does not remove it); imports under ``if TYPE_CHECKING:`` never run and do not count;
-- no private name (``_x``) imported or read across modules: what a module shares is public.
+- no private name (``_x``) imported or read across modules: what a module shares is public;
+- no module over :data:`MAX_MODULE_LINES` lines (a module that grows past it is split by what
+  it does).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "precision_nb"
 SCOPES = ("precision_nb",)
+MAX_MODULE_LINES = 450
 
 
 def module_name(path: Path) -> str:
@@ -299,3 +302,13 @@ def test_the_column_check_sees_keys_lists_and_texts(tmp_path):
         "view.py:3 spells 'speedup_ci_low'",
         "view.py:4 spells 'speedup_ci_high'",
     ]
+
+
+def test_no_module_is_over_the_line_limit():
+    sizes = {
+        str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in PACKAGE.rglob("*.py")
+    }
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split them by what they do): {over}"
+    assert max(sizes.values()) > MAX_MODULE_LINES // 2  # the count reads the real modules

@@ -345,20 +345,10 @@ def _profiled(
     seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
     splits = {
         label: _split_of(
-            label,
-            trainers[label],
-            results[label],
-            kinds[label],
-            events,
-            marks[label],
-            cfg,
-            device,
-            (kernels, view, notes),
-            medians.get(label),
-            seconds,
-        )  # fmt: skip
-        for label in labels
-    }
+            label, trainers[label], results[label], kinds[label], events, marks[label], cfg,
+            device, (kernels, view, notes), medians.get(label), seconds,
+        ) for label in labels
+    }  # fmt: skip
     if not cfg.take_out:
         return splits
     return without_profiler(splits, kernels=kernels)

@@ -118,6 +118,9 @@ def test_a_parent_whose_only_child_repeats_its_name_takes_its_place() -> None:
     )  # fmt: skip
     assert events is not None
     assert [e.name for e in events] == ["aten::add", "aten::copy_"]
+    assert [e.name for e in host_events(stopped([Raw("ProfilerStep#3", 0, 9)])) or []] == [
+        "ProfilerStep*"  # as events() names a schedule's steps
+    ]
     assert events[1].cpu_parent is events[0]
     assert events[0].self_cpu_time_total == 9.0
 

@@ -89,7 +89,10 @@ class TraceEvent:
 
 @functools.lru_cache(maxsize=4096)
 def _demangle(name: str) -> str:
-    return torch._C._demangle(name)
+    """The name as ``events()`` gives it (demangled; a schedule's ``ProfilerStep#N`` as
+    ``ProfilerStep*``)."""
+    name = torch._C._demangle(name)
+    return "ProfilerStep*" if name.startswith("ProfilerStep#") else name
 
 
 def host_events(prof: Any) -> list[TraceEvent] | None:

@@ -104,7 +104,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--budget",
-        default=f"{DEFAULT_BUDGET_S:g}",
+        default=DEFAULT_BUDGET_S,  # not a string: the default, told apart from --budget 40
         metavar="SECONDS",
         help="wall-clock seconds the measurement may take (warm-ups, rounds, processes); "
         "none: no limit",
@@ -223,7 +223,7 @@ def check_flags(args: argparse.Namespace) -> None:
 
     args.processes = _optional_number("--processes", args.processes, int)
     args.target = _optional_number("--target", args.target, float)
-    args.budget = _optional_number("--budget", args.budget, float)
+    args.budget = budget_of(args.budget)
     check_options(args.processes, args.target, args.budget, None, FLAG_NAMES)
     if args.nproc is not None:
         positive_int("--nproc", args.nproc)
@@ -343,6 +343,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 FLAG_NAMES = ("--processes", "--target", "--budget", "--model")
+
+
+def budget_of(value: Any) -> float | None:
+    """``--budget`` as seconds: the default budget itself when the flag was not given (so a
+    profile of ``--processes N`` tells it from ``--budget 40``), None for "none"."""
+    return _optional_number("--budget", value, float)
 
 
 def _optional_number(flag: str, value: Any, kind: type) -> Any:

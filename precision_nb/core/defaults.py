@@ -24,8 +24,23 @@ DEFAULT_ROUNDS = 8
 DEFAULT_PROCESSES: int | None = None
 #: The relative half-width every speedup interval should reach (``target``; 0.05 = ±5 %) ...
 DEFAULT_TARGET = 0.05
+
+
+class DefaultBudget(float):
+    """A number of seconds that knows it is the default budget, not one asked for: with
+    ``processes=N`` the default limits only the processes a target adds, while a budget asked
+    for, 40 s included, stops the N early. Told apart by identity (``is DEFAULT_BUDGET_S``);
+    it reads and computes as the float it is."""
+
+    def __repr__(self) -> str:
+        return repr(float(self))
+
+    def __str__(self) -> str:
+        return f"{float(self):g}"
+
+
 #: ... within this many seconds of measurement (``budget_s``: warm-ups, rounds, processes).
-DEFAULT_BUDGET_S = 40.0
+DEFAULT_BUDGET_S: float = DefaultBudget(40.0)
 #: Warm-up cap in steps per plan (the warm-up usually ends earlier, when step times settle).
 DEFAULT_WARMUP_MAX = 15
 #: About this many logged points per plan in a profile.

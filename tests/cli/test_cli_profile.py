@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from precision_nb.cli.main import main
+from precision_nb.cli.main import build_parser, main
+from precision_nb.cli.profile import budget_of
+from precision_nb.core.defaults import DEFAULT_BUDGET_S
 from precision_nb.views.report import folder
 from precision_nb.views.report.html import OUTPUT_FILES
 from precision_nb.views.report.tables import SUMMARY_COLUMNS
@@ -402,3 +404,15 @@ def test_the_report_a_command_writes_names_flags_not_python_arguments(tmp_path):
     assert "--fused auto" in page and "fused=None" not in page
     table = (out / "summary.csv").read_text()  # the hints column too
     assert "--fused auto" in table and "fused=None" not in table
+
+
+def test_the_default_budget_is_told_apart_from_budget_40(capsys):
+    parser = build_parser()
+    default = parser.parse_args(["profile"]).budget
+    assert budget_of(default) is DEFAULT_BUDGET_S  # --processes N: the default cuts nothing
+    asked = budget_of(parser.parse_args(["profile", "--budget", "40"]).budget)
+    assert asked == 40.0 and asked is not DEFAULT_BUDGET_S
+    assert budget_of(parser.parse_args(["profile", "--budget", "none"]).budget) is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["profile", "--help"])
+    assert "none: no limit (default: 40)" in " ".join(capsys.readouterr().out.split())

@@ -80,7 +80,7 @@ def profile_request(
     is one torchrun launch: its interval covers the rounds of that launch (the launch is its one
     process level), so it gets neither processes nor a budget. ``processes=N`` measures exactly
     N processes: the default budget limits only the processes the target adds, and a budget
-    other than the default stops N processes early (the verdicts say so).
+    asked for (40 s included) stops N processes early (the verdicts say so).
     """
     from precision_nb.core import validate
     from precision_nb.core.optim import OptimizerConfig
@@ -94,7 +94,7 @@ def profile_request(
     analyses = [name for name, on in wanted if on]
     steps = DEFAULT_STEPS if steps is None else steps
     one_launch = distributed is not None
-    if processes is not None and budget_s == DEFAULT_BUDGET_S:
+    if processes is not None and budget_s is DEFAULT_BUDGET_S:
         budget_s = None  # processes=N asked for: exactly N; the default budget is the target's
     measure = MeasureConfig(
         rounds=rounds,
@@ -109,7 +109,7 @@ def profile_request(
                 "rebuild": rebuild,
                 # the default budget limits the fresh processes; only a budget asked for is
                 # refused when a single round does not fit in it
-                "refuse_small_budget": budget_s != DEFAULT_BUDGET_S,
+                "refuse_small_budget": budget_s is not DEFAULT_BUDGET_S,
             }
         ),
     )

@@ -184,6 +184,10 @@ def test_processes_n_means_exactly_n_unless_a_budget_is_given():
     assert "3 processes" in exact.describe_processes() and "no time limit" in exact.describe()
     given = profile_mod.profile_request(processes=3, budget_s=10.0).measure
     assert (given.processes, given.budget_s) == (3, 10.0)
+    # a budget asked for is kept even when it equals the default's 40 s
+    asked = profile_mod.profile_request(processes=3, budget_s=40.0).measure
+    assert (asked.processes, asked.budget_s, asked.refuse_small_budget) == (3, 40.0, True)
+    assert defaults.DEFAULT_BUDGET_S == 40.0 and repr(defaults.DEFAULT_BUDGET_S) == "40.0"
     chosen = profile_mod.profile_request().measure  # processes chosen by the target: budgeted
     assert (chosen.processes, chosen.budget_s) == (None, defaults.DEFAULT_BUDGET_S)
 

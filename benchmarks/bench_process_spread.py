@@ -59,11 +59,10 @@ def measure(processes: int, steps: int, preset: str) -> tuple[list[float], list[
     c = pnb.compare(("fp32", "bf16"), DEFAULT_WORKLOAD, preset, steps=steps, progress=False,
                     measure=cfg)  # fmt: skip
     m = c.measurement
-    estimates, errors = [], []
-    for base, plan in zip(m.blocks_by_process("fp32"), m.blocks_by_process("bf16"), strict=True):
-        d = np.array(stats.log_ratios(base, plan))
-        estimates.append(float(stats.hodges_lehmann(d)))
-        errors.append(float(d.std(ddof=1) / math.sqrt(len(d))))
+    pairs = list(zip(m.blocks_by_process("fp32"), m.blocks_by_process("bf16"), strict=True))
+    estimates = stats.process_estimates(pairs).tolist()  # the values the interval is built from
+    rounds = [np.array(d) for d in (stats.log_ratios(b, p) for b, p in pairs) if d]  # same order
+    errors = [float(d.std(ddof=1) / math.sqrt(d.size)) for d in rounds]
     rate = next((e.message for e in m.events if "fresh process(es) in" in e.message), "")
     return estimates, errors, rate
 

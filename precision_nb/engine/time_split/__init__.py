@@ -285,15 +285,14 @@ def rank_split(trainer: Any, label: str, config: SplitConfig) -> dict[str, Any]:
     and its few unprofiled steps, profiling one plan at a time, are no steady measure of the step
     without the profiler (taken out, they left a 2-rank DDP split with casts only)."""
     split = split_trainer(trainer, label, config=dataclasses.replace(config, take_out=False))
-    if split.available:
-        note = (
-            "the profiler's cost is not taken out on a distributed run: a rank's steps wait on "
-            "the other ranks' collectives, and its unprofiled steps are no steady measure of the "
-            "step without the profiler"
-        )
-        split = dataclasses.replace(split, notes=(*split.notes, note))
     if not split.available:
         return ranks.to_json(split)
+    note = (
+        "the profiler's cost is not taken out on a distributed run: a rank's steps wait on "
+        "the other ranks' collectives, and its unprofiled steps are no steady measure of the "
+        "step without the profiler"
+    )
+    split = dataclasses.replace(split, notes=(*split.notes, note))
     try:
         facts = plan_facts(trainer, split)
     except (RuntimeError, ValueError, TypeError) as exc:  # e.g. sharded parameters: said

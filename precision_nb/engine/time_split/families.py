@@ -320,18 +320,12 @@ def steps_of(
 ) -> list[StepSplit]:
     """Every profiled step in ``events`` (a profiler's ``events()``) marked ``mark``, in order
     (``device``, ``autocast``: as :func:`split_step` takes them)."""
-    marks = [e for e in events if e.name == mark and getattr(e, "cpu_parent", None) is None]
-    marks.sort(key=lambda e: e.time_range.start)
+    roots = [e for e in events if getattr(e, "cpu_parent", None) is None]  # once, not per step
+    marks = sorted((e for e in roots if e.name == mark), key=lambda e: e.time_range.start)
     out = []
     for step in marks:
         start, end = step.time_range.start, step.time_range.end
-        others = [
-            e
-            for e in events
-            if getattr(e, "cpu_parent", None) is None
-            and e.thread != step.thread
-            and start <= e.time_range.start < end
-        ]
+        others = [e for e in roots if e.thread != step.thread and start <= e.time_range.start < end]
         out.append(split_step(step, others, device=device, autocast=autocast))
     return out
 

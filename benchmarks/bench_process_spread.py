@@ -12,28 +12,17 @@ interval at 95 % would need at that spread, and the seconds one fresh process co
 measurement's own event). Run it twice with different ``--steps``: if the spread does not fall
 with more steps per process, only more processes narrow the interval.
 
-``--starts both`` measures how the fresh processes are started, side by side: the product's
-(two importing torch at a time, the second idle while the first measures; see
-``precision_nb.engine.process_start``) and one at a time, ``--repeats`` of each, alternating
-which goes first; it prints the fresh processes per second of every run, the median ratio
-(two at a time over one at a time) and the spread of each kind, so a faster start is seen not
-to change what the processes measure.
-
     python benchmarks/bench_process_spread.py                   # 12 processes, 48 steps each
     python benchmarks/bench_process_spread.py --steps 144       # three times the steps
-    python benchmarks/bench_process_spread.py --starts both --repeats 3   # start-up, before/after
     python benchmarks/bench_process_spread.py --processes 3 --steps 8 --preset tiny  # smoke run
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
-import statistics
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -60,31 +49,21 @@ def processes_needed(spread: float, target: float, confidence: float = 0.95) -> 
     return 10_000
 
 
-def measure(
-    processes: int, steps: int, preset: str, alone: bool = False
-) -> tuple[list[float], list[float], Any]:
-    """Each process's estimate and its rounds' standard error, and the fresh processes' event
-    (None if none started); ``alone``: the fresh processes started one at a time."""
+def measure(processes: int, steps: int, preset: str) -> tuple[list[float], list[float], str]:
+    """Each process's estimate and its rounds' standard error, and the fresh processes' event."""
     import precision_nb as pnb
-    from precision_nb.engine import process_start, stats
+    from precision_nb.engine import stats
     from precision_nb.engine.measure_config import MeasureConfig
 
-    product = process_start.Starts
-    if alone:  # the same starts on a machine taken for one CPU: no process imports ahead
-        process_start.Starts = functools.partial(product, cpus=1)
-
     cfg = MeasureConfig(processes=processes, target=None, budget_s=None)
-    try:
-        c = pnb.compare(("fp32", "bf16"), DEFAULT_WORKLOAD, preset, steps=steps, progress=False,
-                        measure=cfg)  # fmt: skip
-    finally:
-        process_start.Starts = product
+    c = pnb.compare(("fp32", "bf16"), DEFAULT_WORKLOAD, preset, steps=steps, progress=False,
+                    measure=cfg)  # fmt: skip
     m = c.measurement
     pairs = list(zip(m.blocks_by_process("fp32"), m.blocks_by_process("bf16"), strict=True))
     estimates = stats.process_estimates(pairs).tolist()  # the values the interval is built from
     rounds = [np.array(d) for d in (stats.log_ratios(b, p) for b, p in pairs) if d]  # same order
     errors = [float(d.std(ddof=1) / math.sqrt(d.size)) for d in rounds]
-    rate = next((e for e in m.events if "per_second" in e.data), None)
+    rate = next((e.message for e in m.events if "fresh process(es) in" in e.message), "")
     return estimates, errors, rate
 
 
@@ -94,18 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="per plan and process")
     parser.add_argument("--preset", default=DEFAULT_PRESET)
     parser.add_argument("--target", type=float, default=0.05)
-    parser.add_argument("--starts", choices=("product", "alone", "both"), default="product")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each kind (--starts)")
     args = parser.parse_args(argv)
     if args.processes < 3:
         parser.error("--processes: at least 3 (a spread needs two fresh processes and this one)")
-    if args.repeats < 1:
-        parser.error(f"--repeats: invalid value {args.repeats}; allowed: 1 or more")
-    if args.starts == "both":
-        return compare_starts(args)
-    estimates, errors, rate = measure(
-        args.processes, args.steps, args.preset, args.starts == "alone"
-    )
+    estimates, errors, rate = measure(args.processes, args.steps, args.preset)
     parts = decompose(estimates, errors)
     print(f"{DEFAULT_WORKLOAD}/{args.preset}, {args.steps} steps per plan in each process")
     print("speedups per process: " + ", ".join(f"{math.exp(v):.3f}" for v in estimates))
@@ -116,31 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     need = processes_needed(parts["spread"], args.target)
     print(f"processes for ±{args.target * 100:g} % at 95 % at this spread: {need}")
-    print(rate.message if rate is not None else "no fresh process started")
-    return 0
-
-
-def compare_starts(args: argparse.Namespace) -> int:
-    """The product's starts against one at a time, ``args.repeats`` runs of each, alternating."""
-    rates: dict[str, list[float]] = {"product": [], "alone": []}
-    spreads: dict[str, list[float]] = {"product": [], "alone": []}
-    for r in range(args.repeats):
-        for kind in ("product", "alone") if r % 2 == 0 else ("alone", "product"):
-            estimates, _, rate = measure(args.processes, args.steps, args.preset, kind == "alone")
-            rates[kind].append(rate.data["per_second"])
-            spreads[kind].append(float(np.std(estimates[1:], ddof=1)))
-            print(f"run {r + 1} {kind:7s}: {rate.message}; fresh processes' spread (sd, log) "
-                  f"{spreads[kind][-1]:.3f}", flush=True)  # fmt: skip
-    ratios = [a / b for a, b in zip(rates["product"], rates["alone"], strict=True)]
-    print(
-        f"fresh processes per second: two at a time {statistics.median(rates['product']):.3f}, "
-        f"one at a time {statistics.median(rates['alone']):.3f} (medians of {args.repeats}); "
-        f"ratio per pair of runs {', '.join(f'{x:.2f}' for x in ratios)}, median "
-        f"{statistics.median(ratios):.2f}"
-    )
-    for kind, words in (("product", "two at a time"), ("alone", "one at a time")):
-        print(f"spread of the fresh processes' estimates, {words}: "
-              + ", ".join(f"{s:.3f}" for s in spreads[kind]))  # fmt: skip
+    print(rate)
     return 0
 
 

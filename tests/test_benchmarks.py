@@ -191,23 +191,7 @@ def test_bench_process_spread_measures_each_process_once(capsys) -> None:
     bench = _load("bench_process_spread")
     estimates, errors, rate = bench.measure(processes=3, steps=8, preset="tiny")
     assert len(estimates) == len(errors) == 3 and all(e > 0 for e in errors)
-    assert rate.message.startswith("2 fresh process(es) in")
+    assert rate.startswith("2 fresh process(es) in")
     with pytest.raises(SystemExit):
         bench.main(["--processes", "2"])
     assert "--processes: at least 3" in capsys.readouterr().err
-
-
-def test_bench_process_spread_compares_the_two_ways_of_starting(capsys) -> None:
-    from precision_nb.engine import process_start
-
-    bench, product = _load("bench_process_spread"), process_start.Starts
-    assert bench.main(["--processes", "3", "--steps", "8", "--preset", "tiny", "--starts",
-                       "both"]) == 0  # fmt: skip
-    out = capsys.readouterr().out
-    assert process_start.Starts is product  # the product's starts are back
-    alone, product = (
-        [line for line in out.splitlines() if line.startswith(f"run 1 {kind}")]
-        for kind in ("alone", "product")
-    )
-    assert len(alone) == len(product) == 1 and process_start.HOW_ALONE in alone[0]
-    assert "fresh processes per second: two at a time" in out

@@ -4,9 +4,8 @@
 measure_plans`: warm-ups, rotated rounds; these sessions are the runs the report shows), then,
 where the workload can reach a fresh process (:func:`rebuild_spec`: a built-in workload, a
 ``module:factory`` with its batches, or this process's model, batches and loss sent by value
-through :mod:`~precision_nb.engine.shipping`), in fresh worker processes that measure one after
-the other (:mod:`~precision_nb.engine.measure_worker`, each a new interpreter; two import torch
-side by side, the second idle until the first has measured: see
+through :mod:`~precision_nb.engine.shipping`), in fresh worker processes run one after the other
+(:mod:`~precision_nb.engine.measure_worker`, each a new interpreter, see
 :mod:`~precision_nb.engine.process_start`). Each worker builds the same model from the same seed
 (or receives this process's initial model), warms every plan up and measures all of them
 interleaved in rounds, so its process effect is paired like a round's drift; it starts its
@@ -233,8 +232,8 @@ def _more_processes(
     from tqdm.auto import tqdm
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
-    starts = process_start.Starts(_worker_env(), ctx.stop)
     try:
+        starts = process_start.Starts(_worker_env())
         bar = tqdm(
             total=ctx.cfg.processes, desc="fresh processes", unit="process",
             disable=not progress, leave=False,
@@ -247,7 +246,6 @@ def _more_processes(
         if starts.used:
             m.events.append(_rate_event(m, time.perf_counter() - began, starts))
     finally:
-        starts.close()
         shutil.rmtree(folder, ignore_errors=True)
     return m
 
@@ -295,10 +293,7 @@ def _loop(
     cfg, stop = ctx.cfg, ctx.stop
     adaptive = cfg.processes is None
     wanted = cfg.processes if cfg.processes is not None else MAX_PROCESSES
-    #: seconds of the processes started for their turn, and of those that had imported before it
-    #: (process_start): what the next process is guessed to need, as it is one or the other
     durations: list[float] = []
-    ready_durations: list[float] = []
     while True:
         n = m.process_count
         estimates = _estimates(m, ctx.labels, ctx.baseline)
@@ -317,8 +312,7 @@ def _loop(
                 return f"the maximum of {MAX_PROCESSES} processes ({shown})"
             return f"{n} processes, as asked ({shown})"
         elapsed = time.perf_counter() - ctx.t0
-        known = ready_durations if starts.ready and ready_durations else durations
-        guess = float(np.mean(known)) if known else _first_guess(m)
+        guess = float(np.mean(durations)) if durations else _first_guess(m)
         if cfg.budget_s is not None and elapsed + guess > cfg.budget_s:
             # processes=N cut short by the budget: said with both numbers, never silently
             asked = "" if adaptive else f" of the {wanted} processes asked"
@@ -355,7 +349,7 @@ def _loop(
             )
         deadline = None if cfg.budget_s is None else time.time() + cfg.budget_s - elapsed
         timing, error, seconds = _run_worker(rebuild, cfg, n, deadline, folder, stop, starts)
-        (ready_durations if starts.last_was_ready else durations).append(seconds)
+        durations.append(seconds)
         if timing is None:
             m.events.append(
                 Event("warning", f"process {n + 1} failed: {error}", {"process": n + 1})
@@ -442,7 +436,7 @@ def _run_worker(
     launched = getattr(child, "launched", None)  # wall clock, as the worker's "started"
     startup = None
     if launched is not None and data.get("started") is not None:
-        startup = float(data["started"]) - launched - float(data.get("waited_s") or 0.0)
+        startup = float(data["started"]) - launched
     timing = ProcessTiming(
         index + 1, plans, list(data["sizes"]), [list(o) for o in data["orders"]], seconds,
         int(data["pid"]), bool(data.get("stopped")), startup,

@@ -8,11 +8,6 @@ loads the initial weights it was sent), warms each plan up and measures them int
 with :func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block
 to the run file's ``out`` path. At the deadline it stops after the current step and sends what it
 has.
-
-Started with ``--standby`` instead of a run file, it imports what a measurement needs (torch,
-``torch._dynamo``, the engine), prints ``ready`` and waits, idle, for one line on its standard
-input: ``{"spec": RUN_FILE, "stderr": PATH}`` (its standard error moves there), then measures as
-above; an empty line or the end of the input ends it (:mod:`~precision_nb.engine.process_start`).
 """
 
 from __future__ import annotations
@@ -102,10 +97,9 @@ def _receive(shipped: dict[str, Any] | None, sys_path: Any) -> dict[str, Any]:
         raise NotReceived(f"{type(exc).__name__}: {exc}") from exc
 
 
-def run(spec: dict[str, Any], waited_s: float = 0.0) -> dict[str, Any]:
+def run(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure the run file's plans in this process; the JSON-able result, with the wall-clock
-    time its warm-ups began and ``waited_s``, the seconds it waited on standby (its start-up is
-    the first less its launch and the second)."""
+    time its warm-ups began (its start-up is that less its launch, which the parent knows)."""
     import torch
 
     from precision_nb.core.optim import OptimizerConfig
@@ -150,7 +144,6 @@ def run(spec: dict[str, Any], waited_s: float = 0.0) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "started": started,  # wall clock: the parent knows when it launched this process
-        "waited_s": waited_s,
         "sizes": measurement.sizes,
         "orders": measurement.orders,
         "stopped": measurement.stopped,
@@ -158,41 +151,12 @@ def run(spec: dict[str, Any], waited_s: float = 0.0) -> dict[str, Any]:
     }
 
 
-def standby() -> tuple[str, float] | None:
-    """Import what a measurement needs, say ``ready`` and wait for the run file; returns its
-    path and the seconds waited (None: told to end)."""
-    import torch
-    import torch._dynamo  # the optimizer's first call imports it (about 1 s): paid here
-
-    import precision_nb.engine.measure_processes  # noqa: F401 - the engine a run uses
-    import precision_nb.engine.request  # noqa: F401
-
-    del torch
-    print("ready", flush=True)
-    quiet = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(quiet, 1)  # nobody reads its output any more: it must never fill the pipe
-    ready = time.time()
-    line = sys.stdin.readline().strip()
-    if not line:
-        return None
-    told = json.loads(line)
-    err = os.open(told["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(err, 2)
-    return told["spec"], time.time() - ready
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    waited = 0.0
-    if args and args[0] == "--standby":
-        told = standby()
-        if told is None:
-            return 0
-        args, waited = [told[0]], told[1]
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     out = Path(spec["out"])
     try:
-        result = run(spec, waited)
+        result = run(spec)
         code = 0
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which records it as an event
         result = {

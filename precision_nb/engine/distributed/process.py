@@ -304,12 +304,31 @@ def run_torchrun(
     return run
 
 
+#: How a collective fails when its peer process has gone (gloo, NCCL): after a stop the caller
+#: asked for, a rank waiting in one when another rank stopped was stopped by it.
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+             "remote process exited")  # fmt: skip
+
+
 def stopped_not_failed(ranks: list[Any]) -> None:
     """After a stop the caller asked for, a rank interrupted by the SIGTERM that torchrun forwards
-    (wherever it landed: in a step, in a collective, at teardown) stopped; it did not fail."""
+    (wherever it landed: in a step, in a collective, at teardown) stopped; it did not fail. So did
+    a rank whose collective lost its peer because that peer had stopped first (the SIGTERM reaches
+    the ranks one by one, and a rank blocked in a collective cannot take it before the peer's
+    socket closes): its error says the peer is gone, and another rank stopped."""
     for rank in ranks:
         if rank.error is not None and rank.error.get("type") == "KeyboardInterrupt":
-            rank.error = None
-            rank.finished = True
-            if rank.result is not None:
-                rank.result = {**rank.result, "stopped": True}
+            _stopped(rank)
+    if not any(r.stopped or (r.finished and r.error is None) for r in ranks):
+        return
+    for rank in ranks:
+        message = str((rank.error or {}).get("message", ""))
+        if rank.error is not None and any(words in message for words in PEER_GONE):
+            _stopped(rank)
+
+
+def _stopped(rank: Any) -> None:
+    rank.error = None
+    rank.finished = True
+    if rank.result is not None:
+        rank.result = {**rank.result, "stopped": True}

@@ -209,6 +209,34 @@ def test_a_rank_interrupted_by_a_requested_stop_is_stopped_not_failed() -> None:
     assert failed.error == {"type": "RuntimeError", "message": "boom"} and not failed.finished
 
 
+def test_a_rank_whose_peer_stopped_first_is_stopped_not_failed() -> None:
+    """The SIGTERM of a stop reaches the ranks one by one: a rank blocked in an all-reduce loses
+    its peer's socket before it can take the signal (seen with gloo on a loaded machine)."""
+    from precision_nb.engine.distributed.process import stopped_not_failed
+    from precision_nb.engine.distributed.results import RankResult
+
+    gone = "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:35244: Connection reset by peer"
+
+    def ranks(peer_error):
+        waiting = RankResult(0, error={"type": "RuntimeError", "message": gone})
+        waiting.result = {"steps": 28}
+        peer = RankResult(1, error=peer_error)
+        peer.result = {"steps": 28, "stopped": True} if peer_error is None else {"steps": 28}
+        peer.finished = peer_error is None
+        return waiting, peer
+
+    waiting, peer = ranks(None)  # the peer stopped between steps, as the stop asked
+    stopped_not_failed([waiting, peer])
+    assert waiting.error is None and waiting.finished and waiting.stopped and peer.stopped
+    waiting, peer = ranks({"type": "KeyboardInterrupt", "message": "signal SIGTERM"})
+    stopped_not_failed([waiting, peer])
+    assert waiting.stopped and peer.stopped
+    waiting, peer = ranks({"type": "ValueError", "message": "bad batch"})  # a real failure
+    stopped_not_failed([waiting, peer])
+    assert waiting.error["message"] == gone and not waiting.finished
+    assert peer.error == {"type": "ValueError", "message": "bad batch"}
+
+
 class _Work:
     def __init__(self, future) -> None:
         self._future = future

@@ -433,10 +433,9 @@ def _run_worker(
     failed = [f"{label}: {p.failed}" for label, p in plans.items() if p.failed]
     if failed:  # a plan that fails there is not a sample of its speed: end the additions
         return None, f"plan {'; plan '.join(failed)}", seconds
-    launched = getattr(child, "launched", None)  # wall clock, as the worker's "started"
-    startup = None
-    if launched is not None and data.get("started") is not None:
-        startup = float(data["started"]) - launched
+    startup = None  # from its launch to its first warm-up step, both on the wall clock
+    if child.launched is not None and data.get("started") is not None:
+        startup = float(data["started"]) - child.launched
     timing = ProcessTiming(
         index + 1, plans, list(data["sizes"]), [list(o) for o in data["orders"]], seconds,
         int(data["pid"]), bool(data.get("stopped")), startup,

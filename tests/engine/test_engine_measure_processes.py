@@ -316,6 +316,7 @@ def test_a_plan_failing_in_a_fresh_process_fails_that_process(tmp_path):
 
     class Child:
         pid = 1
+        launched = None
 
         def poll(self, timeout):
             return 0

@@ -12,7 +12,8 @@ Three parts, each printed as rates and ratios (nothing here is a timed assertion
    false. The machine's scheduler supplies the noise.
 3. **Coverage of every measuring surface**, each run K times in its own process against an
    independent hand-written interleaved loop (``bench_profile.hand_loop``) run in H fresh
-   processes and pooled as the geometric mean of their speedups (the quantity an interval over
+   processes (under the allocator settings the surfaces settle by default, :data:`HAND_ENV`)
+   and pooled as the geometric mean of their speedups (the quantity an interval over
    processes estimates: the product's t interval is over the processes' log speedups; H = 20 by
    default, as one process's speedup can differ from the next by a third on a CPU). The runs go
    round-robin over the surfaces and the hand processes are spread between them, so the
@@ -39,6 +40,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -244,15 +246,23 @@ def surface_run(surface: str, out: Path, quick: bool = False) -> dict[str, Any]:
     return {**got, "seconds": seconds, "load": load}
 
 
+#: The host allocator the surfaces measure under by default (``allocator="settled"``), written
+#: out here rather than read from the product: glibc malloc's mmap threshold at its 64-bit
+#: ceiling (32 MiB) and the trim threshold at twice it, set for a process from its start.
+HAND_ENV = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+
+
 def hand_process(rounds: int, block: int) -> float:
-    """bench_profile's hand-written interleaved loop (bf16 over fp32) in a fresh process."""
+    """bench_profile's hand-written interleaved loop (bf16 over fp32) in a fresh process, under
+    the allocator settings the surfaces measure under (:data:`HAND_ENV`)."""
     code = (
         "from bench_profile import hand_loop;"
         f"print(hand_loop(('fp32', 'bf16'), {rounds}, {block})['bf16'])"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True
-    )
+        [sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True, check=True,
+        env={**os.environ, **HAND_ENV},
+    )  # fmt: skip
     return float(done.stdout.strip().splitlines()[-1])
 
 

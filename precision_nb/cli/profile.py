@@ -28,7 +28,9 @@ from precision_nb.cli.main import (
     run_failed,
 )
 from precision_nb.core.defaults import (
+    ALLOCATOR_POLICIES,
     CONFIDENCE,
+    DEFAULT_ALLOCATOR,
     DEFAULT_BUDGET_S,
     DEFAULT_COMPARE,
     DEFAULT_PRESET,
@@ -108,6 +110,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="wall-clock seconds the measurement may take (warm-ups, rounds, processes); "
         "none: no limit",
+    )
+    parser.add_argument(
+        "--allocator",
+        default=DEFAULT_ALLOCATOR,
+        choices=ALLOCATOR_POLICIES,
+        help="settled: glibc malloc's thresholds set alike in every measuring process, as a "
+        "long-running process settles them (default); as-is: left as each process finds them",
     )
     parser.add_argument(
         "--workload",
@@ -297,6 +306,7 @@ def _run(args: argparse.Namespace) -> int:
             time_split=not args.no_time_split,
             distributed=_distributed(args), processes=args.processes, target=args.target,
             budget_s=args.budget, rebuild=_rebuild(args), compile=args.compile,
+            allocator=args.allocator,
         )  # fmt: skip
         out = output_folder(args.out)
     except (ValueError, RuntimeError) as err:

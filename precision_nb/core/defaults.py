@@ -41,6 +41,9 @@ class DefaultBudget(float):
 
 #: ... within this many seconds of measurement (``budget_s``: warm-ups, rounds, processes).
 DEFAULT_BUDGET_S: float = DefaultBudget(40.0)
+#: How the host allocator is set in measuring processes (:mod:`precision_nb.engine.allocator`).
+ALLOCATOR_POLICIES = ("settled", "as-is")
+DEFAULT_ALLOCATOR = "settled"
 #: Warm-up cap in steps per plan (the warm-up usually ends earlier, when step times settle).
 DEFAULT_WARMUP_MAX = 15
 #: About this many logged points per plan in a profile.

@@ -13,7 +13,9 @@
 3. **Processes**: a process is a sample of its own (memory layout, allocator state, kernel
    choice), so a :class:`Measurement` holds this process's rounds and, where the workload can be
    rebuilt, those of fresh processes (:mod:`precision_nb.engine.measure_processes`); its
-   speedups are then intervals over processes (:mod:`precision_nb.engine.stats`).
+   speedups are then intervals over processes (:mod:`precision_nb.engine.stats`). Every
+   measuring process first settles its host allocator (``cfg.allocator``,
+   :mod:`precision_nb.engine.allocator`), so processes differ by less than their histories.
 
 Sessions are anything with ``advance(n) -> int``, ``done``, ``result`` (with ``step_times_s``,
 one wall time per optimizer attempt) and ``finish()`` (``Trainer.start`` returns one). Each plan
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from precision_nb.core.events import Event
+from precision_nb.engine import allocator
 from precision_nb.engine.measure_config import (
     MAX_PROCESSES,
     MeasureConfig,
@@ -255,7 +258,7 @@ def measure_plans(
     t0 = time.perf_counter()
     sizes = block_sizes(steps, cfg.rounds)
     timings = {s.label: PlanTiming(s.label, spec=s) for s in specs}
-    measurement = Measurement(cfg, sizes, timings)
+    measurement = Measurement(cfg, sizes, timings, allocator=allocator.settle(cfg.allocator)[1])
     failures: dict[str, BaseException] = {}
     for label in labels:
         if stop is not None and stop.is_set():

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from precision_nb.core import validate
-from precision_nb.core.defaults import DEFAULT_ROUNDS, MAX_PROCESSES, MIN_PROCESSES
+from precision_nb.core.defaults import (
+    ALLOCATOR_POLICIES,
+    DEFAULT_ALLOCATOR,
+    DEFAULT_ROUNDS,
+    MAX_PROCESSES,
+    MIN_PROCESSES,
+)
 from precision_nb.core.text import plus_minus_text
 
 __all__ = [
@@ -60,6 +66,8 @@ class MeasureConfig:
     so fresh processes can rebuild it (built-in workloads need nothing).
     ``refuse_small_budget``: a budget too small for a single round is refused (a budget asked
     for); False for a default budget, which then only limits the fresh processes.
+    ``allocator``: "settled" sets glibc malloc's thresholds alike in every measuring process,
+    "as-is" leaves them (:mod:`precision_nb.engine.allocator`).
     """
 
     rounds: int | None = None
@@ -73,6 +81,7 @@ class MeasureConfig:
     budget_s: float | None = None
     rebuild: tuple[str, str] | None = None
     refuse_small_budget: bool = True
+    allocator: str = DEFAULT_ALLOCATOR
 
     def __post_init__(self) -> None:
         if self.rounds is not None:
@@ -83,6 +92,7 @@ class MeasureConfig:
         validate.number("measure.warmup_tolerance", self.warmup_tolerance, minimum=0.0)
         validate.number("measure.warmup_seconds", self.warmup_seconds, minimum=0.0)
         validate.boolean("measure.refuse_small_budget", self.refuse_small_budget)
+        validate.choice("measure.allocator", self.allocator, ALLOCATOR_POLICIES)
         names = ("measure.processes", "measure.target", "measure.budget_s", "measure.rebuild")
         check_options(self.processes, self.target, self.budget_s, self.rebuild, names)
         if self.rebuild is not None:

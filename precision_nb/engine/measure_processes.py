@@ -43,8 +43,8 @@ import numpy as np
 
 from precision_nb.core.events import Event
 from precision_nb.core.text import plus_minus_text
+from precision_nb.engine import allocator, process_start, shipping, stats
 from precision_nb.engine import load as machine_load
-from precision_nb.engine import process_start, shipping, stats
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.measure import (
     MAX_PROCESSES,
@@ -233,7 +233,7 @@ def _more_processes(
 
     folder = Path(tempfile.mkdtemp(prefix="precision_nb_measure_"))
     try:
-        starts = process_start.Starts(_worker_env())
+        starts = process_start.Starts(_worker_env(ctx.cfg.allocator))
         bar = tqdm(
             total=ctx.cfg.processes, desc="fresh processes", unit="process",
             disable=not progress, leave=False,
@@ -274,8 +274,10 @@ def _rate_event(m: Measurement, seconds: float, starts: process_start.Starts) ->
     )  # fmt: skip
 
 
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _worker_env(policy: str) -> dict[str, str]:
+    """This environment for a fresh process: the package importable, the allocator settled as
+    this process settled its own (:func:`allocator.settle`, idempotent)."""
+    env = allocator.worker_env(os.environ, allocator.settle(policy)[0])
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     return env

@@ -106,6 +106,8 @@ class Measurement:
     sequential: bool = False
     load: Any = None
     seconds: float = 0.0
+    #: The host allocator the processes measured under (:mod:`precision_nb.engine.allocator`).
+    allocator: str = ""
 
     @property
     def load_note(self) -> str:
@@ -164,4 +166,6 @@ class Measurement:
             out["measurement time"] = f"{self.seconds:.1f} s"
         if self.load is not None:
             out["machine load"] = self.load.describe()
+        if self.allocator:
+            out["host allocator"] = self.allocator
         return out

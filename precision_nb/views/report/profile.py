@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from precision_nb.core.defaults import (
+    DEFAULT_ALLOCATOR,
     DEFAULT_BUDGET_S,
     DEFAULT_COMPARE,
     DEFAULT_PRESET,
@@ -70,6 +71,7 @@ def profile_request(
     rebuild: tuple[str, str] | None = None,
     compile: Any = "off",
     time_split: bool = True,
+    allocator: str = DEFAULT_ALLOCATOR,
 ) -> Any:
     """The :class:`~precision_nb.engine.request.RunRequest` of a profile, with the profile's
     defaults (:mod:`precision_nb.core.defaults`), checked (:meth:`RunRequest.check`).
@@ -80,7 +82,8 @@ def profile_request(
     is one torchrun launch: its interval covers the rounds of that launch (the launch is its one
     process level), so it gets neither processes nor a budget. ``processes=N`` measures exactly
     N processes: the default budget limits only the processes the target adds, and a budget
-    asked for (40 s included) stops N processes early (the verdicts say so).
+    asked for (40 s included) stops N processes early (the verdicts say so). ``allocator``:
+    ``MeasureConfig.allocator``.
     """
     from precision_nb.core import validate
     from precision_nb.core.optim import OptimizerConfig
@@ -99,6 +102,7 @@ def profile_request(
     measure = MeasureConfig(
         rounds=rounds,
         warmup_max=DEFAULT_WARMUP_MAX,
+        allocator=allocator,
         **(
             {}
             if one_launch
@@ -165,6 +169,7 @@ def profile(
     budget_s: float | None = DEFAULT_BUDGET_S,
     compile: Any = "off",
     time_split: bool = True,
+    allocator: str = DEFAULT_ALLOCATOR,
 ) -> Profile:
     """Measure the ``compare`` plans on ``model`` (an ``nn.Module`` with ``batches``, or a
     built-in workload name with ``preset``) and return a :class:`Profile`.
@@ -188,7 +193,9 @@ def profile(
     within ``target`` (±5 %) or ``budget_s`` (40 s) is spent; ``processes=N`` measures in
     exactly N processes (the default budget does not cut them short; a budget other than the
     default does), ``processes=1`` in this one only. The verdicts say which rule stopped the
-    measurement and what the interval covers.
+    measurement and what the interval covers. ``allocator``: "settled" (glibc malloc's thresholds
+    set alike in every measuring process, as a long-running process settles them) or "as-is"
+    (see :mod:`precision_nb.engine.allocator`); the report's method says which.
 
     ``compile``: "off" (eager, the default), a torch.compile mode, or several (``"off,default"``
     or a sequence): every precision is measured under every mode (``bf16``, ``bf16+compile``),
@@ -202,7 +209,7 @@ def profile(
             rounds=rounds, accumulation=accumulation, fused=fused, loss_scale_lab=loss_scale_lab,
             progress=progress, inspect=inspect, numerics=numerics, distributed=distributed,
             processes=processes, target=target, budget_s=budget_s, compile=compile,
-            time_split=time_split,
+            time_split=time_split, allocator=allocator,
         )  # fmt: skip
     except ValueError as err:
         raise _as_argument(err) from err
@@ -210,7 +217,11 @@ def profile(
 
 
 #: The request's field names -> the argument of :func:`profile` that sets them.
-ARGUMENT_NAMES = (("precision:", "compare:"), ("optimizer.fused:", "fused:"))
+ARGUMENT_NAMES = (
+    ("precision:", "compare:"),
+    ("optimizer.fused:", "fused:"),
+    ("measure.allocator:", "allocator:"),
+)
 
 
 def _as_argument(err: ValueError) -> ValueError:

@@ -192,6 +192,7 @@ def test_bench_process_spread_measures_each_process_once(capsys) -> None:
     estimates, errors, rate = bench.measure(processes=3, steps=8, preset="tiny")
     assert len(estimates) == len(errors) == 3 and all(e > 0 for e in errors)
     assert rate.startswith("2 fresh process(es) in")
+    assert bench.RATE.search(rate)  # what --allocator both reads back
     with pytest.raises(SystemExit):
         bench.main(["--processes", "2"])
     assert "--processes: at least 3" in capsys.readouterr().err

@@ -92,6 +92,9 @@ def run_case(case: str, quick: bool = False) -> dict[str, Any]:
             "unprofiled_ms": (split.unprofiled_s or 0.0) * 1e3,
             "measured_ms": (split.measured_s or 0.0) * 1e3,
             "events": split.events,
+            "traced_ms": split.traced_s * 1e3,
+            "family_events": dict(split.family_events),
+            "traced": {k: v * 1e3 for k, v in split.traced.items()},
         }
     diff = analysis.differences.get("bf16")
     if diff is not None:
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny preset, few steps")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--save", help="write every run's figures to this JSON file")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -193,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(json.loads(found[-1][len("RESULT ") :]))
             print(f"{case}: {rows[-1].get('diff', {}).get('sentence')}", flush=True)
     print("\n".join(table(rows)))
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=1))
     return 0
 
 

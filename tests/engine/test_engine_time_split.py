@@ -30,10 +30,12 @@ from precision_nb.engine.time_split import (
     split_trainer,
     this_process,
 )
+from precision_nb.engine.time_split import profiling as profiling_module
 from precision_nb.engine.time_split.families import split_step, steps_of
 from precision_nb.engine.time_split.profiling import CastSummary, MatmulShape
 from precision_nb.engine.time_split.reconcile import NOTABLE, FamilyChange, changes, sentence
 from precision_nb.engine.time_split.schedule import _without_profiler, schedule, without_profiler
+from precision_nb.engine.time_split.shapes import lend, lend_steps, recorded
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 
@@ -130,6 +132,7 @@ def test_the_plans_are_profiled_together_in_rotated_blocks_and_left_as_they_were
         ("a", "settle"), ("a", "profiled"), ("a", "profiled"),
         ("b", "settle"), ("b", "profiled"), ("b", "profiled"),
         ("b", "settle"), ("b", "unprofiled"), ("a", "settle"), ("a", "unprofiled"),
+        ("a", "shapes"), ("b", "shapes"),  # last: a step each that records the ops' shapes
     ]  # fmt: skip
     torch.manual_seed(0)
     trainers = {m: _trainer(Linear(), torch.randn(64, 512), m) for m in ("fp32", "bf16")}
@@ -619,3 +622,84 @@ def test_a_distributed_comparison_says_why_it_has_no_split() -> None:
         assert not split.available and "torchrun's ranks" in split.missing
     rows = comparison.time_split.rows()
     assert [r["run"] for r in rows] == ["fp32", "bf16"] and all(r["missing"] for r in rows)
+
+
+# --- shapes recorded in a step of their own (engine/time_split/shapes.py) ---
+
+
+def _cp(n: int | None = None, src: str = "float", dst: str = "c10::BFloat16") -> Ev:
+    """A cast's copy; ``n`` None: as a trace without shapes records it."""
+    if n is None:
+        return Ev("aten::copy_", 1.0)
+    return Ev("aten::copy_", 1.0, input_dtypes=[dst, src, "Scalar"], input_shapes=[[n], [n], []])
+
+
+def _mm(shapes: list[list[int]] | None = None) -> Ev:
+    if shapes is None:
+        return Ev("aten::mm", 10.0)
+    return Ev("aten::mm", 10.0, input_dtypes=["c10::BFloat16"] * 2, input_shapes=shapes)
+
+
+def _lin(cast: Ev, mm: Ev) -> Ev:
+    to = Ev("aten::to", 1.0, [Ev("aten::_to_copy", 1.0, [cast])])
+    return Ev("aten::linear", 1.0, [to, mm])
+
+
+def _marked(start: float, *children: Ev) -> Ev:
+    return Ev(f"{STEP_MARK}#0", 1.0, list(children), time_range=Range(start, start + 1.0))
+
+
+def test_each_op_takes_the_shapes_of_its_namesake_at_the_same_place() -> None:
+    shaped = _marked(
+        0.0,
+        _lin(_cp(600), _mm([[4, 30], [30, 20]])),
+        _lin(_cp(80), _mm([[4, 20], [20, 4]])),
+    )
+    timed = _marked(5.0, _lin(_cp(), _mm()), _lin(_cp(), _mm()))
+    found = recorded([shaped])
+    assert [len(v) for v in found.values()] == [2, 2]  # copies and matmuls, in walk order
+    assert lend([timed], found) == 0
+    split = split_step(timed)
+    # bf16 bytes written: the first copy is the 600-element one, the second the 80-element one
+    assert [c.nbytes for c in split.casts] == [600 * 2, 80 * 2]
+    assert [(m.m, m.k, m.n) for m in split.matmuls] == [(4, 30, 20), (4, 20, 4)]
+    # without the lent shapes the same step has neither casts nor matmul shapes
+    bare = split_step(_marked(5.0, _lin(_cp(), _mm()), _lin(_cp(), _mm())))
+    assert bare.casts == [] and bare.matmuls == []
+
+
+def test_a_step_whose_ops_differ_counts_what_had_no_match_and_the_split_says_so() -> None:
+    shaped = _marked(0.0, _lin(_cp(600), _mm([[4, 30], [30, 20]])))
+    timed = [
+        _marked(5.0, _lin(_cp(), _mm())),
+        _marked(7.0, _lin(_cp(), _mm()), _cp()),  # a copy more than the shapes step has
+    ]
+    notes = lend_steps(timed, [shaped], f"{STEP_MARK}#0")
+    (note,) = notes
+    assert "over 2 steps, 1 of their copies, matmuls and convolutions had no match" in note
+    assert [c.nbytes for c in split_step(timed[1]).casts] == [600 * 2]  # the matched one
+    assert lend_steps([_marked(5.0, _lin(_cp(), _mm()))], [shaped], f"{STEP_MARK}#0") == ()
+    (none,) = lend_steps(timed, [], f"{STEP_MARK}#0")
+    assert none.startswith("no step recorded the ops' input shapes")
+
+
+def test_the_timed_steps_run_without_shapes_and_still_tell_autocasts_casts(monkeypatch) -> None:
+    calls: list[dict[str, Any]] = []
+    real = profiling_module.profile
+
+    def recording(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(profiling_module, "profile", recording)
+    torch.manual_seed(0)
+    trainer = _trainer(Linear(), torch.randn(64, 512), "bf16")
+    (split,) = split_plans({"bf16": trainer}, config=SplitConfig(steps=3, unprofiled=2)).values()
+    assert split.available, split.missing
+    # the timed steps' profiler records no shapes; the shapes step's does, after it
+    assert [c.get("record_shapes") for c in calls] == [False, True]
+    # autocast's casts of the weight and bias (bf16 copies written), read through the lent shapes
+    assert split.casts.autocast_count >= 2
+    assert split.casts.autocast_nbytes >= (64 * 512 + 64) * 2
+    assert {(m.m, m.k, m.n) for m in split.matmuls} >= {(64, 512, 64)}
+    assert not any("no match" in n for n in split.notes), split.notes

@@ -74,7 +74,7 @@ _MATMUL_KERNEL = re.compile(r"gemm|cutlass|cublas|_mm_|triton_tem_|conv|xmma|wgm
 #: Bytes per element of the dtype names the profiler records.
 _ITEMSIZE = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2}
 #: (M, K, N) operand positions of the matmul ops whose shapes are read: op -> (a, b).
-_GEMM_ARGS = {"mm": (0, 1), "addmm": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
+GEMM_ARGS = {"mm": (0, 1), "addmm": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
               "baddbmm": (1, 2), "addbmm": (1, 2)}  # fmt: skip
 
 
@@ -191,8 +191,8 @@ class StepSplit:
 def _gemm(event: Any, op: str, seconds: float) -> Matmul | None:
     shapes = list(getattr(event, "input_shapes", None) or [])
     dtypes = list(getattr(event, "input_dtypes", None) or [])
-    if op in _GEMM_ARGS:
-        a, b = _GEMM_ARGS[op]
+    if op in GEMM_ARGS:
+        a, b = GEMM_ARGS[op]
         if len(shapes) <= b or len(shapes[a]) < 2 or len(shapes[b]) < 2:
             return None
         m, k = shapes[a][-2], shapes[a][-1]
@@ -320,13 +320,22 @@ def steps_of(
 ) -> list[StepSplit]:
     """Every profiled step in ``events`` (a profiler's ``events()``) marked ``mark``, in order
     (``device``, ``autocast``: as :func:`split_step` takes them)."""
+    return [
+        split_step(step, others, device=device, autocast=autocast)
+        for step, *others in step_roots(events, mark)
+    ]
+
+
+def step_roots(events: Sequence[Any], mark: str) -> list[list[Any]]:
+    """Per step marked ``mark`` (in time order): its mark event and the root events of other
+    threads that start inside its time range (the roots a step's split walks)."""
     roots = [e for e in events if getattr(e, "cpu_parent", None) is None]  # once, not per step
     marks = sorted((e for e in roots if e.name == mark), key=lambda e: e.time_range.start)
     out = []
     for step in marks:
         start, end = step.time_range.start, step.time_range.end
         others = [e for e in roots if e.thread != step.thread and start <= e.time_range.start < end]
-        out.append(split_step(step, others, device=device, autocast=autocast))
+        out.append([step, *others])
     return out
 
 

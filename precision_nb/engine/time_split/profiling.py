@@ -3,7 +3,8 @@
 :func:`split_plans` takes the plans' trainers once their timed rounds are over and runs a short fit
 on them together (their own loop, batches and optimizer), in the order
 :func:`~precision_nb.engine.time_split.schedule.schedule` gives: unprofiled blocks, blocks under
-``torch.profiler`` (CPU activities, CUDA kernels too on CUDA; shapes recorded), unprofiled blocks.
+``torch.profiler`` (CPU activities, CUDA kernels too on CUDA), unprofiled blocks, and one step per
+plan whose ops' input shapes are recorded (:mod:`~precision_nb.engine.time_split.shapes`).
 Each profiled step runs inside a ``record_function`` mark of its plan, so the trace says where
 each step begins and ends. Afterwards every trainer's model, optimizer state, counters and RNG
 are restored: the profiled steps change nothing a caller reads. The profiler's own cost is stated
@@ -41,35 +42,16 @@ from precision_nb.engine.time_split.families import (
     top_ops,
 )
 from precision_nb.engine.time_split.schedule import SplitConfig, schedule, without_profiler
+from precision_nb.engine.time_split.shapes import (
+    CastSummary,
+    MatmulShape,
+    cast_summary,
+    lend_steps,
+    matmul_shapes,
+)
 from precision_nb.engine.time_split.trace import host_events
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CastSummary:
-    """The casts of one step (means over the profiled steps): how many, bytes written, time;
-    and the part autocast issued."""
-
-    count: float = 0.0
-    nbytes: float = 0.0
-    seconds: float = 0.0
-    autocast_count: float = 0.0
-    autocast_nbytes: float = 0.0
-
-
-@dataclass(frozen=True)
-class MatmulShape:
-    """A matmul shape of one step: op, (M, K, N) (M None for a convolution), input dtype, calls
-    and seconds per step."""
-
-    op: str
-    m: int | None
-    k: int
-    n: int
-    dtype: str
-    calls: float
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -320,15 +302,49 @@ def _profiled(
     last = max(i for i, (_, kind) in enumerate(plan) if kind == "profiled")
     for label, _ in plan[: first - 1]:  # up to the settling step before the first profiled one
         sessions[label].advance(1)
-    prof = profile(activities=activities, record_shapes=True)
+    prof = _under_profiler(plan[first - 1 : last + 1], sessions, marks, device, activities)
+    tail = plan[last + 1 :]
+    for label, _ in (step for step in tail if step[1] != "shapes"):
+        sessions[label].advance(1)
+    shaped = [step for step in tail if step[1] == "shapes"]  # the last steps: see shapes.py
+    shaped_prof = _under_profiler(shaped, sessions, marks, device, [ProfilerActivity.CPU], True)
+    results = {label: session.finish() for label, session in sessions.items()}
+    kernels = ProfilerActivity.CUDA in activities
+    events = (None if kernels else host_events(prof)) or prof.events()
+    shaped_events = host_events(shaped_prof) or shaped_prof.events()
+    lent = {label: lend_steps(events, shaped_events, marks[label]) for label in labels}
+    seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
+    splits = {
+        label: _split_of(
+            label, trainers[label], results[label], kinds[label], events, marks[label], cfg,
+            device, (kernels, view, notes + lent[label]), medians.get(label), seconds,
+        ) for label in labels
+    }  # fmt: skip
+    if not cfg.take_out:
+        return splits
+    return without_profiler(splits, kernels=kernels)
+
+
+def _under_profiler(
+    steps: list[tuple[str, str]],
+    sessions: Mapping[str, FitSession],
+    marks: Mapping[str, str],
+    device: torch.device,
+    activities: list[ProfilerActivity],
+    shapes: bool = False,
+) -> Any:
+    """Run ``steps`` (label, kind) under a profiler (recording input shapes when ``shapes``),
+    each step of kind "profiled" or "shapes" inside its plan's mark; returns the stopped
+    profiler."""
+    prof = profile(activities=activities, record_shapes=shapes)
     # the profiler's C++ side prints at its start and stop (and once from a thread): not for users
     with cpp_output_to_debug_log("starting torch.profiler"):
         prof.start()
     try:
         with profiler_ranges_unsaid():  # a compiled plan traced inside a step mark
-            for label, kind in plan[first - 1 : last + 1]:
+            for label, kind in steps:
                 timer = sessions[label].timer
-                if kind == "profiled":
+                if kind in ("profiled", "shapes"):
                     timer.marker = lambda name=marks[label]: _mark(device, name)
                 try:
                     sessions[label].advance(1)
@@ -337,21 +353,7 @@ def _profiled(
     finally:
         with cpp_output_to_debug_log("stopping torch.profiler"):
             prof.stop()
-    for label, _ in plan[last + 1 :]:
-        sessions[label].advance(1)
-    results = {label: session.finish() for label, session in sessions.items()}
-    kernels = ProfilerActivity.CUDA in activities
-    events = (None if kernels else host_events(prof)) or prof.events()
-    seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
-    splits = {
-        label: _split_of(
-            label, trainers[label], results[label], kinds[label], events, marks[label], cfg,
-            device, (kernels, view, notes), medians.get(label), seconds,
-        ) for label in labels
-    }  # fmt: skip
-    if not cfg.take_out:
-        return splits
-    return without_profiler(splits, kernels=kernels)
+    return prof
 
 
 def _split_of(
@@ -392,8 +394,8 @@ def _split_of(
         steps=cfg.steps,
         view=view,
         device=str(device),
-        casts=_casts(split_steps),
-        matmuls=_matmuls(split_steps),
+        casts=cast_summary(split_steps),
+        matmuls=matmul_shapes(split_steps),
         ops=top_ops(split_steps),
         overlap_s=statistics.fmean(s.overlap_s for s in split_steps),
         events=int(statistics.median(s.events for s in split_steps)),
@@ -404,31 +406,6 @@ def _split_of(
         notes=notes,
         seconds=seconds,
     )
-
-
-def _casts(steps: list[StepSplit]) -> CastSummary:
-    n = len(steps)
-    every = [c for s in steps for c in s.casts]
-    auto = [c for c in every if c.autocast]
-    return CastSummary(
-        len(every) / n,
-        sum(c.nbytes for c in every) / n,
-        sum(c.seconds for c in every) / n,
-        len(auto) / n,
-        sum(c.nbytes for c in auto) / n,
-    )
-
-
-def _matmuls(steps: list[StepSplit]) -> tuple[MatmulShape, ...]:
-    n = len(steps)
-    acc: dict[tuple[Any, ...], list[float]] = {}
-    for s in steps:
-        for m in s.matmuls:
-            entry = acc.setdefault((m.op, m.m, m.k, m.n, m.dtype), [0.0, 0.0])
-            entry[0] += 1
-            entry[1] += m.seconds
-    shapes = [MatmulShape(*key, calls / n, sec / n) for key, (calls, sec) in acc.items()]
-    return tuple(sorted(shapes, key=lambda m: -m.seconds))
 
 
 def _compiled_notes(trainer: Any, steps: list[StepSplit]) -> tuple[str, ...]:

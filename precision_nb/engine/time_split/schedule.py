@@ -2,10 +2,11 @@
 profiler, and what the profiler added, taken out of the splits afterwards.
 
 :func:`schedule` orders a short fit of every plan profiled together: a warm step each, unprofiled
-blocks, profiled blocks, unprofiled blocks, the plans taking turns in blocks of
-:attr:`SplitConfig.block` steps (each after a settling step that is not counted), the order
-rotated each round as in the timed rounds. :func:`without_profiler` takes the profiler's cost out
-of the splits it produced (see :class:`~precision_nb.engine.time_split.profiling.TimeSplit`).
+blocks, profiled blocks, unprofiled blocks, a step each that records shapes, the plans taking
+turns in blocks of :attr:`SplitConfig.block` steps (each after a settling step that is not
+counted), the order rotated each round as in the timed rounds. :func:`without_profiler` takes the
+profiler's cost out of the splits it produced (see
+:class:`~precision_nb.engine.time_split.profiling.TimeSplit`).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def _rounds(labels: list[str], count: int, kind: str, block: int, offset: int) -
 
 def schedule(labels: list[str], cfg: SplitConfig) -> list[tuple[str, str]]:
     """The short fit's steps in the order they run, as (label, kind): a warm step per plan, the
-    unprofiled blocks before, the profiled ones, the unprofiled ones after (kinds "warm",
-    "settle", "unprofiled", "profiled")."""
+    unprofiled blocks before, the profiled ones, the unprofiled ones after, and last one step per
+    plan that records the ops' input shapes (:mod:`~precision_nb.engine.time_split.shapes`; its
+    time is not used) (kinds "warm", "settle", "unprofiled", "profiled", "shapes")."""
     before, after = (cfg.unprofiled + 1) // 2, cfg.unprofiled // 2
     b = cfg.block
     out = [(label, "warm") for label in labels]
@@ -69,7 +71,8 @@ def schedule(labels: list[str], cfg: SplitConfig) -> list[tuple[str, str]]:
     offset = -(-before // b)
     out += _rounds(labels, cfg.steps, "profiled", b, offset)
     offset += -(-cfg.steps // b)
-    return out + _rounds(labels, after, "unprofiled", b, offset)
+    out += _rounds(labels, after, "unprofiled", b, offset)
+    return out + [(label, "shapes") for label in labels]
 
 
 #: The largest part of a plan's traced step (outside casts) the profiler's cost may take; an

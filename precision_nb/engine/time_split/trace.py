@@ -50,8 +50,8 @@ class TraceEvent:
     """One host event with the fields of ``FunctionEvent`` the split reads."""
 
     __slots__ = (
-        "_raw", "cpu_children", "cpu_parent", "is_async", "kernels", "name", "sequence_nr",
-        "thread", "time_range",
+        "_dtypes", "_raw", "_shapes", "cpu_children", "cpu_parent", "is_async", "kernels", "name",
+        "sequence_nr", "thread", "time_range",
     )  # fmt: skip
 
     def __init__(self, event: Any, trace_start_ns: int) -> None:
@@ -65,16 +65,27 @@ class TraceEvent:
         self.cpu_children: list[TraceEvent] = []
         self.cpu_parent: TraceEvent | None = None
         self.kernels: tuple[Any, ...] = ()
+        self._shapes: list[Any] | None = None
+        self._dtypes: list[str] | None = None
 
     @property
     def input_shapes(self) -> list[list[int]]:
         """Read when asked: the first read of an event's shapes costs about 20 us, and the split
-        reads them for matmuls and copies only."""
-        return self._raw.shapes()
+        reads them for matmuls and copies only. Set: shapes recorded elsewhere
+        (:mod:`~precision_nb.engine.time_split.shapes`)."""
+        return self._raw.shapes() if self._shapes is None else self._shapes
+
+    @input_shapes.setter
+    def input_shapes(self, shapes: list[Any]) -> None:
+        self._shapes = shapes
 
     @property
     def input_dtypes(self) -> list[str]:
-        return self._raw.dtypes()
+        return self._raw.dtypes() if self._dtypes is None else self._dtypes
+
+    @input_dtypes.setter
+    def input_dtypes(self, dtypes: list[str]) -> None:
+        self._dtypes = dtypes
 
     @property
     def cpu_time_total(self) -> float:

@@ -3,9 +3,10 @@
 Low-precision weights round an update smaller than half a unit in the last place away: the
 weight is bit-identical after the step. :class:`UpdateProbe` measures it on the run itself, not as
 a what-if: on a logged step it copies the trainable parameters just before ``optimizer.step()``
-(an optimizer step pre-hook) and compares them with the same tensors right after (a post-hook),
-bit for bit, on the device. Two fractions of the parameter elements come out, overall and
-per parameter tensor (layer):
+(an optimizer step pre-hook) and compares them with the same tensors after the step, bit for
+bit, on the device, at the logging point (outside the step's measured time; a step that begins
+before then has them compared first, so the counts are the logged step's). Two fractions of the
+parameter elements come out, overall and per parameter tensor (layer):
 
 - ``updates_rounded_away``: elements whose stored value did not change in that step. In a mixed
   plan these are the fp32 master weights (close to 0); in a true plan the bf16 weights. With
@@ -61,6 +62,8 @@ class UpdateProbe:
         #: allocation, no fresh pages per logged step), and whether this step filled it.
         self._before: list[torch.Tensor] | None = None
         self._armed = False
+        #: The logged step whose counts are still to be made (at the logging point: ``take``).
+        self._uncounted: int | None = None
         self._pending: tuple[int, torch.Tensor] | None = None
         #: One dict per measured step: step, the two fractions and ``layers`` (name -> both).
         self.history: list[dict[str, Any]] = []
@@ -79,6 +82,8 @@ class UpdateProbe:
         return step % self.log_every == 0 or step == self.last
 
     def _pre(self, *_: Any) -> None:
+        if self._uncounted is not None:  # a logged step not yet read: count it before it moves
+            self._count()
         if not self._logged(self.steps + 1):
             return
         if self._before is None:
@@ -93,16 +98,26 @@ class UpdateProbe:
         self.steps += 1
         if not self._armed or self._before is None:  # not a logged step (runs every step)
             return
+        self._armed = False
+        # counted at the logging point, after the step's time is taken: the counts read every
+        # parameter twice, which a measured step of a true plan should not carry
+        self._uncounted = self.steps
+
+    def _count(self) -> None:
+        step, before, self._uncounted = self._uncounted, self._before, None
+        if step is None or before is None:
+            return
         moved, left = [], []
         with torch.no_grad():  # the copy taken before the step is the scratch of both counts
-            for p, b, s in zip(self.params, self._before, self.start, strict=True):
+            for p, b, s in zip(self.params, before, self.start, strict=True):
                 moved.append(_moved(p, b, scratch=b))
                 left.append(_moved(p, s, scratch=b))
-        self._armed = False
-        self._pending = (self.steps, torch.stack(moved + left))  # stays on the device
+        self._pending = (step, torch.stack(moved + left))  # stays on the device
 
     def take(self) -> dict[str, Any]:
         """The record fields of the last measured step (a host read), then forget it."""
+        if self._uncounted is not None:
+            self._count()
         if self._pending is None:
             return dict(NO_UPDATE_STATS)
         step, counts = self._pending

@@ -352,3 +352,29 @@ def test_the_probe_counts_the_same_in_its_scratch_tensor():
     since_start = _moved(now, start, scratch=scratch)
     assert (int(in_step), int(since_start)) == (250, 350)
     assert int(_moved(now, before)) == 250 and int(_moved(now, start)) == 350
+
+
+def test_the_probe_counts_at_the_logging_point_not_inside_the_step(monkeypatch):
+    """The counts read every parameter twice: they run when the record is taken, after the
+    step's time; a step that begins first has the logged step's counts made before it moves."""
+    from precision_nb.engine import update_probe
+
+    calls: list[int] = []
+    real = update_probe._moved
+    monkeypatch.setattr(update_probe, "_moved", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    weight = torch.nn.Parameter(torch.zeros(8, dtype=torch.bfloat16))
+    opt = torch.optim.SGD([weight], lr=1.0)
+    probe = update_probe.UpdateProbe(opt, [weight], ["w"], steps_before=0, steps=4, log_every=1)
+
+    def step(update: float) -> None:
+        weight.grad = torch.full_like(weight, -update)
+        opt.step()
+
+    step(1.0)  # a logged step: copied before, not yet counted
+    assert calls == []
+    assert probe.take()["updates_rounded_away"] == 0.0  # every element moved by 1.0
+    assert len(calls) == 2  # moved in the step, moved since the start
+    step(1.0)  # logged, not taken: the next step counts it before moving the weights
+    step(1e-6)  # rounded away in bf16 (2 + 1e-6 is 2): this step's own counts replace it
+    assert probe.take() == {"updates_rounded_away": 1.0, "weights_never_moved": 0.0}
+    assert [h["step"] for h in probe.history] == [1, 3]

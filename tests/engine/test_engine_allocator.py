@@ -92,3 +92,46 @@ def test_the_policy_is_checked_and_the_method_names_the_allocator():
         [PlanSpec("a"), PlanSpec("b")], lambda *a: Scripted(lambda k: 1.0), 2, cfg
     )
     assert m.method()["host allocator"] == allocator.describe("as-is")
+
+
+#: In a settled process, prints whether reserved() acted (0 bytes, then 128 MiB), the RSS it
+#: added, the page faults of 32 MiB of new tensors made inside it, and the RSS left once it is
+#: over, those tensors still held (all in MiB or pages).
+RESERVED = """
+import resource
+import torch
+from precision_nb.engine import allocator
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+with allocator.reserved(0) as unsettled:
+    pass
+allocator.settle("settled")
+before = rss()
+with allocator.reserved(128 * 2**20) as acted:
+    added = rss() - before
+    f0 = faults()
+    blocks = [torch.ones(2**20, dtype=torch.uint8) for _ in range(32)]
+    new_faults = faults() - f0
+after = rss() - before  # the reserve given back; the 32 MiB made inside it still held
+del blocks
+print(unsettled, acted, round(added), new_faults, round(after))
+"""
+
+
+@needs_glibc
+def test_reserved_heap_is_faulted_in_ahead_used_without_faults_and_given_back_after():
+    base = {k: v for k, v in os.environ.items() if k not in allocator.ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", RESERVED], env=base, capture_output=True, text=True, check=True
+    )
+    unsettled, acted, added, new_faults, left = done.stdout.split()
+    assert (unsettled, acted) == ("False", "True")  # 0 bytes: nothing done
+    assert int(added) >= 120  # the 128 MiB were touched ahead
+    assert int(new_faults) < 32 * 256 // 4  # 32 MiB of new tensors: 8,192 pages unreserved
+    assert 32 <= int(left) <= 32 + 8, done.stdout  # given back on leaving, not at a later free

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from precision_nb.engine import allocator
 from precision_nb.engine.adamw_timing import AdamWTiming
 from precision_nb.engine.time_split import (
     FAMILIES,
@@ -703,3 +704,18 @@ def test_the_timed_steps_run_without_shapes_and_still_tell_autocasts_casts(monke
     assert split.casts.autocast_nbytes >= (64 * 512 + 64) * 2
     assert {(m.m, m.k, m.n) for m in split.matmuls} >= {(64, 512, 64)}
     assert not any("no match" in n for n in split.notes), split.notes
+
+
+def test_heap_faulted_in_ahead_of_the_short_fit_is_said_and_only_when_asked() -> None:
+    torch.manual_seed(0)
+    trainer = _trainer(Linear(), torch.randn(64, 512), "bf16")
+    plain = split_plans({"bf16": trainer}, config=SplitConfig(steps=2, unprofiled=0))["bf16"]
+    assert profiling_module.HEAP_AHEAD not in plain.notes
+    if allocator.glibc() is None:
+        return
+    allocator.settle("settled")  # the trim threshold it sets back to is the settled one
+    cfg = SplitConfig(steps=2, unprofiled=0, heap_ahead=8 * 2**20)
+    ahead = split_plans({"bf16": trainer}, config=cfg)["bf16"]
+    assert ahead.available and ahead.notes[0] == profiling_module.HEAP_AHEAD
+    with pytest.raises(ValueError, match="heap_ahead"):
+        SplitConfig(heap_ahead=-1)

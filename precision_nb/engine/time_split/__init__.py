@@ -21,6 +21,7 @@ from typing import Any
 
 from precision_nb.core.cpu_features import read_cpu_features
 from precision_nb.core.events import Event
+from precision_nb.engine import allocator
 from precision_nb.engine.adamw_timing import time_adamw
 from precision_nb.engine.stats import paired_speedup
 from precision_nb.engine.time_split import ranks
@@ -244,8 +245,13 @@ def split_comparison(
     """:func:`analyse_time` for a comparison whose timed rounds are over: sets
     ``comparison.time_split`` and each outcome's ``time_split``, ``difference`` and ``advice``;
     returns the events to add (the split's cost; a ``warning`` when it was left out, the
-    measurement kept either way)."""
+    measurement kept either way). Where the measurement settled the allocator, heap is faulted
+    in ahead of the short fit (``SplitConfig.heap_ahead``, :func:`allocator.reserved`)."""
     outcomes = comparison.outcomes
+    config = config if config is not None else SplitConfig()
+    measured = comparison.measurement
+    if measured is not None and allocator.settle(measured.config.allocator)[0]:
+        config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
     medians = {k: o.timing.median if o.timing else None for k, o in outcomes.items()}
     speedups = {k: o.speedup for k, o in outcomes.items()}
     failed = {k: str(v) for k, v in (failures or {}).items()}

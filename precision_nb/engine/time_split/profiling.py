@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from precision_nb.engine import allocator
 from precision_nb.engine import checkpoint as ckpt
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.inspect.autocast_probe import cpp_output_to_debug_log
@@ -52,6 +53,13 @@ from precision_nb.engine.time_split.shapes import (
 from precision_nb.engine.time_split.trace import host_events
 
 log = logging.getLogger(__name__)
+
+#: The note a split keeps when heap was faulted in ahead of its short fit (``heap_ahead``).
+HEAP_AHEAD = (
+    "heap faulted in before the short fit (the allocator settled): the profiler's records "
+    "fragment the heap, and the steps' tensors would otherwise fault in fresh pages that the "
+    "timed rounds did not"
+)
 
 
 @dataclass(frozen=True)
@@ -265,7 +273,9 @@ def _split_together(
         return {label: missing(label, str(exc), medians.get(label)) for label in trainers}
     saved = {label: _snapshot(trainer) for label, trainer in trainers.items()}
     try:
-        return _profiled(trainers, cfg, device, (activities, view, notes), medians, t0)
+        with allocator.reserved(cfg.heap_ahead if device.type == "cpu" else 0) as ahead:
+            notes += (HEAP_AHEAD,) if ahead else ()
+            return _profiled(trainers, cfg, device, (activities, view, notes), medians, t0)
     except Exception as exc:  # noqa: BLE001 - any error of the extra steps (the model's own
         # included, raised as itself) leaves the measured comparison whole: said, never hidden
         if len(trainers) > 1:

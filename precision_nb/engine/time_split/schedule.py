@@ -31,14 +31,17 @@ class SplitConfig:
     plan, each block after one settling step that is not counted (as the timed rounds run
     blocks: a step right after another plan's finds the caches holding that plan's tensors);
     the tolerance (a fraction) within which the reconstructed speedup must meet the timed
-    one; and whether the profiler's cost is taken out of the families (``take_out``,
-    :func:`without_profiler`)."""
+    one; whether the profiler's cost is taken out of the families (``take_out``,
+    :func:`without_profiler`); and the bytes of heap faulted in ahead of the short fit on a CPU
+    (``heap_ahead``, :func:`~precision_nb.engine.allocator.reserved`; 0: none; a comparison
+    whose allocator is settled sets it)."""
 
     steps: int = 12
     unprofiled: int = 6
     block: int = 3
     tolerance: float = 0.10
     take_out: bool = True
+    heap_ahead: int = 0
 
     def __post_init__(self) -> None:
         validate.positive_int("steps", self.steps)
@@ -46,6 +49,7 @@ class SplitConfig:
         validate.positive_int("block", self.block)
         validate.number("tolerance", self.tolerance, minimum=0.0)
         validate.boolean("take_out", self.take_out)
+        validate.integer("heap_ahead", self.heap_ahead, 0)
 
 
 def _rounds(labels: list[str], count: int, kind: str, block: int, offset: int) -> list[Any]:

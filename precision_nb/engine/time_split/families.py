@@ -74,8 +74,11 @@ _MATMUL_KERNEL = re.compile(r"gemm|cutlass|cublas|_mm_|triton_tem_|conv|xmma|wgm
 #: Bytes per element of the dtype names the profiler records.
 _ITEMSIZE = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2}
 #: (M, K, N) operand positions of the matmul ops whose shapes are read: op -> (a, b).
-GEMM_ARGS = {"mm": (0, 1), "addmm": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
+_GEMM_ARGS = {"mm": (0, 1), "addmm": (1, 2), "_addmm_activation": (1, 2), "bmm": (0, 1),
               "baddbmm": (1, 2), "addbmm": (1, 2)}  # fmt: skip
+#: The ops whose input shapes and dtypes the split reads (ATen names without ``aten::``): copies
+#: (:func:`cast_copy`), matmuls and convolutions (:func:`_gemm`); the shapes step records these.
+SHAPED_OPS = frozenset({"copy_", "convolution", *_GEMM_ARGS})
 
 
 def op_name(name: str) -> str:
@@ -191,8 +194,8 @@ class StepSplit:
 def _gemm(event: Any, op: str, seconds: float) -> Matmul | None:
     shapes = list(getattr(event, "input_shapes", None) or [])
     dtypes = list(getattr(event, "input_dtypes", None) or [])
-    if op in GEMM_ARGS:
-        a, b = GEMM_ARGS[op]
+    if op in _GEMM_ARGS:
+        a, b = _GEMM_ARGS[op]
         if len(shapes) <= b or len(shapes[a]) < 2 or len(shapes[b]) < 2:
             return None
         m, k = shapes[a][-2], shapes[a][-1]

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from precision_nb.engine.time_split.families import GEMM_ARGS, StepSplit, op_name, step_roots
+from precision_nb.engine.time_split.families import SHAPED_OPS, StepSplit, op_name, step_roots
 
 __all__ = [
     "SHAPED_OPS",
@@ -32,9 +32,6 @@ __all__ = [
     "matmul_shapes",
     "recorded",
 ]
-
-#: The ops whose input shapes and dtypes the split reads (ATen names without ``aten::``).
-SHAPED_OPS = frozenset({"copy_", "convolution", *GEMM_ARGS})
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ Same model weights, data, plan (autocast dtype) and optimizer (plain AdamW) for 
 loop logs the loss every 10 steps. The true plan ``bf16-true`` is measured side by side with the
 mixed ``bf16``: its hand loop is pure bf16 (``model.to(torch.bfloat16)``, inputs cast, no
 autocast, torch's AdamW on the bf16 parameters), Accelerate gets ``mixed_precision="no"`` and the
-model cast by hand, and ``fit(precision="bf16-true")`` runs as a user gets it (its update probe,
-on by default for true plans, included). Variants are interleaved, their order rotated every repeat,
-each timed over a run of steps after a warm-up.
+model cast by hand, and ``fit(precision="bf16-true")`` runs as a user gets it (``fit()`` measures
+the lost updates only when asked). The mode ``bf16-true:probe`` is the same fit with
+``update_stats=True``: the update probe's cost (a copy of the weights before each logged step and
+two counts after it), printed beside the others and left out of the targets. Variants are
+interleaved, their order rotated every repeat, each timed over a run of steps after a warm-up.
 
 A ratio is the median of the ratios measured within each repeat (paired: the variants of one
 repeat share the machine's state, so slow drifts cancel), printed with its interquartile range,
@@ -104,7 +106,9 @@ def accelerate_loop(
 
 
 def fit_loop(model: torch.nn.Module, batches: Any, mode: str, steps: int, info: dict) -> float:
-    train = TrainConfig(steps=steps, log_every=LOG_EVERY, progress=False)
+    """``fit()``'s run of ``mode`` (``bf16-true:probe``: with the update probe)."""
+    mode, _, probe = mode.partition(":")
+    train = TrainConfig(steps=steps, log_every=LOG_EVERY, progress=False, update_stats=bool(probe))
     trainer = Trainer(
         model,
         batches,
@@ -137,11 +141,12 @@ def bench_case(
     torch.manual_seed(0)
     initial = wl.make_model()
     batches = wl.make_batches("cpu")
-    accelerator = make_accelerator(mode)
+    plain = mode.partition(":")[0]  # the hand loops of bf16-true:probe are bf16-true's
+    accelerator = make_accelerator(plain)
     variants = {
         "fit": lambda m: fit_loop(m, batches, mode, steps, wl.info),
-        "torch": lambda m: torch_loop(m, batches, mode, steps, 0),
-        "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0, mode),
+        "torch": lambda m: torch_loop(m, batches, plain, steps, 0),
+        "accelerate": lambda m: accelerate_loop(accelerator, m, batches, steps, 0, plain),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     setup: list[float] = []
@@ -157,7 +162,7 @@ def bench_case(
             if rep > 0:
                 times[key].append(seconds / steps)
         one_fit = fit_loop(copy.deepcopy(initial), batches, mode, 1, wl.info)
-        one_torch = torch_loop(copy.deepcopy(initial), batches, mode, 1, 0)
+        one_torch = torch_loop(copy.deepcopy(initial), batches, plain, 1, 0)
         if rep > 0:
             setup.append(one_fit - one_torch)
         rep += 1
@@ -249,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps")
     parser.add_argument("--workloads", default="mlp")
     parser.add_argument("--presets", default="tiny,small")
-    parser.add_argument("--modes", default="fp32,bf16,bf16-true")
+    parser.add_argument("--modes", default="fp32,bf16,bf16-true,bf16-true:probe")
     parser.add_argument(
         "--threads",
         type=int,
@@ -267,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         f"per-repeat ratios over n repeats; setup ms once per fit() call"
     )
     header = (
-        f"{'workload':<9}{'preset':<7}{'mode':<10}{'steps':>6}{'n':>4}{'fit ms':>9}"
+        f"{'workload':<9}{'preset':<7}{'mode':<16}{'steps':>6}{'n':>4}{'fit ms':>9}"
         f"{'torch ms':>10}{'accel ms':>10}{'fit/torch':>16}{'fit/accel':>16}{'setup ms':>10}"
     )
     print(header)
@@ -281,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.quick:
                     steps = min(steps, 20)
                 r = bench_case(name, preset, mode, steps, repeats, seconds)
-                worst_torch = max(worst_torch, r["fit/torch"])
-                worst_accel = max(worst_accel, r["fit/accelerate"])
+                if ":" not in mode:  # the probe's row is a cost asked for, not fit()'s own
+                    worst_torch = max(worst_torch, r["fit/torch"])
+                    worst_accel = max(worst_accel, r["fit/accelerate"])
                 if tiny_step is None or r["torch"] < tiny_step[1]:
                     tiny_step = (f"{name}/{preset} {mode}", r["torch"])
 
@@ -290,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                     return f"{r[f'fit/{other}']:.3f} [{r[f'iqr fit/{other}']:.2f}]"
 
                 print(
-                    f"{name:<9}{preset:<7}{mode:<10}{steps:>6}{r['repeats']:>4.0f}"
+                    f"{name:<9}{preset:<7}{mode:<16}{steps:>6}{r['repeats']:>4.0f}"
                     f"{r['fit'] * 1e3:>9.2f}{r['torch'] * 1e3:>10.2f}"
                     f"{r['accelerate'] * 1e3:>10.2f}{ratio('torch'):>16}"
                     f"{ratio('accelerate'):>16}{r['setup'] * 1e3:>10.2f}",

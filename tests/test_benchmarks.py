@@ -52,6 +52,8 @@ def test_bench_fit_pure_bf16_hand_loop_trains_bf16_weights() -> None:
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert any(not p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
     assert bench.fit_loop(wl.make_model(), wl.make_batches("cpu"), "bf16-true", 2, wl.info) > 0
+    case = bench.bench_case("mlp", "tiny", "bf16-true:probe", 2, repeats=1, seconds=0.0)
+    assert case["fit/torch"] > 0 and case["repeats"] == 1
 
 
 def test_bench_panel_latency_cycles_through_the_changes() -> None:

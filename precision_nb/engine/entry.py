@@ -9,6 +9,7 @@ single-process run never imports the distributed machinery).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +62,19 @@ def fit(
     ``compile``: "off" (eager), "default", "reduce-overhead" or "max-autotune": the model is
     trained through ``torch.compile``; the compile step runs before the first training step and
     is recorded apart (``result.compile``). Distributed runs train eagerly (``compile="off"``).
+
+    ``update_stats``: fit() measures the updates a run's weights rounded away only when asked
+    (``update_stats=True``), as it inspects only when asked: the probe copies the weights before
+    each logged step and reads them twice after it, a cost in the fit's own time. The surfaces
+    that show the figure (compare, profile, the panel) measure it for true plans by default.
     """
     factory = train_options.pop("factory", None) if distributed is not None else None
     request = RunRequest.of(
         model, batches, preset=preset, device=device, precision=precision,
         optimizer=optimizer, train=train, loss_fn=loss_fn, compile=compile, **train_options,
     )  # fmt: skip
+    if request.train.update_stats is None:  # only when asked here; see the docstring
+        request = request.replace(train=dataclasses.replace(request.train, update_stats=False))
     if distributed is not None and request.compile != "off":
         raise ValueError(
             f"compile: invalid value {request.compile!r} with distributed=...; allowed: 'off' "

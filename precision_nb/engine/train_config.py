@@ -42,7 +42,8 @@ class TrainConfig:
     (memory by kind and dtype, op dtype trace) into ``RunResult.inspection``.
     ``update_stats``: on logged steps, the fraction of parameter elements the step left unchanged
     and of those still at their start values (records' ``updates_rounded_away`` /
-    ``weights_never_moved``, per layer in ``RunResult.update_stats``); None: on for true plans.
+    ``weights_never_moved``, per layer in ``RunResult.update_stats``); None: on for true plans in
+    a ``Trainer`` and the comparisons (compare, profile, the panel), off in ``fit()``.
     """
 
     steps: int = 20

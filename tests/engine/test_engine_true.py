@@ -225,6 +225,22 @@ def test_tiny_updates_are_all_rounded_away_in_bf16_and_none_in_fp32(make_model, 
     assert mixed.fit().records[-1]["updates_rounded_away"] is None  # off by default when mixed
 
 
+def test_fit_probes_a_true_plan_only_when_asked_and_a_trainer_by_default():
+    """fit() leaves the probe's cost out of a plain run (None reads as off there, as inspect);
+    asked for, it measures; a Trainer, as the comparisons build it, measures a true plan."""
+    kw = dict(preset="tiny", device="cpu", precision="bf16-true", steps=4, log_every=2,
+              progress=False, measure_peak=False)  # fmt: skip
+    plain, asked = pnb.fit("mlp", **kw), pnb.fit("mlp", update_stats=True, **kw)
+    assert plain.records[-1]["updates_rounded_away"] is None and plain.update_stats == []
+    assert [u["step"] for u in asked.update_stats] == [2, 4]
+    assert 0 <= asked.records[-1]["updates_rounded_away"] <= 1
+    work = get_workload("mlp", "tiny")
+    torch.manual_seed(0)
+    t = Trainer(work.make_model(), work.make_batches(torch.device("cpu")), device="cpu",
+                precision="bf16-true", train=quiet(steps=4, log_every=2))  # fmt: skip
+    assert [u["step"] for u in t.fit().update_stats] == [2, 4]
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "bf16-true+kahan", "bf16-true+stochastic"])
 def test_checkpoints_keep_dtypes_and_the_remedy_state(tmp_path, make_model, batches, precision):
     def trainer(seed=0):

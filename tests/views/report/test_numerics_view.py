@@ -139,7 +139,7 @@ def test_heatmap_labels_gradients_a_real_fp16_step_keeps_in_fp32():
 def test_a_true_runs_measured_lost_updates_show_per_layer(analysed):
     run = precision_nb.fit(
         "mlp", preset="tiny", device="cpu", precision="bf16-true", steps=4, log_every=2,
-        progress=False, measure_peak=False,
+        update_stats=True, progress=False, measure_peak=False,
     )  # fmt: skip
     view = Numerics(analysed.result, run)
     lost = view.lost_updates

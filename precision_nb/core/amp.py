@@ -75,8 +75,7 @@ def make_grad_scaler(plan: PrecisionPlan, **scaler_kwargs: Any) -> Any:
         logger.warning("make_grad_scaler: a %s plan asks for a scaler; none is made", plan.mode)
         return None
     if plan.device_type == "cuda":
-        amp = getattr(torch, "amp", None)
-        scaler_cls = getattr(amp, "GradScaler", None) if amp is not None else None
+        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler_cls is not None:
             try:
                 return scaler_cls("cuda", **scaler_kwargs)
@@ -145,14 +144,12 @@ def verify_autocast(plan: PrecisionPlan, device: Any = None) -> AutocastCheck:
     dev = torch.device(device if device is not None else plan.device_type)
     low = plan.dtype if getattr(plan, "true_weights", False) else torch.float32
     try:  # no random numbers: the probe must not move the global RNG a run is seeded with
-        a = torch.ones(16, 16, device=dev, dtype=low)
-        b = torch.ones(16, 16, device=dev, dtype=low)
+        ones = torch.ones(16, 16, device=dev, dtype=low)
     except (RuntimeError, AssertionError) as exc:
         raise RuntimeError(f"verify_autocast: cannot place tensors on {dev}: {exc}") from exc
-    ctx = autocast_context(plan, dev)
     try:
-        with ctx:
-            out = a @ b
+        with autocast_context(plan, dev):
+            out = ones @ ones
     except RuntimeError as exc:
         return AutocastCheck(
             plan.dtype, None, False, f"matmul on {dev} under {plan.mode} autocast raised: {exc}"
@@ -162,11 +159,9 @@ def verify_autocast(plan: PrecisionPlan, device: Any = None) -> AutocastCheck:
     what = "autocast" if plan.autocast_enabled else "no autocast"
     if low != torch.float32:
         what = f"no autocast, {low} operands"
+    detail = f"a 16x16 matmul on {dev} ({what}) computed in {computed}"
     if ok:
-        detail = f"a 16x16 matmul on {dev} ({what}) computed in {computed}, as planned"
+        detail += ", as planned"
     else:
-        detail = (
-            f"a 16x16 matmul on {dev} ({what}) computed in {computed}, but the plan says "
-            f"{plan.dtype}: the requested precision is not what runs"
-        )
+        detail += f", but the plan says {plan.dtype}: the requested precision is not what runs"
     return AutocastCheck(plan.dtype, computed, ok, detail)

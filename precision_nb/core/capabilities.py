@@ -85,25 +85,6 @@ class Capabilities:
         return data
 
 
-def _query_bf16() -> tuple[str, str | None]:
-    try:
-        supported = torch.cuda.is_bf16_supported()
-    except _QUERY_ERRORS as exc:
-        return "error", f"{type(exc).__name__}: {exc}"
-    return ("supported" if supported else "unsupported"), None
-
-
-def _query_native_bf16(cc: tuple[int, int] | None) -> bool | None:
-    if cc is not None:
-        return cc >= (8, 0)
-    try:
-        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-    except _QUERY_ERRORS:
-        # Older torch has no including_emulation argument; without a compute capability the
-        # native question stays open and the explanation says so.
-        return None
-
-
 def read_capabilities() -> Capabilities:
     """Read the capabilities of this machine from torch, now (tests may patch ``torch.cuda``)."""
     cuda = bool(torch.cuda.is_available())
@@ -114,12 +95,10 @@ def read_capabilities() -> Capabilities:
     cc: tuple[int, int] | None = None
     native: bool | None = None
     if cuda:
-        try:
-            count = int(torch.cuda.device_count())
+        try:  # a count of 0 while is_available() says yes: leave it unknown
+            count = int(torch.cuda.device_count()) or None
         except _QUERY_ERRORS:
             count = None
-        if count == 0:
-            count = None  # is_available() says yes, the count says no: leave it unknown
         try:
             name = str(torch.cuda.get_device_name(0))
             major, minor = torch.cuda.get_device_capability(0)
@@ -128,9 +107,20 @@ def read_capabilities() -> Capabilities:
             logger.debug("CUDA device properties unavailable: %s", exc)
     # torch's own query answers False without CUDA; asking it always keeps resolution faithful
     # to torch.cuda.is_bf16_supported() (the spec's deciding call) even when only it is patched.
-    bf16, bf16_error = _query_bf16()
-    if bf16 == "supported":
-        native = _query_native_bf16(cc)
+    bf16_error: str | None = None
+    try:
+        bf16 = "supported" if torch.cuda.is_bf16_supported() else "unsupported"
+    except _QUERY_ERRORS as exc:
+        bf16, bf16_error = "error", f"{type(exc).__name__}: {exc}"
+    if bf16 == "supported" and cc is not None:
+        native = cc >= (8, 0)
+    elif bf16 == "supported":
+        try:
+            native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except _QUERY_ERRORS:
+            # Older torch has no including_emulation argument; without a compute capability the
+            # native question stays open and the explanation says so.
+            native = None
     elif bf16 == "unsupported":
         native = False
     parts = [f"CUDA x{count or '?'} ({name or 'unknown device'})" if cuda else "no CUDA"]
@@ -151,6 +141,15 @@ def read_capabilities() -> Capabilities:
     )
 
 
+#: What the simulated CUDA machines share: one device, native BF16 unless a preset says otherwise.
+_ONE_GPU = Capabilities(
+    name="",
+    simulated=True,
+    cuda_available=True,
+    cuda_bf16="supported",
+    cuda_bf16_native=True,
+    cuda_device_count=1,
+)
 _SIMULATED: dict[str, Capabilities] = {
     "cpu-only": Capabilities(
         name="cpu-only",
@@ -158,57 +157,42 @@ _SIMULATED: dict[str, Capabilities] = {
         cuda_available=False,
         description="CPU only: no CUDA, no MPS",
     ),
-    "cuda-bf16": Capabilities(
+    "cuda-bf16": replace(
+        _ONE_GPU,
         name="cuda-bf16",
-        simulated=True,
-        cuda_available=True,
-        cuda_bf16="supported",
-        cuda_bf16_native=True,
-        cuda_device_count=1,
         device_name="NVIDIA A100-SXM4-80GB",
         compute_capability=(8, 0),
         description="CUDA with native BF16 (Ampere/Hopper class, e.g. A100, H100)",
     ),
-    "cuda-fp8": Capabilities(
+    "cuda-fp8": replace(
+        _ONE_GPU,
         name="cuda-fp8",
-        simulated=True,
-        cuda_available=True,
-        cuda_bf16="supported",
-        cuda_bf16_native=True,
-        cuda_device_count=1,
         device_name="NVIDIA H100 80GB HBM3",
         compute_capability=(9, 0),
         description="H100 class: CUDA with native BF16 and FP8 matmuls (compute capability 9.0)",
     ),
-    "cuda-bf16-emulated": Capabilities(
+    "cuda-bf16-emulated": replace(
+        _ONE_GPU,
         name="cuda-bf16-emulated",
-        simulated=True,
-        cuda_available=True,
-        cuda_bf16="supported",
         cuda_bf16_native=False,
-        cuda_device_count=1,
         device_name="Tesla T4",
         compute_capability=(7, 5),
         description="CUDA whose BF16 query says yes through emulation only (Turing class, T4)",
     ),
-    "cuda-no-bf16": Capabilities(
+    "cuda-no-bf16": replace(
+        _ONE_GPU,
         name="cuda-no-bf16",
-        simulated=True,
-        cuda_available=True,
         cuda_bf16="unsupported",
         cuda_bf16_native=False,
-        cuda_device_count=1,
         device_name="Tesla V100-SXM2-16GB",
         compute_capability=(7, 0),
         description="CUDA whose BF16 query says no (Volta/Turing class with an older torch)",
     ),
-    "cuda-bf16-error": Capabilities(
+    "cuda-bf16-error": replace(
+        _ONE_GPU,
         name="cuda-bf16-error",
-        simulated=True,
-        cuda_available=True,
         cuda_bf16="error",
         cuda_bf16_native=None,
-        cuda_device_count=1,
         device_name="CUDA device (BF16 query raises)",
         cuda_bf16_error="RuntimeError: simulated failure of torch.cuda.is_bf16_supported()",
         description="CUDA whose BF16 query raises (a broken driver or runtime)",

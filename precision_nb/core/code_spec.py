@@ -1,8 +1,5 @@
 """What a script of a resolved plan needs, as plain values: :class:`CodeSpec`, the framework names,
 and the pieces every framework's script shares (its header, the AdamW call, the TF32 note).
-
-:mod:`~precision_nb.core.plan_code` writes the plain PyTorch loop and picks the writer;
-:mod:`~precision_nb.core.framework_code` writes Lightning, Accelerate and Transformers scripts.
 Imports the standard library only.
 """
 
@@ -10,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from precision_nb.core.names import plan_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from precision_nb.core.resolution import Explanation
@@ -24,6 +23,7 @@ __all__ = [
     "framework_name",
     "fused_flag",
     "header",
+    "remedy_import",
     "tf32_note",
     "torch_dtype_name",
 ]
@@ -37,17 +37,11 @@ FRAMEWORKS: dict[str, str] = {
 }
 _ALIASES = {"torch": "pytorch", "pl": "lightning", "hf": "transformers", "trainer": "transformers"}
 
+#: Each spelling autocast code accepts ("fp16", "half", "float16", "torch.float16") -> its name.
 _DTYPE_NAMES = {
-    "fp16": "torch.float16",
-    "float16": "torch.float16",
-    "torch.float16": "torch.float16",
-    "half": "torch.float16",
-    "bf16": "torch.bfloat16",
-    "bfloat16": "torch.bfloat16",
-    "torch.bfloat16": "torch.bfloat16",
-    "fp32": "torch.float32",
-    "float32": "torch.float32",
-    "torch.float32": "torch.float32",
+    key: f"torch.{name}"
+    for name, short in {"float16": "fp16 half", "bfloat16": "bf16", "float32": "fp32"}.items()
+    for key in (*short.split(), name, f"torch.{name}")
 }
 
 STAND_IN_MODEL = "nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))"
@@ -87,9 +81,7 @@ class CodeSpec:
     @property
     def label(self) -> str:
         """The plan's spelling: ``bf16``, ``bf16-true``, ``bf16-true+kahan``."""
-        if self.weights != "true":
-            return self.mode
-        return f"{self.mode}-true" + ("" if self.remedy == "none" else f"+{self.remedy}")
+        return plan_label(self.mode, self.weights, self.remedy)
 
     @property
     def true_dtype(self) -> str | None:
@@ -206,6 +198,11 @@ REMEDY_CODE: dict[str, tuple[str, str]] = {
     ),
     "kahan": ("import optimi  # pip install torch-optimi", "optimi.AdamW(kahan_sum=True, "),
 }
+
+
+def remedy_import(spec: CodeSpec) -> list[str]:
+    """The import line of a true plan's remedy library (none without a remedy)."""
+    return [REMEDY_CODE[spec.remedy][0]] if spec.remedy in REMEDY_CODE else []
 
 
 def adamw_call(spec: CodeSpec, params: str, prefix: str = "", indent: str = "") -> list[str]:

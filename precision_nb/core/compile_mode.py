@@ -3,20 +3,16 @@ device, with a reason read from the running torch.
 
 ``compile="off"`` (the default) trains eagerly. The other values are ``torch.compile`` modes:
 TorchDynamo captures the model's forward into graphs and the inductor backend generates code for
-them (C++ on CPU, Triton on CUDA, Metal on MPS). :func:`read_compile_support` asks torch, now,
-what it offers: whether dynamo runs on this Python and platform (``torch._dynamo``), the modes and
-the inductor options each sets (``torch._inductor.list_mode_options()``), the C++ compiler
-inductor would call on CPU (``torch._inductor.config.cpp.cxx``, found on ``PATH`` with
-``shutil.which``), Triton (``torch.utils._triton.has_triton()``) and which devices have an
-inductor code generator. :func:`resolve_compile` turns a request into a :class:`CompilePlan`
-whose ``outcome``/``reason``/``fallback`` become the explanation's ``compile`` decision.
+them (C++ on CPU, Triton on CUDA, Metal on MPS). :func:`read_compile_support` asks torch, now, what
+it offers (:class:`CompileSupport`). :func:`resolve_compile` turns a request into a
+:class:`CompilePlan` whose ``outcome``/``reason``/``fallback`` become the explanation's ``compile``
+decision.
 
-A request this machine cannot run (dynamo unsupported, a mode this torch does not list, inductor
-on CPU without a C++ compiler, inductor on CUDA without Triton) raises ``RuntimeError`` naming
-what is missing, as absent hardware does. ``reduce-overhead`` means CUDA graphs; on a CPU or MPS
-device inductor skips them (torch counts the skip, and the engine shows torch's reason), so the
-plan is marked a fallback: it compiles what ``default`` compiles. Simulated hardware is never
-refused: the reason says what that machine would need and that it was not checked.
+A request this machine cannot run raises ``RuntimeError`` naming what is missing, as absent hardware
+does. ``reduce-overhead`` means CUDA graphs; on a CPU or MPS device inductor skips them (torch
+counts the skip, and the engine shows torch's reason), so the plan is marked a fallback: it compiles
+what ``default`` compiles. Simulated hardware is never refused: the reason says what that machine
+would need and that it was not checked.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from __future__ import annotations
 import importlib
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from precision_nb.core.capabilities import Capabilities
@@ -77,53 +73,11 @@ class CompileSupport:
         return dict(dict(self.modes).get(mode, ()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "torch_version": self.torch_version,
-            "dynamo_error": self.dynamo_error,
+        return asdict(self) | {
             "modes": {name: dict(opts) for name, opts in self.modes},
             "cxx_candidates": list(self.cxx_candidates),
-            "cxx": self.cxx,
-            "triton": self.triton,
             "codegen_devices": list(self.codegen_devices),
-            "gemm_backends": self.gemm_backends,
-            "conv_backends": self.conv_backends,
         }
-
-
-def _dynamo_error() -> str | None:
-    try:
-        eval_frame = importlib.import_module("torch._dynamo.eval_frame")
-        eval_frame.check_if_dynamo_supported()
-    except _QUERY_ERRORS as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def _modes() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    inductor = importlib.import_module("torch._inductor")
-    listed: Mapping[str, Mapping[str, Any]] = inductor.list_mode_options()
-    out = [("default", ())] if "default" not in listed else []
-    for name, options in listed.items():
-        out.append((str(name), tuple((str(k), repr(v)) for k, v in sorted(options.items()))))
-    return tuple(out)
-
-
-def _cxx(candidates: tuple[str, ...]) -> str | None:
-    for name in candidates:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _codegen_devices() -> tuple[str, ...]:
-    common = importlib.import_module("torch._inductor.codegen.common")
-    common.init_backend_registration()
-    found = []
-    for device in ("cpu", "cuda", "mps", "xpu"):
-        if common.get_scheduling_for_device(device) is not None:
-            found.append(device)
-    return tuple(found)
 
 
 def read_compile_support() -> CompileSupport:
@@ -131,9 +85,18 @@ def read_compile_support() -> CompileSupport:
     torch._inductor, about a second the first time; tests may patch what it reads)."""
     import torch
 
-    error = _dynamo_error()
+    error: str | None = None
     try:
-        modes = _modes()
+        importlib.import_module("torch._dynamo.eval_frame").check_if_dynamo_supported()
+    except _QUERY_ERRORS as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    try:
+        inductor = importlib.import_module("torch._inductor")
+        listed: Mapping[str, Mapping[str, Any]] = inductor.list_mode_options()
+        modes = (() if "default" in listed else (("default", ()),)) + tuple(
+            (str(name), tuple((str(k), repr(v)) for k, v in sorted(options.items())))
+            for name, options in listed.items()
+        )
         config = importlib.import_module("torch._inductor.config")
         raw = config.cpp.cxx
         raw = raw if isinstance(raw, (list, tuple)) else (raw,)
@@ -142,7 +105,10 @@ def read_compile_support() -> CompileSupport:
         candidates = tuple(str(c) for c in raw if c)
         gemm = str(getattr(config, "max_autotune_gemm_backends", ""))
         conv = str(getattr(config, "max_autotune_conv_backends", ""))
-        devices = _codegen_devices()
+        codegen = importlib.import_module("torch._inductor.codegen.common")
+        codegen.init_backend_registration()
+        devices = ("cpu", "cuda", "mps", "xpu")
+        devices = tuple(d for d in devices if codegen.get_scheduling_for_device(d) is not None)
         triton_utils = importlib.import_module("torch.utils._triton")
         triton = bool(triton_utils.has_triton())
     except _QUERY_ERRORS as exc:
@@ -153,7 +119,7 @@ def read_compile_support() -> CompileSupport:
         dynamo_error=error,
         modes=modes,
         cxx_candidates=candidates,
-        cxx=_cxx(candidates),
+        cxx=next(filter(None, map(shutil.which, candidates)), None),  # the first found on PATH
         triton=triton,
         codegen_devices=devices,
         gemm_backends=gemm,
@@ -209,25 +175,7 @@ class CompilePlan:
         return {"backend": "inductor", "mode": None if self.mode == "default" else self.mode}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "requested": self.requested,
-            "mode": self.mode,
-            "device_type": self.device_type,
-            "backend": self.backend,
-            "codegen": self.codegen,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "fallback": self.fallback,
-            "options": dict(self.options),
-            "simulated": self.simulated,
-            "torch_version": self.torch_version,
-        }
-
-
-def _options_text(options: tuple[tuple[str, str], ...]) -> str:
-    if not options:
-        return "sets no options beyond inductor's defaults"
-    return "sets " + ", ".join(f"{k}={v}" for k, v in options)
+        return asdict(self) | {"options": dict(self.options)}
 
 
 def _mode_reason(mode: str, device: str, support: CompileSupport) -> tuple[str, bool]:
@@ -252,9 +200,8 @@ def _mode_reason(mode: str, device: str, support: CompileSupport) -> tuple[str, 
             "cutting per-step launch overhead (what helps small batches); they need unchanging "
             "input shapes and keep their own memory pool"
         )
-    fallback = False
-    if cudagraphs and device != "cuda":
-        fallback = True
+    fallback = cudagraphs and device != "cuda"
+    if fallback:
         parts.append(
             f"CUDA graphs record CUDA kernels only: on {device} inductor skips them (torch "
             "counts a cudagraph skip and logs why), so this plan compiles what mode 'default' "
@@ -338,9 +285,10 @@ def resolve_compile(
     mode = requested
     what, fallback = _mode_reason(mode, device_type, support)
     options = tuple(sorted(support.options(mode).items()))
+    sets = ", ".join(f"{k}={v}" for k, v in options) or "no options beyond inductor's defaults"
     reason = (
         f"torch.compile(mode={mode!r}) with inductor on {where}, generating {codegen}; "
-        f"{what}; mode {mode!r} {_options_text(options)} (torch._inductor.list_mode_options(), "
+        f"{what}; mode {mode!r} sets {sets} (torch._inductor.list_mode_options(), "
         f"torch {support.torch_version}); compile time is reported apart from step times"
     )
     if notes:

@@ -28,13 +28,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Feature name -> (torch.cpu.get_capabilities() key, /proc/cpuinfo flag).
-FEATURES: Mapping[str, tuple[str, str]] = {
-    "avx512_bf16": ("avx512_bf16", "avx512_bf16"),
-    "amx_bf16": ("amx_bf16", "amx_bf16"),
-    "avx512_fp16": ("avx512_fp16", "avx512_fp16"),
-    "amx_fp16": ("amx_fp16", "amx_fp16"),
-}
+#: The x86 features: each name is also its torch.cpu.get_capabilities() key and /proc/cpuinfo flag.
+FEATURES: tuple[str, ...] = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 
 #: macOS sysctl keys -> feature, in order of preference (Apple Silicon: no AVX512/AMX there).
 SYSCTL: Mapping[str, str] = {
@@ -50,11 +45,8 @@ ARM_TORCH: Mapping[str, str] = {"fp16_arith": "arm_fp16", "bf16": "arm_bf16"}
 
 @dataclass(frozen=True)
 class CpuFeatures:
-    """Low-precision CPU features (None: the source could not tell) and the source that answered.
-
-    ``vector_isa`` is ``torch.backends.cpu.get_cpu_capability()``: shown for completeness, it is
-    the kernel dispatch level, not a list of BF16/FP16 features.
-    """
+    """Low-precision CPU features (None: the source could not tell) and the source that answered;
+    ``vector_isa`` is shown for completeness (module docstring)."""
 
     avx512_bf16: bool | None = None
     amx_bf16: bool | None = None
@@ -69,19 +61,15 @@ class CpuFeatures:
     @property
     def native_bf16(self) -> bool | None:
         """True when any BF16 instruction set is present; None when nothing could be read."""
-        values = [self.avx512_bf16, self.amx_bf16, self.arm_bf16]
-        if any(v is True for v in values):
-            return True
-        return False if any(v is False for v in values) else None
+        values = (self.avx512_bf16, self.amx_bf16, self.arm_bf16)
+        return True if True in values else (False if False in values else None)
 
     @property
     def native_fp16(self) -> bool | None:
         """True when any FP16 arithmetic instruction set is present (x86 AVX512-FP16 / AMX-FP16,
         ARMv8.2 FP16); None when nothing could be read."""
-        values = [self.avx512_fp16, self.amx_fp16, self.arm_fp16]
-        if any(v is True for v in values):
-            return True
-        return False if any(v is False for v in values) else None
+        values = (self.avx512_fp16, self.amx_fp16, self.arm_fp16)
+        return True if True in values else (False if False in values else None)
 
     @property
     def is_arm(self) -> bool:
@@ -95,17 +83,10 @@ class CpuFeatures:
 
     def summary(self) -> str:
         """One line, e.g. "AVX512-BF16 yes, AMX-BF16 no, ... (source: torch.cpu...)"."""
-        names = {
-            "avx512_bf16": "AVX512-BF16",
-            "amx_bf16": "AMX-BF16",
-            "avx512_fp16": "AVX512-FP16",
-            "amx_fp16": "AMX-FP16",
-            "arm_bf16": "ARM BF16",
-            "arm_fp16": "ARM FP16",
-        }
         words = {True: "yes", False: "no", None: "unknown"}
-        shown = ("arm_bf16", "arm_fp16") if self.is_arm else tuple(FEATURES)
-        parts = [f"{names[key]} {words[getattr(self, key)]}" for key in shown]
+        shown = ("arm_bf16", "arm_fp16") if self.is_arm else FEATURES
+        sep = " " if self.is_arm else "-"  # "ARM BF16", "AVX512-BF16"
+        parts = [f"{key.upper().replace('_', sep)} {words[getattr(self, key)]}" for key in shown]
         return ", ".join(parts) + f" (source: {self.source})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,9 +107,9 @@ def _from_torch() -> dict[str, bool] | None:
     if any(key in caps for key in ARM_TORCH):
         arm = {name: bool(caps.get(key, False)) for key, name in ARM_TORCH.items()}
         return {**arm, **{name: False for name in FEATURES}}  # no AVX512 / AMX on ARM
-    if not any(key in caps for key, _ in FEATURES.values()):
+    if not any(key in caps for key in FEATURES):
         return None  # neither an x86 nor an ARM answer: let the OS say
-    return {name: bool(caps.get(key, False)) for name, (key, _) in FEATURES.items()}
+    return {name: bool(caps.get(name, False)) for name in FEATURES}
 
 
 def parse_cpuinfo(text: str) -> dict[str, bool] | None:
@@ -137,7 +118,7 @@ def parse_cpuinfo(text: str) -> dict[str, bool] | None:
         key, _, value = line.partition(":")
         if key.strip() in ("flags", "Features"):
             flags = set(value.split())
-            out = {name: flag in flags for name, (_, flag) in FEATURES.items()}
+            out = {name: name in flags for name in FEATURES}
             if key.strip() == "Features":  # ARM Linux
                 out.update({name: flag in flags for flag, name in ARM_FLAGS.items()})
             return out

@@ -37,20 +37,12 @@ def normalize_device_request(requested: Any, field: str = "device") -> str:
         )
     try:
         text = device_string(requested, field)
-    except ValueError:
-        renamed = _renamed_backend(requested)
-        if renamed is None:
-            raise
-        return renamed
+    except ValueError as exc:
+        try:  # a backend renamed with torch.utils.rename_privateuse1_backend
+            return str(torch.device(requested.strip().lower()))
+        except RuntimeError:
+            raise exc from None
     return text if text == "auto" else str(torch.device(text))
-
-
-def _renamed_backend(text: str) -> str | None:
-    """A device of a backend renamed with ``torch.utils.rename_privateuse1_backend``, or None."""
-    try:
-        return str(torch.device(text.strip().lower()))
-    except RuntimeError:
-        return None
 
 
 def resolve_device_traced(

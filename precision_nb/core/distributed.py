@@ -4,10 +4,9 @@
 one device, then the distributed fields on top of it: strategy (DDP or FSDP2), nodes and
 processes, the torch.distributed backend (gloo on CPU, nccl on CUDA), FSDP2's
 ``MixedPrecisionPolicy`` dtypes derived from the plan, DDP's gradient-compression hook and where
-the rendezvous listens. A request this machine cannot run (nccl without CUDA, more processes than
-GPUs, MPS) raises ``RuntimeError`` here, before anything starts. What-if presets
-(``CLUSTER_PRESETS``, e.g. "8xH100 NVLink") resolve for hardware that is not here and are
-labelled simulated.
+the rendezvous listens. A request this machine cannot run raises ``RuntimeError`` here, before
+anything starts. What-if presets (``CLUSTER_PRESETS``) resolve for hardware that is not here and
+are labelled simulated.
 """
 
 from __future__ import annotations
@@ -27,9 +26,9 @@ from precision_nb.core.cluster import (
 )
 from precision_nb.core.distributed_reasons import (
     HOOK_REASONS,
+    STRATEGY_REASONS,
     fsdp_dtypes,
     nodes_reason,
-    strategy_reason,
 )
 from precision_nb.core.plan import normalize_precision
 from precision_nb.core.render import decision_lines
@@ -39,15 +38,13 @@ STRATEGIES: tuple[str, ...] = ("ddp", "fsdp2")
 COMM_HOOKS: tuple[str, ...] = ("none", "fp16", "bf16")
 BACKENDS: tuple[str, ...] = ("auto", "gloo", "nccl")
 LOOPBACK = "127.0.0.1"
-#: Host names that stay on this machine.
-LOOPBACK_HOSTS: tuple[str, ...] = (LOOPBACK, "localhost", "::1")
 #: torchrun's default port for the c10d rendezvous (used when ``rdzv_port`` is not set).
 TORCHRUN_PORT = 29400
 
 
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -128,9 +125,6 @@ class Distributed:
                 "allowed: true, false"
             )
         validate.number("distributed.timeout_s", self.timeout_s, minimum=0.0, strict=True)
-        self._check_nodes()
-
-    def _check_nodes(self) -> None:
         validate.positive_int("distributed.nnodes", self.nnodes, maximum=4096)
         rank = self.node_rank
         if rank is not None and not (
@@ -278,16 +272,13 @@ def explain_distributed(
             f"device: {expl.device} has no torch.distributed backend (gloo runs on CPU, nccl on "
             "CUDA); use device='cpu' for a distributed run here"
         )
-    decisions = [Decision("strategy", req.strategy, strategy_reason(req.strategy))]
+    decisions = [Decision("strategy", req.strategy, STRATEGY_REASONS[req.strategy])]
     warnings: list[str] = []
     # backend
-    if req.backend == "auto":
-        backend = "nccl" if kind == "cuda" else "gloo"
-        why = (
-            "auto on CUDA: nccl, the GPU collective library"
-            if kind == "cuda"
-            else "auto on CPU: gloo, torch's CPU collective backend (nccl needs CUDA)"
-        )
+    if req.backend == "auto" and kind == "cuda":
+        backend, why = "nccl", "auto on CUDA: nccl, the GPU collective library"
+    elif req.backend == "auto":
+        backend, why = "gloo", "auto on CPU: gloo, torch's CPU collective backend (nccl needs CUDA)"
     else:
         backend, why = req.backend, f"backend={req.backend} as requested"
         if backend == "nccl" and kind != "cuda":
@@ -320,22 +311,17 @@ def explain_distributed(
     decisions.append(Decision("nproc", str(req.nproc), why))
     if req.nnodes > 1:
         decisions.append(Decision("nnodes", str(req.nnodes), nodes_reason(req)))
-    decisions.append(
-        Decision(
-            "rank device",
-            rank_device,
-            "each rank on its own GPU, cuda:LOCAL_RANK" if kind == "cuda" else "CPU ranks",
-        )
-    )
-    decisions.append(
+    rank_why = "each rank on its own GPU, cuda:LOCAL_RANK" if kind == "cuda" else "CPU ranks"
+    decisions += [
+        Decision("rank device", rank_device, rank_why),
         Decision(
             "batch",
             "global",
             f"each global batch is split into {req.world_size} equal slices, one per rank: the "
             "run trains what one process would; a batch not divisible by "
             f"{'nproc' if req.nnodes == 1 else 'nnodes x nproc'} is refused",
-        )
-    )
+        ),
+    ]
     param = reduce = output = hook = None
     if req.strategy == "fsdp2":
         fsdp, (param, reduce, output, extra) = fsdp_dtypes(req, plan.mode, plan.use_scaler)
@@ -382,7 +368,6 @@ def _rendezvous(req: Distributed) -> Decision:
 
 __all__ = [
     "BACKENDS",
-    "LOOPBACK_HOSTS",
     "TORCHRUN_PORT",
     "CLUSTER_PRESETS",
     "COMM_HOOKS",

@@ -13,13 +13,7 @@ from precision_nb.core.resolution import Decision
 if TYPE_CHECKING:
     from precision_nb.core.distributed import Distributed
 
-__all__ = [
-    "HOOK_REASONS",
-    "fsdp_dtypes",
-    "nodes_reason",
-    "strategy_reason",
-    "torch_reduce_default",
-]
+__all__ = ["HOOK_REASONS", "STRATEGY_REASONS", "fsdp_dtypes", "nodes_reason"]
 
 
 def fsdp_dtypes(
@@ -47,10 +41,15 @@ def fsdp_dtypes(
             )
     decisions.append(Decision("param_dtype", param, why))
     if req.reduce_dtype is None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         reduce = "fp32"
+        default = {f.name: f.default for f in fields(MixedPrecisionPolicy)}["reduce_dtype"]
         why = (
             "precision_nb's default: gradient reductions in low precision lose accuracy as more "
-            f"ranks are summed; {torch_reduce_default(param)}; set reduce_dtype='bf16' here to "
+            "ranks are summed; torch's own MixedPrecisionPolicy defaults to reduce_dtype="
+            f"{default}, which reduces in the param_dtype ({param}): plain FSDP2 code gets an fp32 "
+            "reduction only by passing reduce_dtype=torch.float32; set reduce_dtype='bf16' here to "
             "halve the reduce-scatter bytes"
         )
     else:
@@ -69,18 +68,6 @@ def fsdp_dtypes(
     )
     decisions.append(Decision("output_dtype", output or "unchanged", why))
     return decisions, (param, reduce, output, warnings)
-
-
-def torch_reduce_default(param: str) -> str:
-    """What torch's ``MixedPrecisionPolicy`` does with its own default ``reduce_dtype``."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    default = {f.name: f.default for f in fields(MixedPrecisionPolicy)}["reduce_dtype"]
-    return (
-        f"torch's own MixedPrecisionPolicy defaults to reduce_dtype={default}, which reduces in "
-        f"the param_dtype ({param}): plain FSDP2 code gets an fp32 reduction only by passing "
-        "reduce_dtype=torch.float32"
-    )
 
 
 #: Why each DDP gradient-compression hook does what it does.
@@ -110,14 +97,10 @@ def nodes_reason(req: Distributed) -> str:
     )
 
 
-def strategy_reason(strategy: str) -> str:
-    """What a strategy keeps on each rank and what it communicates."""
-    if strategy == "ddp":
-        return (
-            "DDP: every rank holds the full model, gradients are all-reduced after backward "
-            "(memory per rank as on one device)"
-        )
-    return (
-        "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded across ranks; "
-        "parameters all-gathered for forward and backward, gradients reduce-scattered"
-    )
+#: What each strategy keeps on each rank and what it communicates.
+STRATEGY_REASONS = {
+    "ddp": "DDP: every rank holds the full model, gradients are all-reduced after backward "
+    "(memory per rank as on one device)",
+    "fsdp2": "FSDP2 (fully_shard): parameters, gradients and optimizer state sharded across "
+    "ranks; parameters all-gathered for forward and backward, gradients reduce-scattered",
+}

@@ -1,14 +1,13 @@
 """A resolved plan as PyTorch Lightning, Hugging Face Accelerate and Transformers configuration.
 
 Each writer turns a :class:`~precision_nb.core.code_spec.CodeSpec` into a runnable script with a
-stand-in model and random data, using the framework's documented settings:
-``lightning.Trainer(precision="32-true" | "bf16-mixed" | "16-mixed" | "bf16-true" | "16-true")``,
-``accelerate.Accelerator(mixed_precision="no" | "bf16" | "fp16")`` and
-``transformers.TrainingArguments(bf16=..., fp16=..., tf32=..., optim=...)``. What a framework does
+stand-in model and random data, using the framework's documented settings
+(``lightning.Trainer(precision=...)``, ``accelerate.Accelerator(mixed_precision=...)``,
+``transformers.TrainingArguments(bf16=..., fp16=..., tf32=..., optim=...)``). What a framework does
 differently from the plan (the CPU loss-scale lab, a true plan, which Accelerate and the
-Transformers ``Trainer`` have no setting for, TF32, fused AdamW's interplay with a scaler,
-simulated hardware, settings whose framework default differs) is stated as a comment where it
-applies. Imports the standard library only; the scripts import the frameworks.
+Transformers ``Trainer`` have no setting for, TF32, fused AdamW's interplay with a scaler, simulated
+hardware, settings whose framework default differs) is stated as a comment where it applies. Imports
+the standard library only; the scripts import the frameworks.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from precision_nb.core.code_spec import (
     CodeSpec,
     adamw_call,
     header,
+    remedy_import,
     tf32_note,
 )
 
@@ -74,15 +74,6 @@ def _fused_comment(spec: CodeSpec) -> str:
     return f"# fused={spec.fused}: the plan's fused AdamW decision."
 
 
-def _compiled(spec: CodeSpec, model: str) -> str:
-    """``model`` as the plan trains it: wrapped in ``torch.compile`` when the plan compiles."""
-    return model if spec.compile_mode == "off" else f"torch.compile({model}{spec.compile_call})"
-
-
-def _remedy_import(spec: CodeSpec) -> list[str]:
-    return [REMEDY_CODE[spec.remedy][0]] if spec.remedy in REMEDY_CODE else []
-
-
 def _true_by_hand(spec: CodeSpec, framework: str, setting: str) -> list[str]:
     """What a true plan becomes in a framework that has no true precision setting."""
     if not spec.true_dtype:
@@ -98,11 +89,9 @@ def _true_by_hand(spec: CodeSpec, framework: str, setting: str) -> list[str]:
 def lightning_precision(spec: CodeSpec) -> str:
     """``Trainer(precision=...)`` of the plan: ``32-true``, ``bf16-mixed``, ``16-mixed``,
     ``bf16-true`` or ``16-true``."""
-    if spec.true_dtype:
-        return "bf16-true" if spec.mode == "bf16" else "16-true"
-    if not spec.autocast_enabled:
+    if not spec.true_dtype and not spec.autocast_enabled:
         return "32-true"
-    return "bf16-mixed" if spec.mode == "bf16" else "16-mixed"
+    return ("bf16" if spec.mode == "bf16" else "16") + ("-true" if spec.true_dtype else "-mixed")
 
 
 def lightning_code(spec: CodeSpec) -> str:
@@ -110,6 +99,9 @@ def lightning_code(spec: CodeSpec) -> str:
     accelerator = {"cuda": "cuda", "mps": "mps"}.get(spec.device_type, "cpu")
     index = _index(spec)
     devices = f"[{index}]" if index is not None else "1"
+    model = "LitModel()"
+    if spec.compile_mode != "off":  # the model as the plan trains it
+        model = f"torch.compile({model}{spec.compile_call})"
     lines = header(spec, "lightning") + tf32_note(spec)
     if spec.loss_scale_lab:
         lines += [
@@ -133,7 +125,7 @@ def lightning_code(spec: CodeSpec) -> str:
         "import torch",
         "from torch import nn",
         "from torch.utils.data import DataLoader, TensorDataset",
-        *_remedy_import(spec),
+        *remedy_import(spec),
     ]
     if spec.loss_scale_lab:
         lines.append("from lightning.pytorch.plugins import MixedPrecision")
@@ -175,8 +167,7 @@ def lightning_code(spec: CodeSpec) -> str:
         "    logger=False,",
         "    enable_checkpointing=False,",
         ")",
-        f"trainer.fit({_compiled(spec, 'LitModel()')}, DataLoader(data, batch_size=32, "
-        "shuffle=True))",
+        f"trainer.fit({model}, DataLoader(data, batch_size=32, shuffle=True))",
     ]
     return "\n".join(lines) + "\n"
 
@@ -191,10 +182,11 @@ def accelerate_mixed_precision(spec: CodeSpec) -> str:
 def accelerate_code(spec: CodeSpec) -> str:
     """An ``Accelerator`` and a loop of ``accelerator.backward`` set up as the plan."""
     lines = header(spec, "accelerate") + tf32_note(spec) + _visible_devices_note(spec, "Accelerate")
+    dtype = f", dtype={spec.true_dtype}" if spec.true_dtype else ""  # the inputs of a true plan
     if spec.loss_scale_lab:
         lines += _lab_not_carried('mixed_precision="fp16"', "Accelerate")
     lines += _true_by_hand(spec, "Accelerate", 'mixed_precision="bf16"')
-    lines += ["import torch", "from accelerate import Accelerator", *_remedy_import(spec)]
+    lines += ["import torch", "from accelerate import Accelerator", *remedy_import(spec)]
     if spec.compile_mode != "off":
         lines.append("from accelerate.utils import TorchDynamoPlugin")
     lines += [
@@ -216,9 +208,7 @@ def accelerate_code(spec: CodeSpec) -> str:
         "",
         "# Replace the stand-in model, data and loss with your own.",
         f"model = {STAND_IN_MODEL}" + (f".to({spec.true_dtype})" if spec.true_dtype else ""),
-        "data = TensorDataset(torch.randn(256, 64"
-        + (f", dtype={spec.true_dtype}" if spec.true_dtype else "")
-        + "), torch.randint(0, 10, (256,)))",
+        f"data = TensorDataset(torch.randn(256, 64{dtype}), torch.randint(0, 10, (256,)))",
         "loader = DataLoader(data, batch_size=32, shuffle=True)",
         "loss_fn = nn.CrossEntropyLoss()",
         _fused_comment(spec),
@@ -249,6 +239,7 @@ def transformers_code(spec: CodeSpec) -> str:
     bf16 = spec.autocast_enabled and spec.mode == "bf16"
     fp16 = spec.autocast_enabled and spec.mode == "fp16" and not spec.loss_scale_lab
     optim = "adamw_torch_fused" if spec.fused else "adamw_torch"
+    dtype = f", dtype={spec.true_dtype}" if spec.true_dtype else ""  # the inputs of a true plan
     lines = header(spec, "transformers") + _visible_devices_note(spec, "Trainer")
     if spec.loss_scale_lab:
         lines += _lab_not_carried("fp16=True", "Trainer (through Accelerate)")
@@ -262,7 +253,7 @@ def transformers_code(spec: CodeSpec) -> str:
         "import torch",
         "from torch import nn",
         "from transformers import Trainer, TrainingArguments",
-        *_remedy_import(spec),
+        *remedy_import(spec),
         "",
         f"torch.manual_seed({spec.seed})",
         "",
@@ -279,9 +270,7 @@ def transformers_code(spec: CodeSpec) -> str:
         '        return {"loss": loss, "logits": logits}',
         "",
         "",
-        'data = [{"x": torch.randn(64'
-        + (f", dtype={spec.true_dtype}" if spec.true_dtype else "")
-        + '), "labels": i % 10} for i in range(256)]',
+        'data = [{"x": torch.randn(64' + dtype + '), "labels": i % 10} for i in range(256)]',
         "args = TrainingArguments(",
         '    output_dir="precision-nb-trainer",',
         f"    bf16={bf16},",
@@ -313,20 +302,14 @@ def transformers_code(spec: CodeSpec) -> str:
         '    report_to="none",',
         '    save_strategy="no",',
         ")",
-        *(
-            [f"model = StandIn().to({spec.true_dtype})"]
-            if spec.true_dtype
-            else ["model = StandIn()"]
-        ),
-        *(
-            adamw_call(spec, "model.parameters()", "optimizer = ")
-            + [
-                "trainer = Trainer(model=model, args=args, train_dataset=data, "
-                "optimizers=(optimizer, None))"
-            ]
-            if spec.remedy in REMEDY_CODE
-            else ["trainer = Trainer(model=model, args=args, train_dataset=data)"]
-        ),
+        "model = StandIn()" + (f".to({spec.true_dtype})" if spec.true_dtype else ""),
+    ]
+    optimizers = ""
+    if spec.remedy in REMEDY_CODE:
+        lines += adamw_call(spec, "model.parameters()", "optimizer = ")
+        optimizers = ", optimizers=(optimizer, None)"
+    lines += [
+        f"trainer = Trainer(model=model, args=args, train_dataset=data{optimizers})",
         "result = trainer.train()",
         'print(f"mean training loss {result.training_loss:.4f}")',
     ]

@@ -99,6 +99,13 @@ MPS_RULE = (
     "for MPS"
 )
 
+#: An explicit bf16 request on CUDA whose BF16 query says no or raises, mixed and true.
+_NO_BF16 = ("cuda-bf16-unsupported", "explicit bf16 on CUDA but {bf16}: falls back to fp32")
+_NO_BF16_TRUE = (
+    "cuda-bf16-true-unsupported",
+    "explicit bf16-true on CUDA but {bf16}: falls back to fp32 (weights and math), as "
+    "explicit bf16 does",
+)
 #: (device type, request, capability) -> (row id, reason). The capability is the CUDA BF16 query
 #: ("supported" | "unsupported" | "error") where it decides, else "*". Reasons are ``str.format``
 #: templates with ``{bf16}`` (what the BF16 query said), ``{request}`` and ``{device}``.
@@ -110,14 +117,8 @@ RULES: dict[tuple[str, str, str], tuple[str, str]] = {
         "auto on CUDA and {bf16} (a raising query counts as unsupported)",
     ),
     ("cuda", "bf16", "supported"): ("cuda-bf16", "explicit bf16 on CUDA and {bf16}"),
-    ("cuda", "bf16", "unsupported"): (
-        "cuda-bf16-unsupported",
-        "explicit bf16 on CUDA but {bf16}: falls back to fp32",
-    ),
-    ("cuda", "bf16", "error"): (
-        "cuda-bf16-unsupported",
-        "explicit bf16 on CUDA but {bf16}: falls back to fp32",
-    ),
+    ("cuda", "bf16", "unsupported"): _NO_BF16,
+    ("cuda", "bf16", "error"): _NO_BF16,
     ("cuda", "fp16", "*"): ("cuda-fp16", "explicit fp16 on CUDA"),
     ("cuda", "fp32", "*"): (
         "cuda-fp32",
@@ -153,16 +154,8 @@ RULES: dict[tuple[str, str, str], tuple[str, str]] = {
         "explicit bf16-true on CUDA and {bf16}: the model's floating-point parameters and "
         "buffers, its gradients and the AdamW state are bf16; no autocast",
     ),
-    ("cuda", "bf16-true", "unsupported"): (
-        "cuda-bf16-true-unsupported",
-        "explicit bf16-true on CUDA but {bf16}: falls back to fp32 (weights and math), as "
-        "explicit bf16 does",
-    ),
-    ("cuda", "bf16-true", "error"): (
-        "cuda-bf16-true-unsupported",
-        "explicit bf16-true on CUDA but {bf16}: falls back to fp32 (weights and math), as "
-        "explicit bf16 does",
-    ),
+    ("cuda", "bf16-true", "unsupported"): _NO_BF16_TRUE,
+    ("cuda", "bf16-true", "error"): _NO_BF16_TRUE,
     ("cuda", "fp16-true", "*"): (
         "cuda-fp16-true",
         "explicit fp16-true on CUDA: fp16 weights, gradients and AdamW state and no grad "
@@ -236,7 +229,6 @@ def lookup(
     weights: str = "mixed",
 ) -> tuple[MatrixRow, str]:
     """The row that applies and the reason, for a request on a device with these capabilities."""
-    key = rule_key(requested, loss_scale_lab, device_type, caps, weights)
-    row_id, template = RULES[key]
+    row_id, template = RULES[rule_key(requested, loss_scale_lab, device_type, caps, weights)]
     reason = template.format(bf16=bf16_text(caps), request=requested, device=device_type)
     return ROWS[row_id], reason

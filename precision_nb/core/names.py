@@ -64,8 +64,7 @@ def precision_name(value: Any, field: str = "precision.mode", allow_auto: bool =
     the value and what is allowed.
     """
     if isinstance(value, str):
-        key = value.strip().lower()
-        key = key.removeprefix("torch.")
+        key = value.strip().lower().removeprefix("torch.")
         if allow_auto and key == "auto":
             return "auto"
         name = PRECISION_ALIASES.get(key)

@@ -1,24 +1,16 @@
 """AdamW building with an honest fused decision.
 
-``supports_fused_adamw(device)`` keeps the resolution rules' contract: false off CUDA; on CUDA a
-zero-step fused AdamW on a one-element parameter, catching TypeError, RuntimeError and ValueError.
-
-``build_optimizer(model, config, device)`` does better than a probe alone, where a probe on a CUDA
-parameter could succeed while construction with the CPU-built model's parameters failed and fell
-back to plain AdamW silently. Here the model's parameters are moved to the training device
-*first* (``model.to(device)``, in place), the fused optimizer is built from those real parameters,
-and the outcome (requested, probed, used, reason) is attached to the optimizer as
-``optimizer.precision_nb_fused`` and logged as a warning when a requested fused build failed.
-
-``fused=None`` follows the resolution rules (probe; fused only when the CUDA probe passes), so on
-CPU it gives plain AdamW even though torch also ships a CPU fused AdamW; ``fused=True`` attempts
-fused on any device, CPU included, and reports what happened.
+A probe alone is not enough: a probe on a CUDA parameter could succeed while construction with the
+CPU-built model's parameters failed and fell back to plain AdamW silently. So
+:func:`build_optimizer` moves the model to the training device *first* and builds from those real
+parameters. ``fused=None`` follows the resolution rules (probe; fused only when the CUDA probe
+passes), so on CPU it gives plain AdamW even though torch also ships a CPU fused AdamW;
+``fused=True`` attempts fused on any device, CPU included, and reports what happened.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,14 +74,10 @@ class OptimizerConfig:
         object.__setattr__(self, "eps", _number("eps", self.eps, 0.0, strict=True))
         wd = _number("weight_decay", self.weight_decay, 0.0, strict=False)
         object.__setattr__(self, "weight_decay", wd)
-        betas = self.betas
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(
-                f"optimizer.betas: invalid value {validate.short_repr(betas)}; "
-                "allowed: two numbers in [0, 1)"
-            )
-        pair = tuple(_number("betas", b, 0.0, strict=False) for b in betas)
-        if any(b >= 1.0 for b in pair):
+        betas, pair = self.betas, ()
+        if isinstance(betas, (tuple, list)) and len(betas) == 2:
+            pair = tuple(_number("betas", b, 0.0, strict=False) for b in betas)
+        if len(pair) != 2 or any(b >= 1.0 for b in pair):
             raise ValueError(
                 f"optimizer.betas: invalid value {validate.short_repr(betas)}; "
                 "allowed: two numbers in [0, 1)"
@@ -198,8 +186,7 @@ def describe_fused(
     if fused is None:
         if kind == "cuda":
             if real_cuda:
-                ok = supports_fused_adamw(device)
-                if ok:
+                if supports_fused_adamw(device):
                     return (
                         "fused AdamW",
                         f"optimizer.fused=null probes: fused AdamW built on {device}; "
@@ -233,8 +220,7 @@ def describe_fused(
         )
     # fused is True: attempted at build time on the model's real parameters
     if kind == "cpu":
-        has_kernel = _has_fused_kernel("cpu")
-        if has_kernel is False:
+        if _has_fused_kernel("cpu") is False:
             return (
                 "plain AdamW",
                 "optimizer.fused=true, but this torch has no CPU fused AdamW kernel; "
@@ -271,7 +257,8 @@ def describe_fused(
     )
 
 
-def _as_optimizer_config(config: Any) -> OptimizerConfig:
+def as_optimizer_config(config: Any) -> OptimizerConfig:
+    """``config`` if it is an :class:`OptimizerConfig`, the defaults for None; else ValueError."""
     if config is None:
         return OptimizerConfig()
     if isinstance(config, OptimizerConfig):
@@ -294,7 +281,7 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
         raise ValueError(
             f"model: invalid value of type {type(model).__name__}; expected a torch.nn.Module"
         )
-    cfg = _as_optimizer_config(config)
+    cfg = as_optimizer_config(config)
     dev = resolve_device(device)  # RuntimeError for absent CUDA/MPS, ValueError for bad input
     try:
         model.to(dev)
@@ -304,61 +291,43 @@ def build_optimizer(model: torch.nn.Module, config: Any, device: Any) -> torch.o
     if not params:
         raise ValueError("model: has no trainable parameters (requires_grad=True) to optimize")
     kwargs = {"lr": cfg.lr, "betas": cfg.betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
-
-    def plain() -> torch.optim.Optimizer:
-        return torch.optim.AdamW(params, **kwargs)
-
-    def fused_or_plain(
-        requested: bool | None, built: str, failed: Callable[[str], str]
-    ) -> tuple[torch.optim.Optimizer, FusedOutcome]:
-        """Build fused AdamW on the real parameters; on failure, plain AdamW and a warning."""
+    optimizer: torch.optim.Optimizer | None = None
+    if cfg.fused is False:
+        outcome = FusedOutcome(False, None, False, "optimizer.fused=false: plain AdamW", str(dev))
+    elif cfg.fused is None and not supports_fused_adamw(dev):
+        if dev.type == "cuda":
+            reason = f"fused=None: the fused AdamW probe on {dev} failed; plain AdamW"
+        elif dev.type == "cpu":
+            reason = (
+                f"fused=None: the fused AdamW probe is false off CUDA, so {dev.type} gets "
+                "plain AdamW (torch's CPU fused AdamW exists; fused=True attempts it): "
+                + PLAIN_ADAMW_COST
+            )
+        else:
+            reason = f"fused=None: the fused AdamW probe is false off CUDA; plain AdamW on {dev}"
+        outcome = FusedOutcome(None, False, False, reason, str(dev))
+        logger.info("build_optimizer: %s", reason)
+    else:  # fused: asked for (True), or the CUDA probe passed (None); plain AdamW if it fails
+        if cfg.fused:
+            built = f"fused=True: fused AdamW built on {dev} from the model's real parameters"
+            failed = f"fused=True: building fused AdamW on {dev} from the model's parameters failed"
+            after = "plain AdamW is used instead"
+        else:
+            built = f"fused=None: probe passed on {dev}; fused AdamW built on the real params"
+            failed = (
+                f"fused=None: the probe on {dev} passed but building fused AdamW from the "
+                f"model's {len(params)} parameter tensors failed"
+            )
+            after = "plain AdamW"
         try:
-            fused = torch.optim.AdamW(params, fused=True, **kwargs)
+            optimizer = torch.optim.AdamW(params, fused=True, **kwargs)
+            outcome = FusedOutcome(cfg.fused, True, True, built, str(dev))
         except FUSED_ERRORS as exc:
-            reason = failed(f"{type(exc).__name__}: {exc}")
+            reason = f"{failed} ({type(exc).__name__}: {exc}); {after}"
             logger.warning("build_optimizer: %s", reason)
             # probed: the CUDA probe passed when fused was left to it; an attempt probes nothing
-            return plain(), FusedOutcome(requested, requested is None, False, reason, str(dev))
-        return fused, FusedOutcome(requested, True, True, built, str(dev))
-
-    optimizer: torch.optim.Optimizer
-    if cfg.fused is False:
-        optimizer = plain()
-        outcome = FusedOutcome(False, None, False, "optimizer.fused=false: plain AdamW", str(dev))
-    elif cfg.fused is None:
-        probed = supports_fused_adamw(dev)
-        if not probed:
-            if dev.type == "cuda":
-                reason = f"fused=None: the fused AdamW probe on {dev} failed; plain AdamW"
-            else:
-                reason = (
-                    f"fused=None: the fused AdamW probe is false off CUDA, so {dev.type} gets "
-                    "plain AdamW (torch's CPU fused AdamW exists; fused=True attempts it): "
-                    + PLAIN_ADAMW_COST
-                    if dev.type == "cpu"
-                    else f"fused=None: the fused AdamW probe is false off CUDA; plain AdamW on "
-                    f"{dev}"
-                )
-            optimizer = plain()
-            outcome = FusedOutcome(None, False, False, reason, str(dev))
-            logger.info("build_optimizer: %s", reason)
-        else:
-            optimizer, outcome = fused_or_plain(
-                None,
-                f"fused=None: probe passed on {dev}; fused AdamW built on the real params",
-                lambda error: (
-                    f"fused=None: the probe on {dev} passed but building fused AdamW from the "
-                    f"model's {len(params)} parameter tensors failed ({error}); plain AdamW"
-                ),
-            )
-    else:
-        optimizer, outcome = fused_or_plain(
-            True,
-            f"fused=True: fused AdamW built on {dev} from the model's real parameters",
-            lambda error: (
-                f"fused=True: building fused AdamW on {dev} from the model's parameters failed "
-                f"({error}); plain AdamW is used instead"
-            ),
-        )
+            outcome = FusedOutcome(cfg.fused, cfg.fused is None, False, reason, str(dev))
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(params, **kwargs)
     optimizer.precision_nb_fused = outcome  # type: ignore[attr-defined]
     return optimizer

@@ -7,7 +7,7 @@ names the field, the bad value and the allowed values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -186,10 +186,4 @@ class PrecisionConfig:
         return plan_label(self.requested, self.weights, self.remedy)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "dtype": self.dtype,
-            "loss_scale_lab": self.loss_scale_lab,
-            "weights": self.weights,
-            "remedy": self.remedy,
-        }
+        return asdict(self)

@@ -1,14 +1,9 @@
 """A resolved plan as code: plain PyTorch, PyTorch Lightning, Hugging Face Accelerate, Transformers.
 
 One text generator for the panel's "Copy as code", ``Explanation.code()`` / ``pnb.plan()`` and
-``precision-nb plan --as``. :func:`code_spec` reads what the code needs from an
-:class:`~precision_nb.core.resolution.Explanation` (the plan, the device, the fused AdamW decision,
-simulated hardware); :func:`plan_code` writes a complete script for one framework. Each script
-runs as pasted (a small stand-in model and random data) and states as comments what the framework
-does differently from the plan. The framework texts live in
-:mod:`precision_nb.core.framework_code`; this module has the plain PyTorch loop and the
-``pnb.fit(..., distributed=...)`` call; :mod:`precision_nb.core.code_spec` what every script
-shares. Imports the standard library only.
+``precision-nb plan --as``: :func:`plan_code` writes a complete script for one framework. This
+module has the plain PyTorch loop and the ``pnb.fit(..., distributed=...)`` call (the others are in
+:mod:`precision_nb.core.framework_code`). Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -19,14 +14,13 @@ from typing import Any
 from precision_nb.core import framework_code
 from precision_nb.core.code_spec import (
     FRAMEWORKS,
-    REMEDY_CODE,
     STAND_IN_MODEL,
     CodeSpec,
     adamw_call,
     code_spec,
     framework_name,
-    fused_flag,
     header,
+    remedy_import,
     tf32_note,
     torch_dtype_name,
 )
@@ -37,7 +31,6 @@ __all__ = [
     "code_spec",
     "fit_code",
     "framework_name",
-    "fused_flag",
     "plan_code",
     "torch_dtype_name",
 ]
@@ -56,9 +49,7 @@ def _pytorch(spec: CodeSpec) -> str:
     device_type = spec.device_type
     lines = header(spec, "pytorch") + tf32_note(spec)
     true = spec.true_dtype
-    lines += ["import torch", "from torch import nn"]
-    if spec.remedy in REMEDY_CODE:
-        lines.append(REMEDY_CODE[spec.remedy][0])
+    lines += ["import torch", "from torch import nn", *remedy_import(spec)]
     lines += [
         "",
         f"torch.manual_seed({spec.seed})",

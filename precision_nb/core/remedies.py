@@ -1,14 +1,13 @@
 """True plans' optimizers described without importing them: which library runs, and why.
 
 A ``true`` plan (``bf16-true``) keeps the weights in bf16, where an update smaller than half a unit
-in the last place of a weight is rounded away. Its remedies are library optimizers, not code of
-ours: ``stochastic`` is torchao's AdamW with ``bf16_stochastic_round=True`` (the bf16 weight is
-rounded up or down at random, in proportion, so the update survives on average) and ``kahan`` is
-torch-optimi's AdamW with ``kahan_sum=True`` (a bf16 compensation buffer per parameter keeps what
-rounding dropped and adds it back). Both are optional: the ``remedies`` extra installs them, and a
-missing one is named with that extra. Availability is read with ``importlib.util.find_spec``, so
-describing a plan imports neither library (torchao prints load failures of its CUDA extensions
-on a CPU-only machine). :mod:`precision_nb.engine.remedies` builds the optimizers.
+in the last place of a weight is rounded away. Its remedies are library optimizers, not code of ours
+(:data:`REMEDIES` says how each works): ``stochastic`` is torchao's AdamW with
+``bf16_stochastic_round=True`` and ``kahan`` is torch-optimi's AdamW with ``kahan_sum=True``. Both
+are optional: the ``remedies`` extra installs them, and a missing one is named with that extra.
+Availability is read with ``importlib.util.find_spec``, so describing a plan imports neither library
+(torchao prints load failures of its CUDA extensions on a CPU-only machine).
+:mod:`precision_nb.engine.remedies` builds the optimizers.
 
 Decided here, for every true plan:
 
@@ -37,7 +36,6 @@ INSTALL = f"pip install 'precision-nb[{EXTRA}]'"
 class Remedy:
     """One remedy: the library (its pip and import names) and the optimizer call it makes."""
 
-    name: str
     package: str
     module: str
     call: str
@@ -46,7 +44,6 @@ class Remedy:
 
 REMEDIES: dict[str, Remedy] = {
     "stochastic": Remedy(
-        "stochastic",
         "torchao",
         "torchao",
         "torchao.optim._AdamW(params, bf16_stochastic_round=True)",
@@ -55,7 +52,6 @@ REMEDIES: dict[str, Remedy] = {
         "a unit in the last place moves the weight now and then instead of never",
     ),
     "kahan": Remedy(
-        "kahan",
         "torch-optimi",
         "optimi",
         "optimi.AdamW(params, lr=..., kahan_sum=True)",

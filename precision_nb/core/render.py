@@ -94,14 +94,6 @@ def explanation_text(e: Explanation) -> str:
     return "\n".join(lines)
 
 
-def _cpu_facts_html(e: Explanation) -> str:
-    facts = cpu_facts(e)
-    if not facts:
-        return ""
-    items = "".join(f"<li>{html.escape(line)}</li>" for line in facts)
-    return f'<ul class="pnb-cpu-facts">{items}</ul>'
-
-
 def decisions_html(decisions: Sequence[Any], warnings: Sequence[str]) -> str:
     """HTML of the numbered decisions (fallbacks marked) and the warnings: the table every
     explanation, single-device or distributed, shows."""
@@ -130,21 +122,20 @@ def explanation_html(e: Explanation) -> str:
     """HTML: plan, decisions (fallbacks marked), warnings, every rule (the current one marked)."""
     esc = html.escape
     caps = e.capabilities
+    facts = "".join(f"<li>{esc(line)}</li>" for line in cpu_facts(e))
     out = [
         '<div class="precision-nb-explanation">',
         _STYLE,
         f"<p><b>Precision plan:</b> {esc(e.summary())}<br>",
         f"<b>Hardware:</b> {esc(caps.name)}{' (simulated)' if caps.simulated else ''}"
         f" &mdash; {esc(caps.description)}</p>",
-        _cpu_facts_html(e),
-    ]
-    out.append(decisions_html(e.decisions, e.warnings))
-    out.append(
+        f'<ul class="pnb-cpu-facts">{facts}</ul>' if facts else "",
+        decisions_html(e.decisions, e.warnings),
         "<table><caption>Resolution rules (listed, implied, opt-in lab; see "
         f"<code>{esc(RULES_DOC)}</code>)</caption>"
         "<thead><tr><th></th><th>device</th><th>request</th><th>resolved mode</th>"
-        "<th>scaler</th><th>autocast</th><th>source</th></tr></thead><tbody>"
-    )
+        "<th>scaler</th><th>autocast</th><th>source</th></tr></thead><tbody>",
+    ]
     current = e.row.id if e.row is not None else None
     for r in MATRIX:
         mark = r.id == current

@@ -16,15 +16,14 @@ from typing import Any
 
 import torch
 
-from precision_nb.core import render
+from precision_nb.core import render, validate
 from precision_nb.core.capabilities import Capabilities, get_capabilities
 from precision_nb.core.compile_mode import CompilePlan, resolve_compile
 from precision_nb.core.device import normalize_device_request, resolve_device_traced
 from precision_nb.core.matrix import MATRIX, RULES_DOC, MatrixRow, lookup
-from precision_nb.core.optim import OptimizerConfig, describe_fused
+from precision_nb.core.optim import OptimizerConfig, as_optimizer_config, describe_fused
 from precision_nb.core.plan import TORCH_DTYPES, PrecisionConfig, PrecisionPlan
 from precision_nb.core.remedies import optimizer_decision
-from precision_nb.core.validate import short_repr
 
 __all__ = [
     "MATRIX",
@@ -50,14 +49,6 @@ class Decision:
     fallback: bool = False
 
 
-@dataclass(frozen=True)
-class _Resolved:
-    plan: PrecisionPlan
-    row: MatrixRow
-    decisions: tuple[Decision, ...]
-    warnings: tuple[str, ...]
-
-
 def _as_config(config: Any) -> PrecisionConfig:
     if config is None:
         return PrecisionConfig()
@@ -66,19 +57,15 @@ def _as_config(config: Any) -> PrecisionConfig:
     if isinstance(config, (str, torch.dtype)):
         return PrecisionConfig(mode=config)
     raise ValueError(
-        f"precision: invalid value {short_repr(config)} ({type(config).__name__}); expected a "
-        "PrecisionConfig, a mode string ('auto', 'fp32', 'bf16', 'fp16') or None"
+        f"precision: invalid value {validate.short_repr(config)} ({type(config).__name__}); "
+        "expected a PrecisionConfig, a mode string ('auto', 'fp32', 'bf16', 'fp16') or None"
     )
 
 
-def _as_device(device: Any, caps: Capabilities) -> torch.device:
-    text = normalize_device_request(device)
-    if text == "auto":
-        return resolve_device_traced("auto", caps)[0]
-    return torch.device(text)
-
-
-def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> _Resolved:
+def _resolve(
+    cfg: PrecisionConfig, device: torch.device, caps: Capabilities
+) -> tuple[PrecisionPlan, MatrixRow, tuple[Decision, ...], tuple[str, ...]]:
+    """The plan of the rules, the row it came from, its decisions and its warnings."""
     row, why = lookup(cfg.requested, cfg.loss_scale_lab, device.type, caps, cfg.weights)
     plan = PrecisionPlan(
         mode=row.mode,
@@ -90,8 +77,7 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
         remedy=cfg.remedy if row.weights == "true" else "none",
     )
     warnings: list[str] = []
-    req = cfg.requested
-    fallback = req not in ("auto", plan.mode)
+    fallback = cfg.requested not in ("auto", plan.mode)
 
     # mode
     request_text = ""
@@ -112,17 +98,12 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
         )
     if plan.true_weights:
         dtype_reason += f"; parameters, gradients, AdamW state and the math are {plan.dtype}"
+    elif plan.autocast_enabled:
+        dtype_reason += f"; autocast computes in {plan.dtype}"
     else:
-        dtype_reason += (
-            f"; autocast computes in {plan.dtype}"
-            if plan.autocast_enabled
-            else ("; parameters and math stay fp32 (no autocast)")
-        )
-    decisions.append(
-        Decision(
-            "dtype", str(plan.dtype), dtype_reason, cfg.dtype is not None and cfg.mode != "auto"
-        )
-    )
+        dtype_reason += "; parameters and math stay fp32 (no autocast)"
+    ignored = cfg.dtype is not None and cfg.mode != "auto"
+    decisions.append(Decision("dtype", str(plan.dtype), dtype_reason, ignored))
 
     # scaler
     if plan.use_scaler and plan.device_type == "cuda":
@@ -159,7 +140,7 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
         autocast = ("off (nullcontext)", "fp32 runs without autocast")
     decisions.append(Decision("autocast", *autocast))
     if cfg.weights == "true":
-        decisions += _true_decisions(cfg, plan)
+        decisions.append(_weights_decision(cfg, plan))
 
     # warnings
     if device.type == "cuda" and not caps.cuda_available:
@@ -188,43 +169,34 @@ def _resolve(cfg: PrecisionConfig, device: torch.device, caps: Capabilities) -> 
             "rules, for studying loss scaling; without it the rules give fp32 here"
         )
     elif cfg.loss_scale_lab:
-        decisions.append(
-            Decision(
-                "loss_scale_lab",
-                "no effect",
-                "loss_scale_lab only changes an explicit fp16 request on CPU",
-            )
-        )
+        why = "loss_scale_lab only changes an explicit fp16 request on CPU"
+        decisions.append(Decision("loss_scale_lab", "no effect", why))
     if row.source == "implied":
         warnings.append(
             f"resolution rule {row.id!r} is implied, not one of the listed rules: {row.note}"
         )
-    return _Resolved(plan, row, tuple(decisions), tuple(warnings))
+    return plan, row, tuple(decisions), tuple(warnings)
 
 
-def _true_decisions(cfg: PrecisionConfig, plan: PrecisionPlan) -> list[Decision]:
-    """The weights and remedy decisions of a ``-true`` request (shown only when one was made)."""
+def _weights_decision(cfg: PrecisionConfig, plan: PrecisionPlan) -> Decision:
+    """The weights decision of a ``-true`` request (shown only when one was made)."""
     if not plan.true_weights:
         dropped = f"; remedy {cfg.remedy!r} dropped with them" if cfg.remedy != "none" else ""
-        return [
-            Decision(
-                "weights",
-                "mixed (fp32)",
-                f"{cfg.label} resolved to {plan.mode} (the mode decision says why): the weights "
-                f"stay fp32{dropped}",
-                True,
-            )
-        ]
-    dtype = str(plan.dtype).removeprefix("torch.")
-    return [
-        Decision(
+        return Decision(
             "weights",
-            f"true ({dtype})",
-            f"a fit casts the model's floating-point parameters and buffers to {dtype} in "
-            "place (integer buffers stay as they are) and leaves them so, so gradients and "
-            f"AdamW state are {dtype} too: no fp32 master copy (see docs/plans.md#mixed-or-true)",
-        ),
-    ]
+            "mixed (fp32)",
+            f"{cfg.label} resolved to {plan.mode} (the mode decision says why): the weights "
+            f"stay fp32{dropped}",
+            True,
+        )
+    dtype = str(plan.dtype).removeprefix("torch.")
+    return Decision(
+        "weights",
+        f"true ({dtype})",
+        f"a fit casts the model's floating-point parameters and buffers to {dtype} in "
+        "place (integer buffers stay as they are) and leaves them so, so gradients and "
+        f"AdamW state are {dtype} too: no fp32 master copy (see docs/plans.md#mixed-or-true)",
+    )
 
 
 def resolve_precision(
@@ -237,7 +209,9 @@ def resolve_precision(
     :class:`Capabilities` value or preset name; by default torch is read now.
     """
     caps = get_capabilities(capabilities)
-    return _resolve(_as_config(config), _as_device(device, caps), caps).plan
+    text = normalize_device_request(device)
+    dev = resolve_device_traced("auto", caps)[0] if text == "auto" else torch.device(text)
+    return _resolve(_as_config(config), dev, caps)[0]
 
 
 @dataclass(frozen=True)
@@ -352,40 +326,34 @@ def explain_precision(
     """
     caps = get_capabilities(capabilities)
     cfg = _as_config(config)
-    opt = optimizer if optimizer is not None else OptimizerConfig()
-    if not isinstance(opt, OptimizerConfig):
-        raise ValueError(
-            f"optimizer: invalid value {short_repr(optimizer)} ({type(optimizer).__name__}); "
-            "expected an OptimizerConfig or None"
-        )
+    opt = as_optimizer_config(optimizer)
     requested = normalize_device_request(device)
     dev, device_reason = resolve_device_traced(requested, caps)
-    resolved = _resolve(cfg, dev, caps)
-    remedy = optimizer_decision(resolved.plan, opt)  # ValueError for a refused pair
+    resolved, row, decided, warnings = _resolve(cfg, dev, caps)
+    remedy = optimizer_decision(resolved, opt)  # ValueError for a refused pair
     outcome, reason, fallback = describe_fused(opt, dev, caps)
-    if remedy is not None and resolved.plan.remedy != "none":
+    if remedy is not None and resolved.remedy != "none":
         outcome, reason, fallback = "not used", "the remedy's optimizer runs instead", False
-    if isinstance(compile, CompilePlan):
-        compiled = compile
-    else:
-        compiled = resolve_compile(compile, dev.type, caps)
+    compiled = (
+        compile if isinstance(compile, CompilePlan) else resolve_compile(compile, dev.type, caps)
+    )
     decisions = (
         Decision("device", str(dev), device_reason),
-        *resolved.decisions,
+        *decided,
         Decision("fused AdamW", outcome, reason, fallback),
     )
     if remedy is not None:
         decisions += (Decision("remedy", *remedy),)
     if compiled.enabled:
-        reason = compiled.reason + _compile_precision_note(resolved.plan)
+        reason = compiled.reason + _compile_precision_note(resolved)
         decisions += (Decision("compile", compiled.outcome, reason, compiled.fallback),)
     return Explanation(
-        plan=resolved.plan,
+        plan=resolved,
         device=str(dev),
         capabilities=caps,
         decisions=decisions,
-        row=resolved.row,
-        warnings=resolved.warnings,
+        row=row,
+        warnings=warnings,
         config=cfg,
         optimizer=opt,
         requested_device=requested,
@@ -414,8 +382,6 @@ def plan(
     ``.code(framework)`` for the same plan in plain PyTorch, Lightning, Accelerate or
     Transformers. ``ValueError`` for bad input, ``RuntimeError`` for absent hardware.
     """
-    from precision_nb.core import validate
-
     validate.boolean("loss_scale_lab", loss_scale_lab)
     if fused is not None:
         validate.boolean("fused", fused)

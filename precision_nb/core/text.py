@@ -19,7 +19,6 @@ __all__ = [
     "TIMES",
     "confidence_text",
     "fmt",
-    "half_width_text",
     "interval_text",
     "number",
     "percent_text",
@@ -98,20 +97,16 @@ def percent_text(fraction: Any) -> str:
     return "" if out is None else f"{out * 100:.2g} %"
 
 
-def half_width_text(half_width: Any) -> str:
-    """Half an interval's width as a fraction of its estimate: ``0.07`` -> ``"±7 %"``; "" from
-    100 % on, where a symmetric "±" would misdescribe an interval on a ratio's log scale."""
-    out = number(half_width)
-    return "" if out is None or out >= 1 else plus_minus_text(out)
-
-
 def interval_text(low: Any, high: Any, estimate: Any = None, spec: str = ".2f") -> str:
     """``"1.22–1.40"``, with the half-width relative to ``estimate`` when given:
     ``"1.22–1.40, ±7 %"`` ("" when either end is missing); ``spec``: the ends' format."""
     lo, hi, centre = number(low), number(high), number(estimate)
     if lo is None or hi is None:
         return ""
-    pm = half_width_text((hi - lo) / (2 * centre)) if centre else ""
+    # the half-width is left out from 100 % on, where a symmetric "±" would misdescribe an
+    # interval on a ratio's log scale
+    half = number((hi - lo) / (2 * centre)) if centre else None
+    pm = plus_minus_text(half) if half is not None and half < 1 else ""
     return f"{lo:{spec}}–{hi:{spec}}" + (f", {pm}" if pm else "")
 
 

@@ -39,11 +39,7 @@ def _fail(field: str, value: Any, allowed: str) -> ValueError:
 def integer(field: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     """``value`` as an int within [minimum, maximum] (bools and floats refused)."""
     ok = isinstance(value, int) and not isinstance(value, bool)
-    if ok and minimum is not None and value < minimum:
-        ok = False
-    if ok and maximum is not None and value > maximum:
-        ok = False
-    if not ok:
+    if not (ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)):
         if minimum is not None and maximum is not None:
             allowed = f"an integer from {minimum} to {maximum}"
         elif minimum is not None:
@@ -76,15 +72,11 @@ def number(
     Integers too large for a float (``10**400``) are refused, not an OverflowError.
     """
     result: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        try:
-            result = float(value)
-        except OverflowError:
-            result = None
-    elif accept_str and isinstance(value, str):
-        try:
-            result = float(value.strip())
-        except ValueError:
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if real or (accept_str and isinstance(value, str)):
+        try:  # an int too large for a float overflows; a string may not be a number
+            result = float(value if real else value.strip())
+        except (OverflowError, ValueError):
             result = None
     ok = result is not None and math.isfinite(result)
     if ok and minimum is not None:

@@ -31,7 +31,6 @@ MAX_FILE_BYTES = 1 << 20
 
 
 def _yaml_error(exc: Any, where: str) -> ValueError:
-    """A ValueError for a YAML error: where, line, column and what the parser expected/found."""
     import yaml
 
     mark = getattr(exc, "problem_mark", None)
@@ -48,12 +47,8 @@ def _yaml_error(exc: Any, where: str) -> ValueError:
 
 
 def _check_size(text: str, where: str) -> None:
-    """Refuse a document nested deeper than :data:`MAX_DEPTH` or expanding beyond :data:`MAX_NODES`.
-
-    One pass over the parser's events (iterative, no recursion): each anchor remembers how many
-    nodes it stands for, and each alias (``*name``) adds that many again, so an alias bomb is
-    measured without being expanded.
-    """
+    """Iterative, no recursion: each anchor remembers how many nodes it stands for, and each alias
+    (``*name``) adds that many again."""
     import yaml
 
     anchors: dict[str, int] = {}
@@ -93,7 +88,6 @@ def _check_size(text: str, where: str) -> None:
 
 
 def _safe_load(text: str, where: str) -> Any:
-    """``yaml.safe_load`` after :func:`_check_size`; YAML errors become ``ValueError``."""
     import yaml  # PyYAML only when a config is loaded
 
     try:

@@ -9,7 +9,6 @@ engine's (:mod:`precision_nb.engine.stats`), rendered by :func:`verdict_view` on
 from __future__ import annotations
 
 import html
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from precision_nb.engine.comparison import Comparison, PlanOutcome
 from precision_nb.engine.numerics.fp16_run import counted_in_fp16
 from precision_nb.engine.true_figures import LostUpdates, TrueSaving
 from precision_nb.views.colors import colors_for_labels
-from precision_nb.views.report.hint import share_text
+from precision_nb.views.report.hint import is_number, share_text
 from precision_nb.views.report.hints import Hint
 from precision_nb.views.report.markup import fmt, size_text
 from precision_nb.views.report.sections import Section
@@ -108,9 +107,7 @@ def _compile_lines(report: Any) -> tuple[str, ...]:
     record = report.record
     if record.failure is not None:
         return (f"compile failed: {record.failure}",)
-    lines = []
-    if report.verdict:
-        lines.append(report.verdict)
+    lines = [report.verdict] if report.verdict else []
     if record.compile_s is not None:
         lines.append(f"compile step {record.compile_s:.2f} s (cache {record.cache}), not timed")
     if report.pay_back is not None:
@@ -130,9 +127,8 @@ def _memory_by_kind(inspections: Mapping[str, Any]) -> dict[str, dict[str, tuple
         for r in data.memory:
             if not r.get("counted"):
                 continue
-            value = r.get("expected_bytes") if data.simulated else r.get("bytes")
             entry = kinds.setdefault(r["kind"], [0, []])
-            entry[0] += int(value or 0)
+            entry[0] += int(r.get("expected_bytes" if data.simulated else "bytes") or 0)
             if r.get("dtype") and r["dtype"] not in entry[1]:
                 entry[1].append(r["dtype"])
         out[label] = {k: (v[0], "+".join(v[1])) for k, v in kinds.items()}
@@ -209,10 +205,9 @@ def _lost_lines(lost: LostUpdates | None) -> tuple[str, ...]:
 def _variant_of(label_mode: str, use_scaler: bool, rows: Sequence[Mapping[str, Any]]) -> str:
     """The analysis variant that matches a plan: its mode, at the loss scale when it scales."""
     variants = list(dict.fromkeys(str(r.get("variant")) for r in rows))
-    if use_scaler:
-        scaled = [v for v in variants if v.startswith(f"{label_mode} x")]
-        if scaled:
-            return scaled[0]
+    scaled = [v for v in variants if use_scaler and v.startswith(f"{label_mode} x")]
+    if scaled:
+        return scaled[0]
     return label_mode if label_mode in variants else ""
 
 
@@ -258,30 +253,19 @@ def _numerics_lines(result: Any, numerics: Any) -> tuple[str, ...]:
     return tuple(lines)
 
 
-# ----------------------------------------------------------------------------- drift
-
-
 def _drift_line(label: str, base: str | None, outcome: PlanOutcome) -> str:
     if base is None:
         return "no fp32 plan to compare with"
     if label == base:
         return "the reference"
     drift = outcome.drift
-    loss = drift.final_loss_diff if drift else None
-    params = drift.param_rel_diff if drift else None
+    loss, params = (drift.final_loss_diff, drift.param_rel_diff) if drift else (None, None)
     parts = []
-    if _finite(loss):
+    if is_number(loss):
         parts.append(f"final loss {loss:+.4g} against {base}")
-    if _finite(params):
+    if is_number(params):
         parts.append(f"parameters {params:.3%} apart (relative L2)")
     return "; ".join(parts) or "not measured"
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# ----------------------------------------------------------------------------- merged requests
 
 
 def merge_notes(comparison: Comparison) -> list[tuple[str, str, str]]:
@@ -292,21 +276,14 @@ def merge_notes(comparison: Comparison) -> list[tuple[str, str, str]]:
             continue
         result = comparison.results.get(run)
         plan = result.explanation.summary() if result and result.explanation else ""
-        text = f"{request} resolved to the same plan as {run}"
-        text += f" ({plan}), so it was run once." if plan else ", so it was run once."
-        why = next(
-            (
-                str(e.data["why"])
-                for e in comparison.events
-                if e.kind == "merged" and e.data.get("label") == request and e.data.get("why")
-            ),
-            "",
-        )
-        out.append((request, run, f"{text} Why: {why}" if why else text))
+        text = f"{request} resolved to the same plan as {run}{f' ({plan})' if plan else ''}"
+        text += ", so it was run once."
+        for e in comparison.events:
+            if e.kind == "merged" and e.data.get("label") == request and e.data.get("why"):
+                text += f" Why: {e.data['why']}"
+                break
+        out.append((request, run, text))
     return out
-
-
-# ----------------------------------------------------------------------------- hints
 
 
 def other_hints(hint_list: Sequence[Hint], shown: Sequence[PlanAnswer]) -> list[Hint]:
@@ -348,11 +325,8 @@ def cards_html(plans: Sequence[PlanAnswer]) -> str:
 
 
 def _css(line: str) -> str:
-    if line.endswith(" saved"):
-        return ' class="saved"'
-    if line.endswith(" added"):
-        return ' class="added"'
-    return ""
+    word = next((w for w in ("saved", "added") if line.endswith(f" {w}")), "")
+    return f' class="{word}"' if word else ""
 
 
 def answer_section(plans: Sequence[PlanAnswer], load_note: str = "") -> Section:

@@ -45,10 +45,6 @@ METHOD = (
 )
 
 
-def _ok(rows: Sequence[Mapping[str, Any]], fmt_name: str) -> list[Mapping[str, Any]]:
-    return [r for r in rows if r["format"] == fmt_name and r.get("status") == "ok"]
-
-
 def _median(values: list[Any]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -62,7 +58,7 @@ def summary_rows(result: Any) -> list[dict[str, Any]]:
     out = []
     for name in info.get("formats", []):
         fmt_info = BLOCK_FORMATS[name]
-        rows = _ok(result.blocks, name)
+        rows = [r for r in result.blocks if r["format"] == name and r.get("status") == "ok"]
         keep = info["keep"][name]
         out.append(
             {

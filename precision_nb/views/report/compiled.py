@@ -16,7 +16,7 @@ from typing import Any
 
 from precision_nb.core.text import confidence_text, ratio_text
 from precision_nb.views.report.markup import table_html
-from precision_nb.views.report.sections import ReportFile, Section
+from precision_nb.views.report.sections import Section, csv_file
 
 __all__ = ["COLUMNS", "SHOWN", "TITLE", "compiled_rows", "compiled_section"]
 
@@ -47,24 +47,16 @@ SHOWN: dict[str, str] = {
 
 
 def compiled_rows(compiled: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per compiled plan (the columns of :data:`COLUMNS`)."""
-    return [report.row() for report in compiled.values()]
-
-
-def _speed(row: Mapping[str, Any]) -> str:
-    estimate, low, high = (row.get(k) for k in ("speedup_vs_eager", "speedup_vs_eager_low",
-                                                 "speedup_vs_eager_high"))  # fmt: skip
-    return ratio_text(estimate, low, high)
-
-
-def _csv(name: str, rows: list[dict[str, Any]], columns: list[str]) -> ReportFile:
-    import pandas as pd
-
-    return ReportFile(name, pd.DataFrame(rows, columns=columns).to_csv(index=False).encode())
+    """One flat row per compiled plan (the columns of :data:`COLUMNS`), with its speed in words."""
+    speed = ("speedup_vs_eager", "speedup_vs_eager_low", "speedup_vs_eager_high")
+    rows = [report.row() for report in compiled.values()]
+    return [{**r, "speed": ratio_text(*(r.get(k) for k in speed))} for r in rows]
 
 
 def compiled_section(compiled: Mapping[str, Any]) -> Section:
     """The section of a comparison's compiled plans (see the module docstring)."""
+    import pandas as pd
+
     e = html.escape
     rows = compiled_rows(compiled)
     parts = [
@@ -73,7 +65,7 @@ def compiled_section(compiled: Mapping[str, Any]) -> Section:
         "against the eager plan of the same precision uses the same paired interval as every "
         "other speedup; pay-back counts the steps after which the compile step is earned back "
         "at the measured step times.</p>",
-        table_html([{**r, "speed": _speed(r)} for r in rows], list(SHOWN), headers=SHOWN),
+        table_html(rows, list(SHOWN), headers=SHOWN),
     ]
     breaks: list[dict[str, Any]] = []
     for label, report in compiled.items():
@@ -90,7 +82,7 @@ def compiled_section(compiled: Mapping[str, Any]) -> Section:
         parts.append("<h3>Graph breaks, with torch's reasons</h3>")
         parts.append(table_html(breaks, break_columns, css_class="compact"))
     files = (
-        _csv("compile.csv", rows, list(COLUMNS)),
-        _csv("graph_breaks.csv", breaks, break_columns),
+        csv_file("compile.csv", pd.DataFrame(rows, columns=list(COLUMNS))),
+        csv_file("graph_breaks.csv", pd.DataFrame(breaks, columns=break_columns)),
     )
     return Section("compile", TITLE, "\n".join(parts), files)

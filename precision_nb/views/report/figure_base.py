@@ -17,7 +17,7 @@ from matplotlib.ticker import MaxNLocator
 from precision_nb.engine.compare import Comparison
 from precision_nb.views.colors import colors_for_labels
 from precision_nb.views.report.source import as_comparison
-from precision_nb.views.report.tables import RecordSource, to_frame
+from precision_nb.views.report.tables import RecordSource, scale_histories, to_frame
 
 SINGLE_SIZE = (7.0, 4.0)
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -78,9 +78,7 @@ class Prepared:
         self, given: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
     ) -> Mapping[str, Sequence[Mapping[str, Any]]]:
         """``given`` when passed, else every run's ``scale_history`` that has entries."""
-        if given is not None:
-            return given
-        return {k: r.scale_history for k, r in self.comparison.results.items() if r.scale_history}
+        return given if given is not None else scale_histories(self.comparison)
 
 
 def prepare(source: RecordSource, colors: Mapping[str, str] | None) -> Prepared:
@@ -115,18 +113,16 @@ def style_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def legend(ax: Axes) -> None:
-    handles, _ = ax.get_legend_handles_labels()
-    if handles:
+def legend(ax: Axes, drawn: bool, empty: str) -> None:
+    """The legend of what was drawn (when it has labels), else the ``empty`` note."""
+    if not drawn:
+        no_data(ax, empty)
+    elif ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small", loc="best")
 
 
+#: Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each.
 LINESTYLES = ("-", "--", "-.", ":")
-
-
-def linestyle(index: int) -> str:
-    """Runs whose curves coincide (fp32 and bf16 often do) stay visible: one dash style each."""
-    return LINESTYLES[index % len(LINESTYLES)]
 
 
 # ----------------------------------------------------------------------------- small utilities
@@ -148,12 +144,6 @@ def memory_kinds(frame: Any) -> list[str]:
     if frame.empty or "memory_kind" not in frame:
         return []
     return [str(k) for k in dict.fromkeys(frame["memory_kind"].dropna().tolist())]
-
-
-def attempt_x(entry: Mapping[str, Any], index: int) -> float:
-    # Skipped attempts do not advance the step counter, so the x axis counts attempts.
-    attempt = entry.get("attempt")
-    return float(attempt) if attempt is not None else float(index)
 
 
 def to_float(value: Any) -> float | None:

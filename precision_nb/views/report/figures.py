@@ -4,10 +4,8 @@ Every function returns a standalone :class:`matplotlib.figure.Figure` (never pyp
 figures work with any backend: Agg in tests and the CLI, inline or widget backends in notebooks,
 and PNG bytes for an ``ipywidgets.Image`` through :func:`figure_to_png`.
 
-The figures accept a ``Comparison``, a ``RunResult`` or run records (a list of flat dicts as the
-engine writes them, or a DataFrame of them), normalised once
-(:func:`~precision_nb.views.report.source.as_comparison`). A plan keeps its colour across every
-figure: colours come from :func:`plan_colors`, keyed by run label.
+The figures accept any record source (:mod:`~precision_nb.views.report.tables`); a plan keeps its
+colour across every figure (:func:`plan_colors`, keyed by run label).
 """
 
 from __future__ import annotations
@@ -23,12 +21,10 @@ from matplotlib.ticker import FuncFormatter
 from precision_nb.core.text import speedup_text
 from precision_nb.views.report.figure_base import (
     DASHBOARD_SIZE,
+    LINESTYLES,
     SINGLE_SIZE,
-    Prepared,
-    attempt_x,
     figure_to_png,
     legend,
-    linestyle,
     memory_kinds,
     new_figure,
     no_data,
@@ -41,6 +37,7 @@ from precision_nb.views.report.figure_base import (
     to_float,
 )
 from precision_nb.views.report.inspection_figures import draw_memory_breakdown
+from precision_nb.views.report.source import as_comparison
 from precision_nb.views.report.tables import RecordSource
 
 __all__ = [
@@ -82,14 +79,11 @@ def draw_loss(ax: Axes, frame: Any, labels: Sequence[str], colors: Mapping[str, 
             color=colors[label],
             label=label,
             linewidth=1.8,
-            linestyle=linestyle(index),
+            linestyle=LINESTYLES[index % len(LINESTYLES)],
         )
         drawn = True
     style_axes(ax, "Training loss per plan", "optimizer step", "loss")
-    if drawn:
-        legend(ax)
-    else:
-        no_data(ax, "no loss recorded")
+    legend(ax, drawn, "no loss recorded")
 
 
 def draw_loss_scale(
@@ -109,12 +103,15 @@ def draw_loss_scale(
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(FuncFormatter(pow2_label))
     histories = histories or {}
-    drawn = skip_marked = False
-    by_attempt = False
+    drawn = skip_marked = by_attempt = False
     for label in labels:
         history = histories.get(label)
         if history:
-            xs = [attempt_x(h, i) for i, h in enumerate(history)]
+            # skipped attempts do not advance the step counter, so the x axis counts attempts
+            xs = [
+                float(i if h.get("attempt") is None else h["attempt"])
+                for i, h in enumerate(history)
+            ]
             ys = [to_float(h.get("loss_scale")) for h in history]
             skipped = [bool(h.get("skipped")) for h in history]
         else:
@@ -130,34 +127,21 @@ def draw_loss_scale(
         if not points:
             continue
         by_attempt = by_attempt or bool(history)
-        ax.step(
-            [p[0] for p in points],
-            [p[1] for p in points],
-            where="post",
-            color=colors[label],
-            label=label,
-            linewidth=1.6,
-        )
+        kept_x, kept_y, _ = zip(*points, strict=True)
+        ax.step(kept_x, kept_y, where="post", color=colors[label], label=label, linewidth=1.6)
         drawn = True
-        bad = [(p[0], p[1]) for p in points if p[2]]
+        bad = [(x, y) for x, y, s in points if s]
         if bad:
+            mark = None if skip_marked else "skipped step (inf or NaN)"
             ax.scatter(
-                [b[0] for b in bad],
-                [b[1] for b in bad],
-                marker="x",
-                color="#d62728",
-                s=36,
-                zorder=3,
-                label=None if skip_marked else "skipped step (inf or NaN)",
+                *zip(*bad, strict=True), marker="x", color="#d62728", s=36, zorder=3, label=mark
             )
             skip_marked = True
     xlabel = "optimizer attempt (skipped ones included)" if by_attempt else "optimizer step"
     style_axes(ax, "Loss scale (log2) and skipped steps", xlabel, "loss scale (log2)")
-    if drawn:
-        legend(ax)
-    else:
+    if not drawn:
         ax.set_ylim(1, 2**16)
-        no_data(ax, "no plan uses a loss scaler\n(only fp16 on CUDA or the loss-scale lab)")
+    legend(ax, drawn, "no plan uses a loss scaler\n(only fp16 on CUDA or the loss-scale lab)")
 
 
 def draw_throughput(
@@ -198,10 +182,7 @@ def draw_throughput(
     style_axes(
         ax, f"Throughput ({unit}; dotted: {dotted})", "optimizer step", f"throughput ({unit})"
     )
-    if drawn:
-        legend(ax)
-    else:
-        no_data(ax, "no throughput recorded")
+    legend(ax, drawn, "no throughput recorded")
     return column if drawn else None
 
 
@@ -213,9 +194,8 @@ def draw_memory(
     kind: str | None = None,
 ) -> None:
     """Peak memory per run as bars, in MiB, for one memory kind (the axis names the kind)."""
-    kinds = memory_kinds(frame)
     if kind is None:
-        kind = kinds[0] if kinds else None
+        kind = next(iter(memory_kinds(frame)), None)
     names: list[str] = []
     peaks: list[float] = []
     for label in labels:
@@ -299,11 +279,7 @@ def memory_figure(source: RecordSource, *, colors: Mapping[str, str] | None = No
 
 def uses_loss_scale(source: RecordSource) -> bool:
     """True when some plan scales its loss (a grad scaler): only then is there a scale to draw."""
-    return _scaled(prepare(source, None))
-
-
-def _scaled(p: Prepared) -> bool:
-    return any(r.plan.use_scaler for r in p.comparison.results.values())
+    return any(r.plan.use_scaler for r in as_comparison(source).results.values())
 
 
 def dashboard_figure(
@@ -322,12 +298,11 @@ def dashboard_figure(
     loss spans the top row instead of sharing it with an empty loss-scale panel.
     """
     p = prepare(source, colors)
-    hist = p.histories(histories)
     fig = new_figure(DASHBOARD_SIZE)
     grid = fig.add_gridspec(2, 2)
-    if _scaled(p):
+    if uses_loss_scale(p.comparison):
         ax_loss, ax_scale = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
-        draw_loss_scale(ax_scale, p.frame, p.labels, p.colors, hist)
+        draw_loss_scale(ax_scale, p.frame, p.labels, p.colors, p.histories(histories))
     else:
         ax_loss = fig.add_subplot(grid[0, :])
     ax_tput, ax_mem = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
@@ -336,8 +311,8 @@ def dashboard_figure(
     if inspections:
         draw_memory_breakdown(ax_mem, inspections, legend_outside=False)
     else:
+        draw_memory(ax_mem, p.frame, p.labels, p.colors)  # the first kind recorded
         kinds = memory_kinds(p.frame)
-        draw_memory(ax_mem, p.frame, p.labels, p.colors, kinds[0] if kinds else None)
         if len(kinds) > 1:
             ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
     fig.suptitle(title or "Precision plans compared: " + ", ".join(p.labels))

@@ -25,11 +25,10 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
     "STALE_AFTER_S",
-    "NamedBytes",
     "ReportWriteError",
     "WriteInterrupted",
     "check_output_folder",
@@ -57,22 +56,12 @@ class WriteInterrupted(KeyboardInterrupt):
     as it was."""
 
 
-class NamedBytes(Protocol):
-    """A file to write: its name in the folder and its bytes (a ``sections.ReportFile``)."""
+def write_files(out: Path, files: Iterable[Any], *, stop: Any = None) -> dict[str, Path]:
+    """Write ``files`` (each with a ``name`` in the folder and its bytes, ``data``: a
+    ``sections.ReportFile``) into ``out`` all at once or not at all; file name -> path, in order.
 
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def data(self) -> bytes: ...
-
-
-def write_files(out: Path, files: Iterable[NamedBytes], *, stop: Any = None) -> dict[str, Path]:
-    """Write ``files`` into ``out`` all at once or not at all; file name -> path, in order.
-
-    ``out`` is checked (``ValueError``) and created when missing. Files are staged and moved in
-    when every one is written; files of ``out`` with the same names are replaced, other files are
-    left alone. A failed write raises :class:`ReportWriteError` (what could not be written, and the
+    ``out`` is checked (``ValueError``) and created when missing; see :func:`commit` for what is
+    replaced. A failed write raises :class:`ReportWriteError` (what could not be written, and the
     free space when the disk is full); Ctrl-C, or ``stop`` (anything with ``is_set()``) set by the
     time the files are written, raises :class:`WriteInterrupted`; either way ``out`` is left as it
     was.
@@ -99,8 +88,11 @@ def write_files(out: Path, files: Iterable[NamedBytes], *, stop: Any = None) -> 
         message = describe_write_error(err, out)
         raise ReportWriteError(err.errno, f"{message}; {str(out)!r} was left as it was") from err
     finally:
-        if not committed:
-            discard(staging, out, created)
+        if not committed:  # remove the staging folder, and out too if this run created it
+            shutil.rmtree(staging, ignore_errors=True)
+            if created:
+                with contextlib.suppress(OSError):  # not empty: someone else wrote into it
+                    out.rmdir()
     log.info("wrote %d files into %s", len(names), out)
     return {name: out / name for name in names}
 
@@ -142,11 +134,10 @@ def _existing_ancestor(path: Path) -> Path:
 
 def _pid_alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        with contextlib.suppress(PermissionError):  # exists, owned by someone else
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by someone else
-        return True
     return True
 
 
@@ -179,14 +170,6 @@ def staging_folder(out: Path) -> tuple[Path, bool]:
     remove_stale(out)
     staging = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}.", suffix=".partial", dir=out))
     return staging, created
-
-
-def discard(staging: Path, out: Path, created: bool) -> None:
-    """Remove ``staging``, and ``out`` too when this run created it and nothing else is in it."""
-    shutil.rmtree(staging, ignore_errors=True)
-    if created:
-        with contextlib.suppress(OSError):  # not empty: someone else wrote into it meanwhile
-            out.rmdir()
 
 
 @contextlib.contextmanager
@@ -241,8 +224,7 @@ def commit(staging: Path, out: Path) -> list[str]:
 def describe_write_error(err: OSError, out: Path) -> str:
     """One line: what could not be written, why, and how much space is free where ``out`` is."""
     what = f" {err.filename}" if err.filename else ""
-    reason = err.strerror or str(err)
-    line = f"could not write{what}: {reason}"
+    line = f"could not write{what}: {err.strerror or str(err)}"
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
         where = _existing_ancestor(Path(out).absolute())
         try:

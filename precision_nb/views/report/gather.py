@@ -5,8 +5,7 @@
 :func:`~precision_nb.engine.distributed.gather.gather` and writes the report folder a distributed
 run gets on one machine: metrics.csv and summary.csv of the rank-merged records, the figures,
 hints, the plan's explanation, report.html and the "Distributed: per rank" section with its CSVs
-(per node too when the run spanned several). The run was a training run, not an interleaved
-measurement: the report says so and gives no speedup.
+(per node too when the run spanned several); no speedup (:data:`STEP_RULE` says why).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ several modules)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,15 +43,10 @@ class Hint:
     #: What to try next, drawn from this measurement ("" when nothing follows from it).
     next_step: str = ""
 
-    @property
-    def in_file(self) -> bool:
-        """True when :attr:`figure` names a file of the report folder (a PNG, a CSV...)."""
-        return self.figure.endswith(_FILE_ENDINGS)
-
     def source(self, report: str | Path | None = None) -> str:
         """``"(from: MEASUREMENT; see FIGURE)"``: a file of the report folder is cited in
         ``report`` (the folder's path) only; without a report folder, no file is cited."""
-        if not self.in_file:
+        if not self.figure.endswith(_FILE_ENDINGS):  # a table, not a file of the folder
             return f"(from: {self.measurement}; see {self.figure})"
         if report is None:
             return f"(from: {self.measurement})"
@@ -68,14 +64,7 @@ class Hint:
         return self.run == "all" or label == self.run or label in self.run.split(", ")
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "run": self.run,
-            "topic": self.topic,
-            "message": self.message,
-            "measurement": self.measurement,
-            "figure": self.figure,
-            "next_step": self.next_step,
-        }
+        return dataclasses.asdict(self)
 
 
 def who(labels: Sequence[str], rows: Mapping[str, Any]) -> str:
@@ -111,14 +100,10 @@ def share_text(fraction: float) -> str:
 
 def workload_info(results: Mapping[str, RunResult]) -> Mapping[str, Any]:
     """The first run's workload description (all runs of a comparison share the workload)."""
-    for result in results.values():
-        if result.workload:
-            return result.workload
-    return {}
+    return next((r.workload for r in results.values() if r.workload), {})
 
 
 def capabilities_of(result: RunResult | None) -> Capabilities | None:
     """The capabilities a run's plan was resolved against (None without a run or explanation)."""
-    if result is None or result.explanation is None:
-        return None
-    return result.explanation.capabilities
+    explanation = result.explanation if result is not None else None
+    return explanation.capabilities if explanation is not None else None

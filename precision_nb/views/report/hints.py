@@ -42,6 +42,8 @@ OVERHEAD_FLOPS_PER_S = 5e9
 NOISY_SPREAD = 0.5
 #: Steady-state step times whose IQR exceeds this fraction of the median are noisy.
 NOISY_IQR = 0.25
+#: A mixed mode's torch dtype name (the key of its peak ratio).
+_DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def hints(source: RecordSource) -> list[Hint]:
@@ -118,11 +120,8 @@ def _payoff(rows: Mapping[str, Mapping[str, Any]], source: Comparison) -> list[H
 def _peak_kind(row: Mapping[str, Any]) -> str:
     """Where the peaks came from, from the run's ``mfu_peak_source`` (else its device type)."""
     source = str(row.get("mfu_peak_source") or "")
-    if source.startswith("datasheet"):
-        return "datasheet"
-    if source.startswith("measured"):
-        return "measured"
-    return {"cuda": "datasheet", "cpu": "measured"}.get(str(row.get("device_type")), "unnamed")
+    by_device = {"cuda": "datasheet", "cpu": "measured"}.get(str(row.get("device_type")), "unnamed")
+    return next((k for k in ("datasheet", "measured") if source.startswith(k)), by_device)
 
 
 def _tf32_note(row: Mapping[str, Any], source: Comparison, results: Mapping[str, RunResult]) -> str:
@@ -131,12 +130,11 @@ def _tf32_note(row: Mapping[str, Any], source: Comparison, results: Mapping[str,
     if row.get("device_type") != "cuda":
         return ""
     caps = capabilities_of(results.get(str(row.get("run"))))
-    info = _workload(results)
     state = next((r.workload["tf32"] for r in results.values() if r.workload.get("tf32")), None)
     state = state or next((o.tf32 for o in source.outcomes.values() if o.tf32), None)
     name = caps.device_name if caps is not None else None
-    dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(str(row.get("mode")), "")
-    return tf32_gain_note(name, info.get("flops_by_class"), state, dtype)
+    dtype = _DTYPE_NAMES.get(str(row.get("mode")), "")
+    return tf32_gain_note(name, _workload(results).get("flops_by_class"), state, dtype)
 
 
 def _peak_gain(
@@ -144,11 +142,9 @@ def _peak_gain(
 ) -> list[Hint]:
     """An estimate of what low precision could gain on matmul-bound work: the peaks' ratio, with
     the range of its calibration repeats where the peaks were measured."""
-    ratios = source.peak_ratios
-    names = {"bf16": "bfloat16", "fp16": "float16"}
     out = []
     for label, row in rows.items():
-        value = ratios.get(names.get(str(row.get("mode")), ""))
+        value = source.peak_ratios.get(_DTYPE_NAMES.get(str(row.get("mode")), ""))
         if value is None or not _is_mixed(row) or not _ok(value.ratio):
             continue
         ratio, low, high = value.ratio, value.low, value.high
@@ -228,16 +224,14 @@ def _overhead(
 def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison) -> list[Hint]:
     """Step times that spread widely make every speedup above uncertain; say so."""
     measured = bool(source.outcomes)
-    noisy: list[str] = []
-    noisy_labels: list[str] = []
+    noisy: dict[str, str] = {}  # label -> its spread in words
     for label in rows:
         timing = source.outcome(label).timing
         median = timing.median if timing is not None else None
         iqr = timing.spread.iqr if timing is not None else None
         if _ok(median) and _ok(iqr) and median > 0:
             if iqr / median > NOISY_IQR:
-                noisy.append(f"{label} IQR {iqr / median:.0%}")
-                noisy_labels.append(label)
+                noisy[label] = f"{label} IQR {iqr / median:.0%}"
             continue
         if measured or "step_time_s" not in frame:
             continue
@@ -247,8 +241,7 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison
         median = float(times.median())
         spread = float(times.quantile(0.9) - times.quantile(0.1)) / median if median > 0 else 0.0
         if spread > NOISY_SPREAD:
-            noisy.append(f"{label} p10-p90 {spread:.0%}")
-            noisy_labels.append(label)
+            noisy[label] = f"{label} p10-p90 {spread:.0%}"
     if not noisy:
         return []
     load = getattr(source.measurement, "load", None)
@@ -266,9 +259,9 @@ def _noise(rows: Mapping[str, Mapping[str, Any]], frame: Any, source: Comparison
         )
     return [
         Hint(
-            _who(noisy_labels, rows),
+            _who(list(noisy), rows),
             "noise",
-            "Step times varied widely (" + ", ".join(noisy) + f" of the median): {why}.",
+            "Step times varied widely (" + ", ".join(noisy.values()) + f" of the median): {why}.",
             f"{col.STEP_IQR} / {col.MEDIAN_STEP} (steady state)"
             if measured
             else "step_time_s spread (p90 - p10) / median (logged intervals)",

@@ -40,12 +40,9 @@ _MATMUL_DIM_KEYS = (
 
 def setup_hints(rows: Rows, results: Results) -> list[Hint]:
     """The setup and hardware hints, in report order (CPU facts come after the speed hints)."""
-    out: list[Hint] = []
-    out += _dims(rows, results)
-    out += _bf16_emulated(rows, results)
-    out += _skips(rows, results)
-    out += _fused(rows, results)
-    return out
+    return [
+        hint for rule in (_dims, _bf16_emulated, _skips, _fused) for hint in rule(rows, results)
+    ]
 
 
 def matmul_dims_not_multiple_of_8(dims: Mapping[str, Any]) -> dict[str, int]:

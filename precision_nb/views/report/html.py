@@ -25,7 +25,7 @@ from precision_nb.views.report.compiled import compiled_section
 from precision_nb.views.report.folder import write_files
 from precision_nb.views.report.hints import Hint, hints, hints_by_run
 from precision_nb.views.report.inspection import inspection_section
-from precision_nb.views.report.markup import details, fmt, img_html, page, swatch
+from precision_nb.views.report.markup import details, fmt, img_html, page, swatch, td
 from precision_nb.views.report.numerics import numerics_section
 from precision_nb.views.report.profile_distributed import distributed_section
 from precision_nb.views.report.sections import (
@@ -74,13 +74,11 @@ def make_figures(
     dashboard's memory panel is memory by kind (see :func:`~.figures.dashboard_figure`)."""
     comparison = as_comparison(source)
     colors = colors or F.plan_colors(list(comparison.results))
-    out: dict[str, Figure] = {}
-    for stem, make in FIGURES.items():
-        if make is F.dashboard_figure:
-            out[stem] = make(comparison, colors=colors, inspections=inspections)
-        else:
-            out[stem] = make(comparison, colors=colors)
-    return out
+    dashboard = {"inspections": inspections}
+    return {
+        stem: make(comparison, colors=colors, **(dashboard if make is F.dashboard_figure else {}))
+        for stem, make in FIGURES.items()
+    }
 
 
 def report_sections(
@@ -208,12 +206,8 @@ def _figures_section(comparison: Comparison, pngs: Mapping[str, bytes]) -> Secti
         shown.remove("loss_scale")  # its file is still written: it says no plan has a scale
     singles = [img_html(stem, pngs[stem]) for stem in shown]
     if singles:
-        parts.append(
-            details(
-                "Each figure on its own (also written as PNG files)",
-                f'<div class="grid">{"".join(singles)}</div>',
-            )
-        )
+        grid = f'<div class="grid">{"".join(singles)}</div>'
+        parts.append(details("Each figure on its own (also written as PNG files)", grid))
     return Section("figures", "Figures", "\n".join(parts), files)
 
 
@@ -232,9 +226,8 @@ def _summary_section(
     files = (csv_file("metrics.csv", to_frame(comparison)), csv_file("summary.csv", with_hints))
     parts = [_table_html(table, colors)]
     if "memory" in pngs:
-        kinds = table["memory_kind"].dropna().unique().tolist() if "memory_kind" in table else []
         caption = "Peak memory as the runs recorded it"
-        if "host_rss" in kinds:
+        if "memory_kind" in table and "host_rss" in table["memory_kind"].tolist():
             caption += (
                 " (host RSS: the whole Python process, interpreter, torch and libraries "
                 "included, not the model's tensors; memory by kind is in the dashboard and the "
@@ -279,17 +272,11 @@ def _table_html(table: Any, colors: Mapping[str, str]) -> str:
     head = "".join(
         f"<th>{swatch(colors.get(str(r['run']), '#999'))}{e(str(r['run']))}</th>" for r in records
     )
-    body = []
-    for column in table.columns:
-        if column == "run":
-            continue
-        cells = []
-        for r in records:
-            value = r[column]
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            css = ' class="num"' if numeric else ""
-            cells.append(f"<td{css}>{e(fmt(value))}</td>")
-        body.append(f"<tr><th>{e(str(column))}</th>{''.join(cells)}</tr>")
+    body = [
+        f"<tr><th>{e(str(c))}</th>{''.join(td(r[c], fmt(r[c])) for r in records)}</tr>"
+        for c in table.columns
+        if c != "run"
+    ]
     return (
         f'<div class="scroll"><table id="summary"><thead><tr><th>plan</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
@@ -308,12 +295,8 @@ def _plans_html(comparison: Comparison, colors: Mapping[str, str]) -> str:
             parts.append(f"<p>Plan: {e(str(result.plan))}</p>")
         else:
             parts.append(f'<pre class="explanation">{e(str(explanation))}</pre>')
-            parts.append(
-                details(
-                    "Resolution matrix with the applied row",
-                    f'<div class="scroll">{explanation._repr_html_()}</div>',
-                )
-            )
+            matrix = f'<div class="scroll">{explanation._repr_html_()}</div>'
+            parts.append(details("Resolution matrix with the applied row", matrix))
         outcome = result.optimizer_outcome
         if outcome is not None:
             parts.append(

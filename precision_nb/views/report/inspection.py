@@ -1,10 +1,8 @@
 """``precision_nb.inspect()``: memory by kind and dtype, and the op dtype trace, as tables.
 
 :class:`Inspection` wraps the engine's plain rows
-(:class:`~precision_nb.engine.inspect.InspectionData`) as pandas DataFrames, renders itself in a
-notebook (``_repr_html_``) and draws its figures. :func:`inspection_section` is the report's
-section (CSVs, PNGs, HTML; nothing written); :func:`write_inspection` writes it into a folder,
-atomically, with an ``inspection.html`` page (``precision-nb inspect``).
+(:class:`~precision_nb.engine.inspect.InspectionData`) as DataFrames, figures and HTML; the
+report's section and ``precision-nb inspect``'s folder are built from them here too.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from precision_nb.views.report.sections import (
     ReportFile,
     Section,
     csv_file,
-    png_file,
     section_html,
 )
 
@@ -53,13 +50,21 @@ OPS_COLUMNS = [
     "autocast_list",
     "verdict",
 ]
+SUMMARY_COLUMNS = ["verdict", "calls", "flops_share", "bytes", "ops"]
 _OPS_SHOWN = 25
 
 
-def _frame(rows: list[dict[str, Any]], columns: list[str] | None = None) -> Any:
-    import pandas as pd
+def _table(name: str, columns: list[str], doc: str = "") -> Any:
+    """A property of :class:`Inspection`: the data's ``name`` rows as a DataFrame (``columns``
+    name the columns of an empty one)."""
 
-    return pd.DataFrame(rows, columns=columns if not rows else None)
+    def frame(self: Inspection) -> Any:
+        import pandas as pd
+
+        rows = getattr(self.data, name)
+        return pd.DataFrame(rows, columns=columns if not rows else None)
+
+    return property(frame, doc=f"DataFrame: {doc}." if doc else None)
 
 
 class Inspection:
@@ -75,32 +80,16 @@ class Inspection:
     flags = property(lambda self: list(self.data.flags))
     events = property(lambda self: list(self.data.events))
 
-    @property
-    def memory(self) -> Any:
-        """DataFrame: kind, dtype, bytes (measured), expected_bytes (hand arithmetic), ..."""
-        return _frame(self.data.memory, MEMORY_COLUMNS)
-
-    @property
-    def ops(self) -> Any:
-        """DataFrame: one row per (phase, torch call, ATen op, input dtypes, output dtype)."""
-        return _frame(self.data.ops, OPS_COLUMNS)
-
-    @property
-    def summary(self) -> Any:
-        """DataFrame: the trace grouped by verdict (calls, FLOPs share, cast bytes, ops)."""
-        return _frame(self.data.summary, ["verdict", "calls", "flops_share", "bytes", "ops"])
-
-    @property
-    def policy(self) -> Any:
-        """DataFrame of autocast's policy read from torch (simulated devices; not a trace), with
-        torch's documented list beside it as a cross-check."""
-        return _frame(
-            self.data.policy, ["op", "policy", "dtype", "evidence", "documented", "source"]
-        )
-
-    @property
-    def unattributed(self) -> Any:
-        return _frame(self.data.unattributed, ["what", "reason", "count"])
+    memory = _table("memory", MEMORY_COLUMNS, "kind, dtype, measured bytes, expected bytes, method")
+    ops = _table("ops", OPS_COLUMNS, "one row per (phase, call, op, input dtypes, output dtype)")
+    summary = _table("summary", SUMMARY_COLUMNS, "the trace grouped by verdict")
+    policy = _table(
+        "policy",
+        ["op", "policy", "dtype", "evidence", "documented", "source"],
+        "autocast's policy read from torch (simulated devices; not a trace), with torch's "
+        "documented list beside it as a cross-check",
+    )
+    unattributed = _table("unattributed", ["what", "reason", "count"])
 
     def figures(self) -> dict[str, Any]:
         """``{"memory": stacked memory bar, "ops": op-dtype bar}`` (matplotlib Figures)."""
@@ -218,11 +207,7 @@ def inspection_body(
         stem = f"inspection_ops_{_slug(label)}"
         if stem in pngs:
             parts.append(img_html(stem, pngs[stem]))
-        parts.append(
-            table_html(
-                data.summary, ["verdict", "calls", "flops_share", "bytes", "ops"], cell=_cell
-            )
-        )
+        parts.append(table_html(data.summary, SUMMARY_COLUMNS, cell=_cell))
         more = len(data.ops) - _OPS_SHOWN
         parts.append(
             table_html(
@@ -281,10 +266,9 @@ def inspection_section(inspections: Mapping[str, Any]) -> Section:
         if name == "policy" and frame.empty:
             continue
         files.append(csv_file(f"inspection_{name}.csv", frame))
-    files += [png_file(f"{stem}.png", fig) for stem, fig in inspection_figures(items).items()]
-    pngs = {f.name.removesuffix(".png"): f.data for f in files if f.name.endswith(".png")}
-    body = inspection_body(items, pngs=pngs)
-    return Section("inspection", TITLE, body, tuple(files))
+    pngs = {stem: figure_to_png(fig) for stem, fig in inspection_figures(items).items()}
+    files += [ReportFile(f"{stem}.png", png) for stem, png in pngs.items()]
+    return Section("inspection", TITLE, inspection_body(items, pngs=pngs), tuple(files))
 
 
 def write_inspection(inspections: Mapping[str, Any], out: str | Path) -> dict[str, Path]:

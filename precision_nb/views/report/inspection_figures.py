@@ -21,7 +21,7 @@ from matplotlib.patches import Patch
 
 from precision_nb.engine.inspect import memory as mem
 from precision_nb.engine.inspect import op_trace as T
-from precision_nb.views.report.figure_base import PlanFigure
+from precision_nb.views.report.figure_base import new_figure, no_data
 
 __all__ = ["KIND_COLORS", "draw_memory_breakdown", "memory_breakdown_figure", "op_dtype_figure"]
 
@@ -65,7 +65,7 @@ def _as_mapping(inspections: Any) -> dict[str, Any]:
 
 def memory_breakdown_figure(inspections: Any) -> Figure:
     """One stacked bar per plan: counted memory kinds in MiB, allocator peak marked (black)."""
-    fig = PlanFigure(figsize=(7.0, 4.2), layout="constrained")
+    fig = new_figure((7.0, 4.2))
     draw_memory_breakdown(fig.add_subplot(), inspections)
     return fig
 
@@ -75,15 +75,12 @@ def draw_memory_breakdown(ax: Axes, inspections: Any, *, legend_outside: bool = 
     inside them when ``legend_outside`` is False)."""
     plans = _as_mapping(inspections)
     kinds_seen: list[str] = []
-    names = list(plans)
     peak_drawn = False
     for x, data in enumerate(plans.values()):
         bottom = 0.0
+        key, hatch = ("expected_bytes", "//") if data.simulated else ("bytes", None)
         for kind in mem.KINDS:
-            rows = [r for r in data.memory if r["kind"] == kind and r["counted"]]
-            value = sum(
-                (r["bytes"] if not data.simulated else r["expected_bytes"]) or 0 for r in rows
-            )
+            value = sum(r[key] or 0 for r in data.memory if r["kind"] == kind and r["counted"])
             if not value:
                 continue
             if kind not in kinds_seen:
@@ -94,7 +91,7 @@ def draw_memory_breakdown(ax: Axes, inspections: Any, *, legend_outside: bool = 
                 bottom=bottom,
                 color=KIND_COLORS[kind],
                 edgecolor="white",
-                hatch="//" if data.simulated else None,
+                hatch=hatch,
             )
             bottom += value / MIB
         peak = [r for r in data.memory if r["kind"] == mem.ALLOC_PEAK and r["bytes"] is not None]
@@ -102,7 +99,10 @@ def draw_memory_breakdown(ax: Axes, inspections: Any, *, legend_outside: bool = 
             ax.hlines(peak[0]["bytes"] / MIB, x - 0.4, x + 0.4, colors="black", linewidth=2)
             peak_drawn = True
         ax.annotate(f"{bottom:.2f}", (x, bottom), ha="center", va="bottom", fontsize="small")
-    ax.set_xticks(range(len(names)), [_bar_name(n, plans[n]) for n in names])
+    ticks = [
+        f"{n}\n{'(expected, simulated)' if d.simulated else d.device}" for n, d in plans.items()
+    ]
+    ax.set_xticks(range(len(plans)), ticks)
     handles = [Patch(color=KIND_COLORS[k], label=k) for k in reversed(kinds_seen)]
     if peak_drawn:
         handles.append(Patch(color="black", label=mem.ALLOC_PEAK))
@@ -110,32 +110,20 @@ def draw_memory_breakdown(ax: Axes, inspections: Any, *, legend_outside: bool = 
         ax.legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
         ax.legend(handles=handles, fontsize="x-small", loc="lower right", framealpha=0.85)
-        ax.set_xlim(-0.6, len(names) - 0.4 + 0.9)  # room on the right for the legend
+        ax.set_xlim(-0.6, len(plans) - 0.4 + 0.9)  # room on the right for the legend
     ax.set_ylabel("MiB (one training step)")
     ax.set_title("Memory by kind (measured from the tensors)", fontsize="medium")
     ax.margins(y=0.12)
     ax.grid(True, axis="y", alpha=0.3)
 
 
-def _bar_name(label: str, data: Any) -> str:
-    return f"{label}\n(expected, simulated)" if data.simulated else f"{label}\n{data.device}"
-
-
 def op_dtype_figure(inspection: Any) -> Figure:
     """The step's counted FLOPs and its op calls, each as a 100% bar split by verdict."""
     data = _data(inspection)
-    fig = PlanFigure(figsize=(8.0, 2.8), layout="constrained")
+    fig = new_figure((8.0, 2.8))
     ax = fig.add_subplot()
     if data.simulated or not data.summary:
-        ax.text(
-            0.5,
-            0.5,
-            "simulated device: nothing ran (see the autocast policy table)",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
-            wrap=True,
-        )
+        no_data(ax, "simulated device: nothing ran (see the autocast policy table)")
         ax.set_axis_off()
         return fig
     total_calls = sum(g["calls"] for g in data.summary) or 1

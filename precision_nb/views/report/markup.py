@@ -24,6 +24,7 @@ __all__ = [
     "size_text",
     "swatch",
     "table_html",
+    "td",
 ]
 
 CSS = """
@@ -94,21 +95,21 @@ def table_html(
             body.append(
                 f'<tr class="group"><th colspan="{len(shown)}">{html.escape(fmt(group))}</th></tr>'
             )
-        cells = []
-        for c in shown:
-            value = row.get(c)
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            css = ' class="num"' if numeric else ""
-            cells.append(f"<td{css}>{html.escape(cell(c, value))}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
+        body.append(f"<tr>{''.join(td(row.get(c), cell(c, row.get(c))) for c in shown)}</tr>")
     klass = f' class="{html.escape(css_class)}"' if css_class else ""
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def details(summary: str, body: str, *, open_: bool = False) -> str:
-    """A collapsible block; ``summary`` is HTML (escape text before passing it)."""
-    flag = " open" if open_ else ""
-    return f"<details{flag}><summary>{summary}</summary>{body}</details>"
+def td(value: Any, text: str) -> str:
+    """A cell of ``text`` (escaped), right-aligned when ``value`` is a number."""
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    css = ' class="num"' if numeric else ""
+    return f"<td{css}>{html.escape(text)}</td>"
+
+
+def details(summary: str, body: str) -> str:
+    """A collapsed block; ``summary`` is HTML (escape text before passing it)."""
+    return f"<details><summary>{summary}</summary>{body}</details>"
 
 
 def page(title: str, body: Sequence[str], *, stamp: str = "") -> str:

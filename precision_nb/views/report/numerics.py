@@ -75,7 +75,6 @@ def numerics(
     stagnation check; by default a fresh AdamW. The caller's model, optimizer and RNG stream are
     left as they were.
     """
-    history = None
     if run is not None:
         history = getattr(run, "scale_history", None)
         if not isinstance(history, list):
@@ -84,8 +83,7 @@ def numerics(
                 "or None"
             )
         if scale is None:
-            scales = [h.get("loss_scale") for h in history if h.get("loss_scale")]
-            scale = scales[-1] if scales else None
+            scale = next((h["loss_scale"] for h in reversed(history) if h.get("loss_scale")), None)
     result = analyze(
         model,
         batches,
@@ -100,6 +98,11 @@ def numerics(
     return Numerics(result, run)
 
 
+def _rows(name: str, doc: str | None = None) -> Any:
+    """A property of :class:`Numerics`: the result's ``name`` rows as a DataFrame."""
+    return property(lambda self: pd.DataFrame(getattr(self.result, name)), doc=doc)
+
+
 class Numerics:
     """The analysis as DataFrames (``gradients``, ``activations``, ``scale_window``,
     ``stagnation``, ``fp8``; with a block-scaled format ``blocks``, ``gemms``, ``keep_bf16`` and
@@ -110,25 +113,15 @@ class Numerics:
         self.run = run
 
     # ------------------------------------------------------------------------------ data
-    @property
-    def gradients(self) -> pd.DataFrame:
-        return pd.DataFrame(self.result.gradients)
-
-    @property
-    def activations(self) -> pd.DataFrame:
-        return pd.DataFrame(self.result.activations)
-
-    @property
-    def scale_window(self) -> pd.DataFrame:
-        return pd.DataFrame(self.result.scale_window)
-
-    @property
-    def stagnation(self) -> pd.DataFrame:
-        return pd.DataFrame(self.result.stagnation)
-
-    @property
-    def fp8(self) -> pd.DataFrame:
-        return pd.DataFrame(self.result.fp8)
+    gradients = _rows("gradients")
+    activations = _rows("activations")
+    scale_window = _rows("scale_window")
+    stagnation = _rows("stagnation")
+    fp8 = _rows("fp8")
+    blocks = _rows("blocks", "Block formats: one row per GEMM layer, cast and format.")
+    gemms = _rows("gemms", "The traced step's GEMM layers: (M, K, N), FLOPs, shape rules, padding.")
+    findings = property(lambda self: list(self.result.findings))
+    info = property(lambda self: dict(self.result.info))
 
     @property
     def lost_updates(self) -> pd.DataFrame:
@@ -145,16 +138,6 @@ class Numerics:
         return pd.DataFrame(rows)
 
     @property
-    def blocks(self) -> pd.DataFrame:
-        """Block formats: one row per GEMM layer, cast (tensor, GEMM, blocks along) and format."""
-        return pd.DataFrame(self.result.blocks)
-
-    @property
-    def gemms(self) -> pd.DataFrame:
-        """The traced step's GEMM layers: (M, K, N), FLOPs, shape rules and padding."""
-        return pd.DataFrame(self.result.gemms)
-
-    @property
     def keep_bf16(self) -> dict[str, Any]:
         """Per block format: the rule, the layers it keeps in bf16 (with reasons), the share of
         the GEMM FLOPs that stays in the format."""
@@ -166,8 +149,7 @@ class Numerics:
         measurement); ``.attrs["per_layer"]`` holds each layer's estimate."""
         summary, per_layer = hardware_rows(self.result, gpus)
         frame = pd.DataFrame(summary)
-        frame.attrs["per_layer"] = pd.DataFrame(per_layer)
-        frame.attrs["assumptions"] = ASSUMPTIONS
+        frame.attrs |= {"per_layer": pd.DataFrame(per_layer), "assumptions": ASSUMPTIONS}
         return frame
 
     @property
@@ -179,14 +161,6 @@ class Numerics:
             out["run"] = history_vs_window(self.run.scale_history, self.result.window)
         return out
 
-    @property
-    def findings(self) -> list[Any]:
-        return list(self.result.findings)
-
-    @property
-    def info(self) -> dict[str, Any]:
-        return dict(self.result.info)
-
     # --------------------------------------------------------------------------- figures
     def heatmap(self, which: str = "gradients") -> PlanFigure:
         """Underflow by layer and format, for ``"gradients"`` or ``"activations"``."""
@@ -194,9 +168,8 @@ class Numerics:
             raise ValueError(
                 f"which: invalid value {short_repr(which)}; allowed: 'gradients', 'activations'"
             )
-        rows = self.result.gradients if which == "gradients" else self.result.activations
         title = "Parameter gradients" if which == "gradients" else "Activation gradients"
-        return underflow_heatmap(rows, title=title)
+        return underflow_heatmap(getattr(self.result, which), title=title)
 
     def window_figure(self) -> PlanFigure:
         history = self.run.scale_history if self.run is not None else None
@@ -206,13 +179,10 @@ class Numerics:
         )
 
     def figures(self) -> dict[str, PlanFigure]:
-        figs = {}
-        if self.result.gradients:  # none when only block formats were asked for
-            figs["gradient_underflow"] = self.heatmap("gradients")
-        if self.result.activations:
-            figs["activation_underflow"] = self.heatmap("activations")
-        figs["scale_window"] = self.window_figure()
-        return figs
+        heatmaps = {"gradient_underflow": "gradients", "activation_underflow": "activations"}
+        # no gradient rows when only block formats were asked for
+        figs = {stem: self.heatmap(w) for stem, w in heatmaps.items() if getattr(self.result, w)}
+        return figs | {"scale_window": self.window_figure()}
 
     # ------------------------------------------------------------------------------ text
     def window_text(self) -> str:
@@ -293,16 +263,14 @@ def _blocks_lines(result: NumericsResult) -> list[str]:
         return []
     if info.get("reason"):
         return [f"Block formats: {info['reason']}."]
-    lines = []
-    for row in summary_rows(result):
-        lines.append(
-            f"{row['format']}: median relative error {fmt(row['median_rel_error'])} "
-            f"({times_text(row['median_vs_bf16'], '.4g')} bf16's, "
-            f"{times_text(row['median_vs_fp8'], '.4g')} per-tensor "
-            f"{row['fp8_reference']}'s); {row['kept_in_bf16']} layer(s) kept in bf16; "
-            f"{fmt(row['low_precision_flop_share'])} of the GEMM FLOPs stay in the format"
-        )
-    return lines
+    return [
+        f"{row['format']}: median relative error {fmt(row['median_rel_error'])} "
+        f"({times_text(row['median_vs_bf16'], '.4g')} bf16's, "
+        f"{times_text(row['median_vs_fp8'], '.4g')} per-tensor "
+        f"{row['fp8_reference']}'s); {row['kept_in_bf16']} layer(s) kept in bf16; "
+        f"{fmt(row['low_precision_flop_share'])} of the GEMM FLOPs stay in the format"
+        for row in summary_rows(result)
+    ]
 
 
 def _subnormal_text(w: dict[str, Any]) -> str:

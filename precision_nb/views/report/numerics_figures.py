@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.colors import PowerNorm
 
 from precision_nb.views.report.figure_base import PlanFigure
@@ -23,20 +24,16 @@ _NO_DATA = {"no gradient": "no grad", "frozen": "frozen"}
 
 
 def _grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict, dict, dict]:
-    layers: list[str] = []
-    variants: list[str] = []
     values: dict[tuple[str, str], float | None] = {}
     status: dict[str, str] = {}
-    zeros: dict[str, float | None] = {}
+    zeros: dict[str, tuple[Any, Any]] = {}
     for r in rows:
         if r["layer"] not in status:
-            layers.append(r["layer"])
             status[r["layer"]] = r["status"]
             zeros[r["layer"]] = (r.get("zero_fraction"), r.get("fp16_run"))
-        if r["variant"] not in variants:
-            variants.append(r["variant"])
         values[(r["layer"], r["variant"])] = r.get("underflow_fraction")
-    return layers, variants, values, status, zeros
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    return list(status), variants, values, status, zeros
 
 
 def underflow_heatmap(
@@ -53,14 +50,12 @@ def underflow_heatmap(
         worst = sorted(layers, key=lambda n: -max((values.get((n, v)) or 0) for v in variants))
         keep = set(worst[:MAX_ROWS])
         layers = [n for n in layers if n in keep]
-    grid = np.full((len(layers), len(variants)), np.nan)
-    for i, name in enumerate(layers):
-        for j, var in enumerate(variants):
-            v = values.get((name, var))
-            grid[i, j] = np.nan if v is None else v
+    grid = np.array(  # a missing or None value is NaN
+        [[values.get((n, v)) for v in variants] for n in layers], dtype=float
+    ).reshape(len(layers), len(variants))
     fig = PlanFigure(figsize=(2.2 + 1.3 * len(variants), 1.6 + 0.28 * max(len(layers), 1)))
     ax = fig.add_subplot()
-    cmap = _cmap()
+    cmap = colormaps["magma_r"].with_extremes(bad="0.9")
     image = ax.imshow(grid, aspect="auto", cmap=cmap, norm=PowerNorm(0.3, vmin=0.0, vmax=1.0))
     ax.set_xticks(range(len(variants)), variants, rotation=30, ha="right")
     labels = []
@@ -73,33 +68,20 @@ def underflow_heatmap(
     ax.set_yticks(range(len(layers)), labels, fontsize=8)
     small = len(layers) * len(variants) <= 400
     for i, name in enumerate(layers):
-        for j in range(len(variants)):
-            if np.isnan(grid[i, j]):
-                text = _NO_DATA.get(status[name], "n/a")
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="0.35")
+        for j, v in enumerate(grid[i]):
+            if np.isnan(v):
+                text, color = _NO_DATA.get(status[name], "n/a"), "0.35"
             elif small:
-                v = grid[i, j]
-                ax.text(
-                    j,
-                    i,
-                    _pct(v),
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if v > 0.05 else "black",
-                )
+                text, color = _pct(v), "white" if v > 0.05 else "black"
+            else:
+                continue
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=color)
     shown = f" ({len(layers)} of {total} with the most underflow)" if total > len(layers) else ""
     ax.set_title(f"{title}: underflow to zero by format{shown}", fontsize=10)
     bar = fig.colorbar(image, ax=ax, fraction=0.04)
     bar.set_label("fraction of non-zero elements cast to 0")
     fig.tight_layout()
     return fig
-
-
-def _cmap() -> Any:
-    from matplotlib import colormaps
-
-    return colormaps["magma_r"].with_extremes(bad="0.9")
 
 
 def _pct(v: float) -> str:
@@ -128,14 +110,12 @@ def scale_window_figure(
         for i, h in enumerate(history or [], start=1)
         if h.get("loss_scale") and h["loss_scale"] > 0 and math.isfinite(h["loss_scale"])
     ]
+    fig = PlanFigure(figsize=(10.0 if points else 6.0, 4.2))
     if points:
-        fig = PlanFigure(figsize=(10.0, 4.2))
-        left, right = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
-        axes = (left, right)
+        axes = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [1, 2]})
     else:
-        fig = PlanFigure(figsize=(6.0, 4.2))
-        left = fig.add_subplot()
-        axes = (left,)
+        axes = [fig.add_subplot()]
+    left, right = axes[0], axes[-1]
     ks = [r["log2_scale"] for r in sweep]
     floor = 1e-7
 

@@ -74,29 +74,21 @@ def profile_request(
     allocator: str = DEFAULT_ALLOCATOR,
 ) -> Any:
     """The :class:`~precision_nb.engine.request.RunRequest` of a profile, with the profile's
-    defaults (:mod:`precision_nb.core.defaults`), checked (:meth:`RunRequest.check`).
-
-    ``model``: your ``nn.Module`` (with ``batches``) or a built-in workload name (None: the
-    default workload). ``rounds`` None: :data:`DEFAULT_ROUNDS`, or one per measured step when
-    fewer steps are measured; more ``rounds`` than ``steps`` are refused. A distributed profile
+    defaults (:mod:`precision_nb.core.defaults`), checked (:meth:`RunRequest.check`); the
+    arguments are :func:`profile`'s (``model`` None: the default workload). A distributed profile
     is one torchrun launch: its interval covers the rounds of that launch (the launch is its one
-    process level), so it gets neither processes nor a budget. ``processes=N`` measures exactly
-    N processes: the default budget limits only the processes the target adds, and a budget
-    asked for (40 s included) stops N processes early (the verdicts say so). ``allocator``:
-    ``MeasureConfig.allocator``.
+    process level), so it gets neither processes nor a budget.
     """
     from precision_nb.core import validate
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.engine.measure_config import MeasureConfig
     from precision_nb.engine.request import RunRequest
 
-    validate.boolean("inspect", inspect)
-    validate.boolean("numerics", numerics)
-    validate.boolean("time_split", time_split)
     wanted = (("inspect", inspect), ("numerics", numerics), ("time_split", time_split))
+    for name, on in wanted:
+        validate.boolean(name, on)
     analyses = [name for name, on in wanted if on]
     steps = DEFAULT_STEPS if steps is None else steps
-    one_launch = distributed is not None
     if processes is not None and budget_s is DEFAULT_BUDGET_S:
         budget_s = None  # processes=N asked for: exactly N; the default budget is the target's
     measure = MeasureConfig(
@@ -105,7 +97,7 @@ def profile_request(
         allocator=allocator,
         **(
             {}
-            if one_launch
+            if distributed is not None
             else {
                 "processes": processes,
                 "target": target,
@@ -117,14 +109,13 @@ def profile_request(
             }
         ),
     )
-    log_every = max(1, steps // PROFILE_POINTS) if isinstance(steps, int) else 1
     request = RunRequest.of(
         DEFAULT_WORKLOAD if model is None else model, batches,
         preset=DEFAULT_PRESET if preset is None else str(preset).strip().lower(), device=device,
         precision=compare, loss_scale_lab=loss_scale_lab, optimizer=OptimizerConfig(fused=fused),
         loss_fn=loss_fn, compile=compile, measure=measure, analyses=analyses,
         distributed=distributed, steps=steps, accumulation=accumulation, progress=progress,
-        log_every=log_every,
+        log_every=max(1, steps // PROFILE_POINTS) if isinstance(steps, int) else 1,
     )  # fmt: skip
     request.check()
     if distributed is not None:  # resolved on torchrun's ranks now, not after a warm-up
@@ -247,10 +238,7 @@ def run_profile(
     wording: Callable[[str], str] | None = None,
 ) -> Profile:
     """Run a checked request (:func:`profile_request`): measure, analyse, then write its folder
-    when ``out`` is set (:meth:`Profile.save`).
-
-    ``wording`` rewrites the written report's text files for their reader (the command line
-    passes its own: a flag where the library names a Python argument).
+    when ``out`` is set (:meth:`Profile.save`); ``wording``: see :func:`~.html.report_files`.
 
     ``stop`` (anything with ``is_set()``) ends the comparison between steps. With an output
     folder, a stop (or Ctrl-C) at any point before the report is in place raises
@@ -270,13 +258,14 @@ def run_profile(
         comparison = _measure(request, stop)
     _check_stop(out, comparison.stopped)
     hint_list = tuple(hints(comparison))
-    optimizer, lab = request.optimizer, any(p.loss_scale_lab for p in request.precisions)
     shown = {
         "requested plans": ", ".join(dict.fromkeys(p.requested for p in request.precisions)),
         "device requested": str(request.device),
         "gradient accumulation": request.train.accumulation,
-        "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[optimizer.fused],
-        "loss-scale lab": lab,
+        "fused AdamW": {None: "auto (probe)", True: "true", False: "false"}[
+            request.optimizer.fused
+        ],
+        "loss-scale lab": any(p.loss_scale_lab for p in request.precisions),
         "torch.compile": ", ".join(request.compiles),
         **(settings or {}),
     }

@@ -69,8 +69,11 @@ def _tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
 TITLE = "Distributed: per rank"
 
 
-def _all_tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The per-rank tables, and one row per node when a run spans several nodes."""
+def distributed_section(runs: Mapping[str, Any]) -> Section:
+    """The report's distributed section: its CSVs (the per-rank tables, and one row per node
+    when a run spans several nodes) and their HTML (nothing written)."""
+    import pandas as pd
+
     tables = _tables(runs)
     nodes = [
         {"plan": label, **row}
@@ -80,16 +83,8 @@ def _all_tables(runs: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     ]
     if len({row["node"] for row in nodes}) > 1:  # a run over several nodes: one row per node
         tables["nodes"] = nodes
-    return tables
-
-
-def distributed_section(runs: Mapping[str, Any]) -> Section:
-    """The report's distributed section: its CSVs and their HTML (nothing written)."""
-    import pandas as pd
-
     files = tuple(
-        csv_file(f"distributed_{name}.csv", pd.DataFrame(rows))
-        for name, rows in _all_tables(runs).items()
+        csv_file(f"distributed_{name}.csv", pd.DataFrame(rows)) for name, rows in tables.items()
     )
     return Section("distributed", TITLE, distributed_body(runs), files)
 

@@ -26,7 +26,7 @@ from precision_nb.views.report.hint import capabilities_of
 from precision_nb.views.report.hints import Hint, what_to_try_next
 from precision_nb.views.report.html import make_figures, write_report
 from precision_nb.views.report.inspection import inspection_html
-from precision_nb.views.report.markup import img_html
+from precision_nb.views.report.markup import details, img_html
 from precision_nb.views.report.numerics import Numerics
 from precision_nb.views.report.profile_distributed import distributed_html
 from precision_nb.views.report.time_split import TITLE as TIME_TITLE
@@ -97,12 +97,8 @@ class Profile:
         return answers(self.comparison, inspections=self.inspections, numerics=self.numerics)
 
     def save(self, path: str | Path, *, stop: Any = None) -> dict[str, Path]:
-        """Write the report folder the CLI writes (created if missing; a file there is refused).
-
-        Files are staged and moved into place when all are written; other files already in the
-        folder are left alone. ``stop`` (anything with ``is_set()``) set by then, or Ctrl-C during
-        the write, leaves the folder as it was (``WriteInterrupted``).
-        """
+        """Write the report folder the CLI writes (created if missing; a file there is refused),
+        all at once or not at all, ``stop`` included (:func:`~.folder.write_files`)."""
         out = Path(path).expanduser()
         self.files = write_report(
             self.comparison,
@@ -141,28 +137,22 @@ class Profile:
             parts.append(f"<p><b>Hints</b></p><ul>{items}</ul>")
         figs = make_figures(self.comparison, inspections=self.inspections)
         parts.append(img_html("dashboard", figure_to_png(figs["dashboard"])))
-        parts += self._sections_html()
+        if self.time_split is not None:
+            parts.append(f"<h4>{e(TIME_TITLE)}</h4>")
+            parts.append(time_split_html(self.time_split, level=5))
+        if self.inspections:
+            parts.append(inspection_html(self.inspections, level=4, figures=False))
+        if self.numerics is not None:
+            parts.append(f"<p><b>Numerics</b>: {e(self.numerics.window_text())}</p>")
+        if self.distributed:
+            parts.append(distributed_html(self.distributed))
         rows = "".join(
             f"<tr><th style='text-align:left'>{e(str(k))}</th><td style='text-align:left'>"
             f"{e(str(v))}</td></tr>"
             for k, v in self.settings.items()
         )
-        parts.append(f"<details><summary>Settings and method</summary><table>{rows}</table>")
-        parts.append("</details></div>")
+        parts.append(details("Settings and method", f"<table>{rows}</table>") + "</div>")
         return "".join(parts)
-
-    def _sections_html(self) -> list[str]:
-        out = []
-        if self.time_split is not None:
-            out.append(f"<h4>{html.escape(TIME_TITLE)}</h4>")
-            out.append(time_split_html(self.time_split, level=5))
-        if self.inspections:
-            out.append(inspection_html(self.inspections, level=4, figures=False))
-        if self.numerics is not None:
-            out.append(f"<p><b>Numerics</b>: {html.escape(self.numerics.window_text())}</p>")
-        if self.distributed:
-            out.append(distributed_html(self.distributed))
-        return out
 
     def __repr__(self) -> str:
         lines = [f"Profile of {', '.join(self.comparison.results) or 'no run'}"]
@@ -200,9 +190,8 @@ def measurement_settings(comparison: Comparison, hint_list: tuple[Hint, ...]) ->
             )
             break
     for label, outcome in comparison.outcomes.items():
-        tf32 = outcome.tf32
-        if tf32:
-            out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in tf32.items())
+        if outcome.tf32:
+            out[f"TF32 state ({label})"] = ", ".join(f"{k}={v}" for k, v in outcome.tf32.items())
     if comparison.peak_ratios:
         kind = "datasheet" if any(d.startswith("cuda") for d in devices) else "measured"
         out[f"{kind} matmul peak vs fp32"] = ", ".join(

@@ -15,6 +15,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from precision_nb.views.report.figure_base import figure_to_png
+from precision_nb.views.report.markup import details
 
 __all__ = ["ReportFile", "Section", "csv_file", "files_of", "png_file", "section_html"]
 
@@ -38,11 +39,6 @@ class Section:
     files: tuple[ReportFile, ...] = ()
     collapsed: bool = False
 
-    @property
-    def pngs(self) -> dict[str, bytes]:
-        """File stem -> PNG bytes of the section's figures."""
-        return {f.name.removesuffix(".png"): f.data for f in self.files if f.name.endswith(".png")}
-
 
 def csv_file(name: str, frame: Any) -> ReportFile:
     """A DataFrame as a CSV file (no index column)."""
@@ -55,14 +51,9 @@ def png_file(name: str, figure: Figure) -> ReportFile:
 
 def section_html(section: Section) -> str:
     """``<section id=key>`` with the title as h2; a collapsed one inside ``<details>``."""
-    e = html.escape
-    title = f"<h2>{e(section.title)}</h2>"
-    if section.collapsed:
-        return (
-            f'<section id="{e(section.key)}"><details><summary>{title}</summary>'
-            f"{section.html}</details></section>"
-        )
-    return f'<section id="{e(section.key)}">{title}{section.html}</section>'
+    title = f"<h2>{html.escape(section.title)}</h2>"
+    body = details(title, section.html) if section.collapsed else title + section.html
+    return f'<section id="{html.escape(section.key)}">{body}</section>'
 
 
 def files_of(sections: Iterable[Section]) -> tuple[ReportFile, ...]:

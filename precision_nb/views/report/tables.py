@@ -19,7 +19,6 @@ from precision_nb.engine.results import RunResult
 from precision_nb.views.report.source import as_comparison
 
 __all__ = [
-    "MEASURED_COLUMNS",
     "PLAN_FIELDS",
     "SUMMARY_COLUMNS",
     "RecordSource",
@@ -92,59 +91,35 @@ SUMMARY_COLUMNS = (
     NEVER_MOVED,
 )
 
-#: Columns taken from a Comparison's typed outcomes (its interleaved measurement) when present.
-MEASURED_COLUMNS = (
-    MEDIAN_STEP,
-    STEP_IQR,
-    "samples_per_s",
-    "tokens_per_s",
-    "flops_per_s",
-    "mfu",
-    "mfu_low",
-    "mfu_high",
-    SPEEDUP,
-    CI_LOW,
-    CI_HIGH,
-    "speedup_half_width",
-    "rounds",
-    "processes",
-    "verdict",
-    "stopped_by",
-    WARMUP_STEPS,
-    WARMUP_S,
-    "warmup_rule",
-    "failed",
-)
-
 
 def measured_row(outcome: PlanOutcome) -> dict[str, Any]:
-    """The summary's measured columns of one plan's typed outcome (empty when not measured)."""
+    """The summary's columns taken from one plan's typed outcome, its interleaved measurement
+    (empty when not measured; the speedup's columns None without a verdict)."""
     t = outcome.timing
     if t is None:
         return {}
-    warm, rates, speed, v = t.warmup, outcome.rates, outcome.speedup, outcome.verdict
+    warm, speed, v = t.warmup, outcome.speedup, outcome.verdict
     row: dict[str, Any] = {
         MEDIAN_STEP: t.median,
         STEP_IQR: t.spread.iqr,
-        **dataclasses.asdict(rates),
+        **dataclasses.asdict(outcome.rates),
         "rounds": t.rounds,
         "processes": t.processes,
         WARMUP_STEPS: warm.steps if warm else 0,
         WARMUP_S: warm.seconds if warm else 0.0,
         "warmup_rule": warm.rule if warm else "",
         "failed": outcome.failure,
+        **dict.fromkeys((SPEEDUP, CI_LOW, CI_HIGH, "speedup_half_width", "stopped_by", "verdict")),
     }
     if speed is not None and v is not None:
-        row.update(
-            {
-                SPEEDUP: speed.estimate,
-                CI_LOW: speed.low,
-                CI_HIGH: speed.high,
-                "speedup_half_width": v.half_width,
-                "stopped_by": v.stopped_by,
-                "verdict": str(v),
-            }
-        )
+        row |= {
+            SPEEDUP: speed.estimate,
+            CI_LOW: speed.low,
+            CI_HIGH: speed.high,
+            "speedup_half_width": v.half_width,
+            "stopped_by": v.stopped_by,
+            "verdict": str(v),
+        }
     return row
 
 
@@ -155,22 +130,18 @@ def true_row(outcome: PlanOutcome) -> dict[str, Any]:
     row: dict[str, Any] = {}
     saving, lost = outcome.saving, outcome.lost_updates
     if saving is not None:
-        row.update(
-            {
-                MIXED_TWIN: saving.mixed,
-                STATE_RATIO: saving.ratio,
-                CAST_RATIO: saving.cast_ratio,
-                KAHAN_MIB: saving.kahan / 2**20 if saving.kahan else math.nan,
-            }
-        )
+        row |= {
+            MIXED_TWIN: saving.mixed,
+            STATE_RATIO: saving.ratio,
+            CAST_RATIO: saving.cast_ratio,
+            KAHAN_MIB: saving.kahan / 2**20 if saving.kahan else math.nan,
+        }
     if lost is not None:
-        row.update(
-            {
-                LOST_STEP: lost.step,
-                ROUNDED_AWAY: lost.updates_rounded_away,
-                NEVER_MOVED: lost.weights_never_moved,
-            }
-        )
+        row |= {
+            LOST_STEP: lost.step,
+            ROUNDED_AWAY: lost.updates_rounded_away,
+            NEVER_MOVED: lost.weights_never_moved,
+        }
     return row
 
 
@@ -209,20 +180,14 @@ def scale_histories(source: RecordSource) -> dict[str, list[Mapping[str, Any]]]:
 
 def _num(value: Any) -> float:
     try:
-        out = float(value)
+        return float(value)
     except (TypeError, ValueError):
         return math.nan
-    return out
 
 
 def _int(value: Any) -> int:
     number = _num(value)
     return 0 if math.isnan(number) else int(number)
-
-
-def _num_or_value(value: Any) -> Any:
-    """None -> NaN (so numeric columns stay numeric); everything else as it is."""
-    return math.nan if value is None else value
 
 
 def _median(rows: pd.DataFrame, column: str) -> float:
@@ -252,7 +217,7 @@ def summary(
       come from ``drift`` (the Comparison's, taken from the source when it is one); without it the
       loss difference is this run's final loss minus the baseline's and the parameter difference
       is left empty (it needs the weights).
-    - Speed columns (:data:`MEASURED_COLUMNS`) of a Comparison come from its interleaved
+    - Speed columns (:func:`measured_row`) of a Comparison come from its interleaved
       measurement (its typed outcomes): steady-state median step time and IQR, samples/tokens/FLOP
       per second and MFU from that same median, ``speedup_vs_fp32`` = median of per-round paired
       ratios with its interval (``speedup_ci_low`` / ``_high``, empty with too few ``rounds``),
@@ -291,7 +256,7 @@ def summary(
         r = rows[label]
         final_loss = _num(_last(r, "loss"))
         step_time = _median(r, "step_time_s")
-        d = (drift or {}).get(label) if drift is not None else None
+        d = drift.get(label) if drift is not None else None
         if label == base and d is None:
             loss_diff, param_diff = 0.0, 0.0
         elif drift is not None:
@@ -300,11 +265,7 @@ def summary(
         else:
             loss_diff = final_loss - base_loss if base else math.nan
             param_diff = math.nan
-        peak = (
-            pd.to_numeric(r["memory_peak_bytes"], errors="coerce").max()
-            if "memory_peak_bytes" in r
-            else math.nan
-        )
+        peak = r["memory_peak_bytes"] if "memory_peak_bytes" in r else pd.Series(dtype=float)
         fused = _last(r, "fused_adamw")
         row = {
             "run": label,
@@ -315,7 +276,7 @@ def summary(
             "samples_per_s": _median(r, "samples_per_s"),
             "tokens_per_s": _median(r, "tokens_per_s"),
             SPEEDUP: base_time / step_time if base and step_time > 0 else math.nan,
-            PEAK_MIB: float(peak) / 2**20 if not math.isnan(_num(peak)) else math.nan,
+            PEAK_MIB: _num(pd.to_numeric(peak, errors="coerce").max()) / 2**20,
             "memory_kind": _last(r, "memory_kind"),
             "mfu": _median(r, "mfu"),
             "mfu_peak_source": _last(r, "mfu_peak_source"),
@@ -332,10 +293,9 @@ def summary(
             "failed": None,
         }
         outcome = comparison.outcome(label)
-        measured = measured_row(outcome)
-        if measured:
-            row.update({c: _num_or_value(measured.get(c)) for c in MEASURED_COLUMNS})
-        row.update(true_row(outcome))
+        # None -> NaN, so numeric columns stay numeric
+        row |= {c: math.nan if v is None else v for c, v in measured_row(outcome).items()}
+        row |= true_row(outcome)
         _drop_impossible_mfu(row, calibrated=label in miscalibrated)
         out.append(row)
     return pd.DataFrame(out, columns=list(SUMMARY_COLUMNS))

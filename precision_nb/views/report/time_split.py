@@ -113,11 +113,10 @@ def _card(label: str, analysis: TimeAnalysis, level: int) -> str:
     e = html.escape
     split = analysis.splits[label]
     diff = analysis.differences.get(label)
-    head = f"<h{level}>{e(label)}</h{level}>"
+    card = f'<div class="card time-split" data-plan="{e(label)}">'
+    parts = [f"<h{level}>{e(label)}</h{level}>"]
     if not split.available:
-        body = f"<p>No split: {e(split.missing)}</p>"
-        return f'<div class="card time-split" data-plan="{e(label)}">{head}{body}</div>'
-    parts = [head]
+        return f"{card}{parts[0]}<p>No split: {e(split.missing)}</p></div>"
     if diff is not None and diff.missing is None:
         parts.append(f'<p class="verdict">{e(diff.sentence)}</p>')
         verdict = {True: "agrees", False: "does not agree", None: "not reconciled"}[diff.agrees]
@@ -133,7 +132,7 @@ def _card(label: str, analysis: TimeAnalysis, level: int) -> str:
         parts.append(f"<p><b>What would make it faster</b></p><ul>{items}</ul>")
     facts = "".join(f"<li>{e(f)}</li>" for f in _facts(split))
     parts.append(f'<ul class="measure">{facts}</ul>')
-    return f'<div class="card time-split" data-plan="{e(label)}">{"".join(parts)}</div>'
+    return f"{card}{''.join(parts)}</div>"
 
 
 def time_split_html(analysis: TimeAnalysis, *, level: int = 3) -> str:
@@ -151,9 +150,8 @@ def outcomes_html(outcomes: Mapping[str, Any], *, level: int = 4) -> str:
     diffs = {k: o.difference for k, o in outcomes.items() if o.difference is not None}
     base = next((k for k in splits if k not in diffs), None)
     advice = {k: tuple(o.advice) for k, o in outcomes.items()}
-    analysis = TimeAnalysis(splits, diffs, advice, base)
     title = f"<h{level}>{html.escape(TITLE)}</h{level}>"
-    return title + time_split_html(analysis, level=level + 1)
+    return title + time_split_html(TimeAnalysis(splits, diffs, advice, base), level=level + 1)
 
 
 def time_split_lines(analysis: TimeAnalysis) -> list[str]:

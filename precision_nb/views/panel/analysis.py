@@ -27,38 +27,36 @@ from typing import Any
 import ipywidgets as widgets
 
 from precision_nb.core.resolution import Explanation
-from precision_nb.engine.analyses import AnalysisTarget, ModelSource, analyse_numerics, cache_key
+from precision_nb.engine.analyses import AnalysisTarget as Target
+from precision_nb.engine.analyses import ModelSource, analyse_numerics, cache_key
 from precision_nb.engine.analyses import inspect_targets as inspect_all
 from precision_nb.engine.numerics.analysis import DEFAULT_FORMATS
 from precision_nb.engine.precision import lab_applies, run_label
 from precision_nb.views.panel.analysis_html import memory_chart_svg, numerics_html, ops_html
-from precision_nb.views.panel.selection import SIM_PREFIX
+from precision_nb.views.panel.selection import Selection
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AnalysisViews", "selected_target"]
 
-Target = AnalysisTarget
 
-
-def selected_target(explanation: Explanation | None, device: str) -> Target | None:
-    """The target of the selected plan (``device``: the selection's device, a simulated one as
-    ``sim:<preset>``: its capabilities preset); None when the selection cannot be resolved."""
+def selected_target(explanation: Explanation | None, selection: Selection) -> Target | None:
+    """The target of the selected plan (a simulated device's capabilities preset with it); None
+    when the selection cannot be resolved."""
     if explanation is None:
         return None
     plan = explanation.plan
-    sim = device[len(SIM_PREFIX) :] if device.startswith(SIM_PREFIX) else None
     label = run_label(plan.mode, lab_applies(explanation))
-    return Target(label, plan, str(explanation.device), sim)
+    return Target(label, plan, str(explanation.device), selection.simulated_preset)
 
 
 class AnalysisViews:
     """The views' widgets, their cached results and when they are computed.
 
-    ``model_source()`` gives ``(model_or_workload, batches, loss_fn, preset)`` of the panel's
-    current model; ``selected()`` the :class:`Target` of the current selection (None when it
-    cannot be resolved); ``running()`` whether a run goes; ``on_window(window)`` receives the
-    safe fp16 window ``(lo, hi)`` (log2) once a numerics analysis found one.
+    ``model_source()`` gives the ``ModelSource`` of the panel's current model; ``selected()``
+    the :class:`Target` of the current selection (None when it cannot be resolved);
+    ``running()`` whether a run goes; ``on_window(window)`` receives the safe fp16 window
+    ``(lo, hi)`` (log2) once a numerics analysis found one.
     """
 
     FIRST_COST_GUESS_S = 2.0
@@ -66,7 +64,7 @@ class AnalysisViews:
     def __init__(
         self,
         *,
-        model_source: Callable[[], tuple[Any, Any, Any, str]],
+        model_source: Callable[[], ModelSource],
         selected: Callable[[], Target | None],
         running: Callable[[], bool],
         on_window: Callable[[tuple[int, int]], None],
@@ -124,15 +122,8 @@ class AnalysisViews:
             out.setdefault(target.label, target)
         return list(out.values())
 
-    def _source(self) -> ModelSource:
-        model, batches, loss_fn, preset = self._model_source()
-        return ModelSource(model, batches, loss_fn, preset)
-
     def _key(self, target: Target) -> Any:
-        return cache_key(self._source(), target)
-
-    def _model_key(self) -> Any:
-        return cache_key(self._source(), None)
+        return cache_key(self._model_source(), target)
 
     def missing(self) -> int:
         """How many inspections and analyses the views lack now (each costs about ``cost_s``)."""
@@ -148,7 +139,8 @@ class AnalysisViews:
         return shown != wanted or numerics is None or numerics is not self.numerics
 
     def _numerics_key(self) -> Any:
-        return (self._model_key(), id(self._numerics_run()), tuple(self.numerics_formats()))
+        model = cache_key(self._model_source(), None)
+        return (model, id(self._numerics_run()), tuple(self.numerics_formats()))
 
     def numerics_formats(self) -> list[str]:
         """The formats typed into the Numerics tab (checked by the analysis: a bad one is an
@@ -177,13 +169,13 @@ class AnalysisViews:
         from precision_nb.views.report.numerics import Numerics
 
         start = time.perf_counter()
-        source = self._source()
+        source = self._model_source()
         targets = self.targets()
         missing = sum(1 for t in targets if self._key(t) not in self.inspections)
         self.shown = inspect_all(source, targets, self.inspections)
         self._attach()
         if missing:
-            self._learn((time.perf_counter() - start) / missing)
+            self.cost_s = (time.perf_counter() - start) / missing
         nkey = self._numerics_key()
         if nkey not in self.numerics_cache:
             t0 = time.perf_counter()
@@ -192,7 +184,7 @@ class AnalysisViews:
             run = self._numerics_run()
             result = analyse_numerics(source, device, run, formats=self.numerics_formats())
             self.numerics_cache[nkey] = Numerics(result, run)
-            self._learn(time.perf_counter() - t0)
+            self.cost_s = time.perf_counter() - t0
         self.numerics = self.numerics_cache[nkey]
         self.render()
         self.seconds = time.perf_counter() - start
@@ -213,9 +205,6 @@ class AnalysisViews:
         if mine:
             run.attach_inspections(mine)
             self.attached = True
-
-    def _learn(self, seconds: float) -> None:
-        self.cost_s = seconds
 
     def render(self) -> None:
         self.memory_html.value = memory_chart_svg(self.shown)

@@ -140,11 +140,6 @@ def memory_chart_svg(inspections: Mapping[str, Any]) -> str:
     return stacked_bars_svg(bars, peaks) + f"<div style='font-size:12px'><i>{note}</i></div>"
 
 
-def _rows_table(css: str, head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A table whose last column (a list of ops) wraps."""
-    return table_html(head, rows, wrap=(len(head) - 1,), css=css)
-
-
 def ops_html(label: str, data: Any) -> str:
     """The op trace summary of one plan and its flags; for a simulated device, autocast's policy
     read from torch, grouped by what it does (labelled so: nothing ran)."""
@@ -156,7 +151,7 @@ def ops_html(label: str, data: Any) -> str:
             )
         head = f"<b>Ops of {html.escape(label)}</b>: autocast's policy in this torch, not a trace"
         rows = [(policy, dtype, ", ".join(ops)) for (policy, dtype), ops in groups.items()]
-        table = _rows_table("pnb-ops-table", ("policy", "dtype", "ops"), rows)
+        columns: Sequence[str] = ("policy", "dtype", "ops")
     else:
         head = f"<b>Ops of {html.escape(label)}</b> (one forward + backward, every ATen op)"
         rows = [
@@ -169,9 +164,9 @@ def ops_html(label: str, data: Any) -> str:
             )
             for r in data.summary
         ]
-        table = _rows_table(
-            "pnb-ops-table", ("verdict", "calls", "FLOP share", "cast bytes", "ops"), rows
-        )
+        columns = ("verdict", "calls", "FLOP share", "cast bytes", "ops")
+    # the last column (a list of ops) wraps
+    table = table_html(columns, rows, wrap=(len(columns) - 1,), css="pnb-ops-table")
     flags = "".join(f"<li>{html.escape(f.message)}</li>" for f in data.flags)
     return head + table + (f"<b>Worth a look</b><ul>{flags}</ul>" if flags else "")
 

@@ -1,12 +1,8 @@
 """The ipywidgets panel: pick device and precision, see the resolved plan live, run, stop, compare.
 
-``Panel()`` (displayed by evaluating it in a cell) shows a compact header (the device, the request
-and its resolved plan in one line, Run / Compare / Stop, the progress and any error) above the
-tabs Plan, Live, Compare, Memory, Ops, Numerics and Distributed. ``Panel`` is the front door: the
-user's verbs (``set``, ``run``, ``compare``, ``stop``, ``wait``, ``inspect``, ``draw_figure``,
-``close``) and read-only state (``plan``, ``explanation``, ``result``, ``records_frame``,
-``figures``, ...); every widget is ``panel.widgets.<name>``. How it is put together is
-:mod:`.builder`'s job, what its events do :mod:`.controller`'s.
+``Panel()`` (displayed by evaluating it in a cell; its header and tabs: :mod:`.layout`) is the
+front door: the user's verbs and read-only state; every widget is ``panel.widgets.<name>``. How it
+is put together is :mod:`.builder`'s job, what its events do :mod:`.controller`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionPlan
 from precision_nb.core.resolution import Explanation
 from precision_nb.core.validate import short_repr
-from precision_nb.views.panel.builder import build_panel, panel_options
+from precision_nb.views.panel.builder import build_panel
 from precision_nb.views.panel.distributed import DIST_CONTROLS
 from precision_nb.views.panel.layout import PanelWidgets
 from precision_nb.views.panel.selection import DEFAULT_COMPARE, Selection
@@ -31,11 +27,7 @@ __all__ = ["CONTROLS", "Panel", "Timings"]
 
 #: The names :meth:`Panel.set` takes: the selection's fields, the Distributed tab's, and the
 #: framework of "copy as code".
-CONTROLS = (
-    *(f.name for f in dataclasses.fields(Selection)),
-    *DIST_CONTROLS,
-    "code_framework",
-)
+CONTROLS = (*(f.name for f in dataclasses.fields(Selection)), *DIST_CONTROLS, "code_framework")
 
 
 @dataclass(frozen=True)
@@ -93,23 +85,22 @@ class Panel:
         distributed: Any = None,
         factory: str | None = None,
     ) -> None:
-        options = panel_options(
-            model, batches, loss_fn=loss_fn, factory=factory, workload=workload, preset=preset,
-            optimizer=optimizer, log_every=log_every, train_options=train_options,
-            plot_budget=plot_budget, refresh_interval_s=refresh_interval_s,
-        )  # fmt: skip
         initial: dict[str, Any] = dict(
             device=device, mode=mode, dtype=dtype, fused=fused, compile=compile, steps=steps,
-            seed=seed,
-            accumulation=accumulation, loss_scale_lab=loss_scale_lab, compare_plans=compare_plans,
-            budget=budget,
+            seed=seed, accumulation=accumulation, loss_scale_lab=loss_scale_lab,
+            compare_plans=compare_plans, budget=budget,
         )  # fmt: skip
         if model is None:
             from precision_nb.engine.workloads import DEFAULT_WORKLOAD
 
             initial["workload"] = workload if workload is not None else DEFAULT_WORKLOAD
             initial["preset"] = preset if preset is not None else "tiny"
-        controller = build_panel(options, initial, distributed)
+        controller = build_panel(
+            initial, distributed, model, batches, loss_fn=loss_fn, factory=factory,
+            workload=workload, preset=preset, optimizer=optimizer, log_every=log_every,
+            train_options=train_options, plot_budget=plot_budget,
+            refresh_interval_s=refresh_interval_s,
+        )  # fmt: skip
         # the panel's only two attributes, set past the front door that refuses every other
         object.__setattr__(self, "_controller", controller)
         # A panel nobody references any more is collected: its run stops, its widgets close.
@@ -129,18 +120,16 @@ class Panel:
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widgets, and the panel in one line of plain text (what nbconvert to text, a
+        notebook diff or a log shows in place of the widgets): the selected plan, or the error
+        the panel shows."""
         bundle = self.widget._repr_mimebundle_(**kwargs)
         if isinstance(bundle, dict):  # a text reader gets the plan, not the widget tree
-            bundle = {**bundle, "text/plain": self._plain_text()}
+            explanation = self.explanation
+            shown = (self.error or "no plan") if explanation is None else explanation.summary()
+            text = f"precision_nb panel (widgets; open in Jupyter): {shown}"
+            bundle = {**bundle, "text/plain": text}
         return bundle
-
-    def _plain_text(self) -> str:
-        """The panel in one line of plain text (what nbconvert to text, a notebook diff or a log
-        shows in place of the widgets): the selected plan, or the error the panel shows."""
-        explanation = self.explanation
-        if explanation is None:
-            return f"precision_nb panel (widgets; open in Jupyter): {self.error or 'no plan'}"
-        return f"precision_nb panel (widgets; open in Jupyter): {explanation.summary()}"
 
     # ================================================================== verbs
 
@@ -313,13 +302,8 @@ class Panel:
             return {}
         from precision_nb.views.report import figures as f
 
-        return {
-            "loss": f.loss_figure(source),
-            "loss_scale": f.loss_scale_figure(source),
-            "throughput": f.throughput_figure(source),
-            "memory": f.memory_figure(source),
-            "dashboard": f.dashboard_figure(source),
-        }
+        names = ("loss", "loss_scale", "throughput", "memory", "dashboard")
+        return {name: getattr(f, f"{name}_figure")(source) for name in names}
 
     @property
     def inspections(self) -> dict[str, Any]:

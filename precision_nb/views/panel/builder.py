@@ -1,23 +1,23 @@
 """How a panel is put together: its arguments checked, its parts made, laid out and wired.
 
-:func:`panel_options` checks what ``Panel(...)`` is given beyond the controls' values (your model
-and batches, the optimizer, logging, train options, the plotting budget) into a frozen
-:class:`PanelOptions`, raising ``ValueError`` that names the argument. :func:`build_panel` makes the
-parts (controls, plan resolver and live plan, outputs, run session, analysis views, the
-Distributed tab), lays them out (:func:`~.layout.build_layout`), connects every widget event to
-a :class:`~.controller.PanelController`, sets the controls' first values and resolves the plan
+:func:`build_panel` checks what ``Panel(...)`` is given beyond the controls' values (your model
+and batches, the optimizer, logging, train options, the plotting budget), raising ``ValueError``
+that names the argument, then makes the parts (controls, plan resolver and live plan, outputs,
+run session, analysis views, the Distributed tab), lays them out
+(:func:`~.layout.build_layout`), connects every widget event to a
+:class:`~.controller.PanelController`, sets the controls' first values and resolves the plan
 once. Nothing else in the panel wires widgets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from precision_nb.core.capabilities import read_capabilities
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.validate import positive_int, short_repr
+from precision_nb.engine.analyses import ModelSource
 from precision_nb.views.panel.analysis import AnalysisViews, selected_target
 from precision_nb.views.panel.controller import PanelController
 from precision_nb.views.panel.controls import Controls
@@ -29,38 +29,47 @@ from precision_nb.views.panel.plan_resolver import LivePlan, PlanResolver, devic
 from precision_nb.views.panel.run import check_train_options
 from precision_nb.views.panel.session import RunSession, UserModel
 
-__all__ = ["PanelOptions", "build_panel", "panel_options"]
+__all__ = ["build_panel"]
 
 
-@dataclass(frozen=True)
-class PanelOptions:
-    """What a panel is built with besides its controls' values, checked by
-    :func:`panel_options`."""
-
-    user: UserModel | None = None
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    log_every: int | None = None
-    train_options: Mapping[str, Any] = field(default_factory=dict)
-    plot_budget: float = 0.025
-    refresh_interval_s: float = 0.5
+def _model_source(session: RunSession, controls: Controls) -> ModelSource:
+    """The model (or workload name), batches, loss_fn and preset the analysis views inspect."""
+    user = session.user_model
+    if user is not None:
+        return ModelSource(user.model, user.batches, user.loss_fn)
+    selection = controls.selection()
+    return ModelSource(selection.workload, preset=selection.preset or "tiny")
 
 
-def panel_options(
+def _show_scale_window(outputs: PanelOutputs, session: RunSession, window: tuple[int, int]) -> None:
+    """A numerics analysis found the safe fp16 window: shade it on the finished run's chart."""
+    outputs.scale_window = window
+    if not session.running and session.source is not None:
+        from precision_nb.views.report.tables import to_frame
+
+        outputs.live_charts.value = outputs.charts(to_frame(session.source).to_dict("records"))
+
+
+def build_panel(
+    initial: Mapping[str, Any],
+    distributed: Any,
     model: Any,
     batches: Any,
     *,
-    loss_fn: Any = None,
-    factory: str | None = None,
-    workload: str | None = None,
-    preset: str | None = None,
-    optimizer: OptimizerConfig | None = None,
-    log_every: int | None = None,
-    train_options: dict[str, Any] | None = None,
-    plot_budget: float = 0.025,
-    refresh_interval_s: float = 0.5,
-) -> PanelOptions:
-    """Check ``Panel(...)``'s arguments (see :class:`~.api.Panel`); ``ValueError`` names the bad
-    one, its value and what is allowed."""
+    loss_fn: Any,
+    factory: str | None,
+    workload: str | None,
+    preset: str | None,
+    optimizer: OptimizerConfig | None,
+    log_every: int | None,
+    train_options: dict[str, Any] | None,
+    plot_budget: float,
+    refresh_interval_s: float,
+) -> PanelController:
+    """Check ``Panel(...)``'s arguments (see :class:`~.api.Panel`; ``ValueError`` names the bad
+    one, its value and what is allowed), then make the parts of a panel, laid out and wired, its
+    controls set to ``initial`` (control name -> value, checked as ``Panel.set`` checks them) and
+    ``distributed``, the plan resolved."""
     if (model is None) != (batches is None):
         missing = "batches" if batches is None else "model"
         raise ValueError(
@@ -94,50 +103,11 @@ def panel_options(
     if model is not None:
         batches, batches_path, loss_fn, loss_path = user_inputs(batches, loss_fn)
         user = UserModel(model, batches, loss_fn, factory, batches_path, loss_path)
-    return PanelOptions(
-        user=user,
-        optimizer=optimizer or OptimizerConfig(),
-        log_every=log_every,
-        train_options=checked,
-        plot_budget=float(plot_budget),
-        refresh_interval_s=refresh_interval_s,
-    )
-
-
-def _workload_presets() -> dict[str, tuple[str, ...]]:
-    from precision_nb.engine.workloads import PRESETS as SIZE_PRESETS
-    from precision_nb.engine.workloads import WORKLOADS
-
-    return {name: tuple(SIZE_PRESETS) for name in WORKLOADS}
-
-
-def _model_source(session: RunSession, controls: Controls) -> tuple[Any, Any, Any, str]:
-    """``(model or workload name, batches, loss_fn, preset)`` the analysis views inspect."""
-    user = session.user_model
-    if user is not None:
-        return user.model, user.batches, user.loss_fn, "tiny"
-    selection = controls.selection()
-    return selection.workload, None, None, selection.preset or "tiny"
-
-
-def _show_scale_window(outputs: PanelOutputs, session: RunSession, window: tuple[int, int]) -> None:
-    """A numerics analysis found the safe fp16 window: shade it on the finished run's chart."""
-    outputs.scale_window = window
-    if not session.running and session.source is not None:
-        from precision_nb.views.report.tables import to_frame
-
-        outputs.live_charts.value = outputs.charts(to_frame(session.source).to_dict("records"))
-
-
-def build_panel(
-    options: PanelOptions, initial: Mapping[str, Any], distributed: Any = None
-) -> PanelController:
-    """The parts of a panel, laid out and wired, its controls set to ``initial`` (control name ->
-    value, checked as ``Panel.set`` checks them) and ``distributed``, the plan resolved."""
     capabilities = read_capabilities()
-    resolver = PlanResolver(capabilities, options.optimizer)
-    user = options.user
-    workloads = {} if user is not None else _workload_presets()
+    resolver = PlanResolver(capabilities, optimizer or OptimizerConfig())
+    from precision_nb.engine.workloads import PRESETS, WORKLOADS
+
+    workloads = {} if user is not None else {name: tuple(PRESETS) for name in WORKLOADS}
     controls = Controls(device_options(capabilities), workloads, user_model=user is not None)
     dist = DistributedControls()
     outputs = PanelOutputs()
@@ -145,15 +115,15 @@ def build_panel(
         outputs,
         user_model=user,
         optimizer_for=resolver.optimizer_for,
-        log_every=options.log_every,
-        train_options=dict(options.train_options),
-        plot_budget=options.plot_budget,
-        refresh_interval_s=options.refresh_interval_s,
+        log_every=log_every,
+        train_options=checked,
+        plot_budget=float(plot_budget),
+        refresh_interval_s=refresh_interval_s,
     )
     plan = LivePlan(resolver, controls, outputs, DistributedPlanner(dist, session))
     analysis = AnalysisViews(
         model_source=lambda: _model_source(session, controls),
-        selected=lambda: selected_target(plan.explanation, controls.selection().device),
+        selected=lambda: selected_target(plan.explanation, controls.selection()),
         running=lambda: session.running,
         on_window=lambda window: _show_scale_window(outputs, session, window),
     )
@@ -162,15 +132,13 @@ def build_panel(
         capabilities, resolver, controls, dist, outputs, plan, session, analysis, named
     )
 
-    session.on_released = controller.update_buttons
+    session.on_released = lambda _job: controller.update_buttons()
     session.after_run = controller.after_run
-    outputs.on_click(
-        run=controller.on_run_click,
-        compare=controller.on_compare_click,
-        stop=controller.on_stop_click,
-        figure=controller.on_figure_click,
-    )
-    analysis.button.on_click(controller.on_inspect_click)
+    outputs.run_button.on_click(lambda _button: controller.start("run"))
+    outputs.compare_button.on_click(lambda _button: controller.start("compare"))
+    outputs.stop_button.on_click(lambda _button: controller.stop())
+    outputs.figure_button.on_click(controller.on_figure_click)
+    analysis.button.on_click(lambda _button: controller.inspect_now())
     analysis.formats.observe(lambda _change: controller.inspect_now(), "value")
     named.tabs.observe(controller.on_tab_change, "selected_index")
 

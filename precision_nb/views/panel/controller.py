@@ -20,13 +20,7 @@ from precision_nb.core.plan_code import framework_name
 from precision_nb.views.panel.analysis import AnalysisViews
 from precision_nb.views.panel.controls import Controls
 from precision_nb.views.panel.distributed import DIST_CONTROLS, DistributedControls
-from precision_nb.views.panel.layout import (
-    ANALYSIS_TABS,
-    TABS,
-    PanelWidgets,
-    select_tab,
-    tab_name,
-)
+from precision_nb.views.panel.layout import ANALYSIS_TABS, TABS, PanelWidgets, select_tab, tab_name
 from precision_nb.views.panel.outputs import PanelOutputs, close_widgets
 from precision_nb.views.panel.plan_resolver import LivePlan, PlanResolver
 from precision_nb.views.panel.run import Job
@@ -113,15 +107,6 @@ class PanelController:
 
     # ================================================================== runs
 
-    def on_run_click(self, _button: Any) -> None:
-        self.start("run")
-
-    def on_compare_click(self, _button: Any) -> None:
-        self.start("compare")
-
-    def on_stop_click(self, _button: Any) -> None:
-        self.stop()
-
     def on_figure_click(self, _button: Any) -> None:
         try:
             self.session.draw_figure()
@@ -143,7 +128,7 @@ class PanelController:
             job = self.session.start(kind, selection, self.plan.explanation, self.plan.distributed)
             self.update_buttons()
             select_tab(self.widgets.tabs, "Live")
-            job.start()
+            job.thread.start()
             return job
 
     def check_can_start(self, kind: str) -> Selection:
@@ -207,9 +192,6 @@ class PanelController:
             select_tab(self.widgets.tabs, "Compare")
 
     # ================================================================== inspection
-
-    def on_inspect_click(self, _button: Any) -> None:
-        self.inspect_now()
 
     def on_tab_change(self, change: dict[str, Any]) -> None:
         opened = tab_name(change.get("new"))

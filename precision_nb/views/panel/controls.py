@@ -31,6 +31,12 @@ from precision_nb.views.panel.selection import (
 
 __all__ = ["Controls"]
 
+#: The widgets whose change re-resolves the plan.
+_INPUTS = tuple(
+    "device device_text mode dtype fused compile workload preset steps accumulation seed "
+    "loss_scale_lab".split()
+)
+
 
 class Controls:
     """The panel's input widgets.
@@ -38,9 +44,6 @@ class Controls:
     ``device_options`` lists real devices first and simulated presets after; ``workloads`` maps a
     workload name to its preset names (empty when the panel trains the user's model).
     """
-
-    MAX_STEPS = MAX_STEPS
-    MAX_ACCUMULATION = MAX_ACCUMULATION
 
     def __init__(
         self,
@@ -53,7 +56,7 @@ class Controls:
         self.workloads = {name: tuple(presets) for name, presets in workloads.items()}
         self.user_model = user_model
         style = {"description_width": "110px"}
-        wide = widgets.Layout(width="360px")
+        wide, narrow = widgets.Layout(width="360px"), widgets.Layout(width="220px")
 
         self.device = widgets.Dropdown(
             options=[(o.label, o.value) for o in self.device_options],
@@ -63,7 +66,6 @@ class Controls:
             layout=wide,
         )
         self.device_text = widgets.Text(
-            value="",
             placeholder="or type a device: cuda:1, mps, ...",
             continuous_update=False,
             style=style,
@@ -82,7 +84,7 @@ class Controls:
             value="none",
             description="dtype (auto)",
             style=style,
-            layout=widgets.Layout(width="220px"),
+            layout=narrow,
         )
         self.fused = widgets.ToggleButtons(
             options=list(FUSED_CHOICES),
@@ -99,10 +101,7 @@ class Controls:
             layout=widgets.Layout(width="260px"),
             tooltip="torch.compile mode: off trains eagerly; the others compile the model",
         )
-        if user_model:
-            names: list[str] = [USER_MODEL]
-        else:
-            names = list(self.workloads)
+        names = [USER_MODEL] if user_model else list(self.workloads)
         self.workload = widgets.Dropdown(
             options=names,
             value=names[0] if names else None,
@@ -118,32 +117,22 @@ class Controls:
             layout=widgets.Layout(width="260px"),
             disabled=user_model,
         )
-        self.steps = widgets.BoundedIntText(
-            value=30,
-            min=1,
-            max=self.MAX_STEPS,
-            description="Steps",
-            style=style,
-            layout=widgets.Layout(width="220px"),
+        self.steps, self.accumulation = (
+            widgets.BoundedIntText(
+                value=value, min=1, max=top, description=text, style=style, layout=narrow
+            )
+            for value, top, text in (
+                (30, MAX_STEPS, "Steps"),
+                (1, MAX_ACCUMULATION, "Accumulation"),
+            )
         )
-        self.accumulation = widgets.BoundedIntText(
-            value=1,
-            min=1,
-            max=self.MAX_ACCUMULATION,
-            description="Accumulation",
-            style=style,
-            layout=widgets.Layout(width="220px"),
-        )
-        self.seed = widgets.IntText(
-            value=0, description="Seed", style=style, layout=widgets.Layout(width="220px")
-        )
+        self.seed = widgets.IntText(value=0, description="Seed", style=style, layout=narrow)
         self.loss_scale_lab = widgets.Checkbox(
-            value=False,
             description="Loss-scale lab (fp16 + GradScaler on CPU)",
             indent=False,
-            layout=widgets.Layout(width="360px"),
+            layout=wide,
         )
-        self.lab_note = widgets.HTML(value="")
+        self.lab_note = widgets.HTML()
         self.compare_plans = widgets.SelectMultiple(
             options=list(COMPARE_CHOICES),
             value=DEFAULT_COMPARE,
@@ -164,27 +153,12 @@ class Controls:
                 "is spent"
             ),
             style=style,
-            layout=widgets.Layout(width="220px"),
+            layout=narrow,
         )
 
-        for widget, css in (
-            (self.device, "pnb-device"),
-            (self.device_text, "pnb-device-text"),
-            (self.mode, "pnb-mode"),
-            (self.dtype, "pnb-dtype"),
-            (self.fused, "pnb-fused"),
-            (self.compile, "pnb-compile"),
-            (self.workload, "pnb-workload"),
-            (self.preset, "pnb-preset"),
-            (self.steps, "pnb-steps"),
-            (self.accumulation, "pnb-accumulation"),
-            (self.seed, "pnb-seed"),
-            (self.loss_scale_lab, "pnb-lab"),
-            (self.lab_note, "pnb-lab-note"),
-            (self.compare_plans, "pnb-compare-plans"),
-            (self.budget, "pnb-budget"),
-        ):
-            widget.add_class(css)
+        for name in (*_INPUTS, "lab_note", "compare_plans", "budget"):
+            css = "lab" if name == "loss_scale_lab" else name.replace("_", "-")
+            getattr(self, name).add_class(f"pnb-{css}")
 
         self.workload.observe(self._on_workload, names="value")
         # Picking from the menu replaces a typed device.
@@ -193,54 +167,25 @@ class Controls:
 
     # ------------------------------------------------------------------ layout
 
-    @property
-    def inputs(self) -> tuple[widgets.Widget, ...]:
-        """The widgets whose change re-resolves the plan."""
-        return (
-            self.device,
-            self.device_text,
-            self.mode,
-            self.dtype,
-            self.fused,
-            self.compile,
-            self.workload,
-            self.preset,
-            self.steps,
-            self.accumulation,
-            self.seed,
-            self.loss_scale_lab,
-        )
-
     def box(self) -> widgets.Widget:
-        precision = widgets.VBox(
-            [
-                self.device,
-                self.device_text,
-                self.mode,
-                self.dtype,
-                self.fused,
-                self.compile,
-                widgets.VBox([self.loss_scale_lab, self.lab_note]),
-            ]
+        precision, training = (
+            [getattr(self, name) for name in names]
+            for names in (
+                ("device", "device_text", "mode", "dtype", "fused", "compile"),
+                ("workload", "preset", "steps", "accumulation", "seed", "compare_plans", "budget"),
+            )
         )
-        training = widgets.VBox(
-            [
-                self.workload,
-                self.preset,
-                self.steps,
-                self.accumulation,
-                self.seed,
-                self.compare_plans,
-                self.budget,
-            ]
+        precision.append(widgets.VBox([self.loss_scale_lab, self.lab_note]))
+        box = widgets.HBox(
+            [widgets.VBox(precision), widgets.VBox(training)],
+            layout=widgets.Layout(flex_flow="row wrap"),
         )
-        box = widgets.HBox([precision, training], layout=widgets.Layout(flex_flow="row wrap"))
         box.add_class("pnb-controls")
         return box
 
     def observe(self, callback: Callable[[dict[str, Any]], None]) -> None:
-        for widget in self.inputs:
-            widget.observe(callback, names="value")
+        for name in _INPUTS:
+            getattr(self, name).observe(callback, names="value")
 
     # ------------------------------------------------------------------ reading
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from precision_nb.core.optim import OptimizerConfig
     from precision_nb.core.resolution import Explanation
     from precision_nb.views.panel.selection import Selection
-    from precision_nb.views.panel.session import RunSession, UserModel
+    from precision_nb.views.panel.session import RunSession
 
 __all__ = [
     "DIST_CONTROLS",
@@ -55,9 +55,7 @@ _DEFAULTS: dict[str, Any] = {
     "nproc": 2,
     "comm_hook": "none",
     "backend": "auto",
-    "param_dtype": "auto",
-    "reduce_dtype": "auto",
-    "output_dtype": "auto",
+    **dict.fromkeys(_FSDP_FIELDS, "auto"),
 }
 _WHY_OFF = {
     "none": "strategy none: the run trains in this process; pick ddp or fsdp2 to train on "
@@ -102,12 +100,8 @@ class DistributedControls:
         )  # fmt: skip
         self.param_dtype, self.reduce_dtype, self.output_dtype = (
             widgets.Dropdown(
-                options=list(FSDP_DTYPES),
-                value="auto",
-                description=text,
-                style=style,
-                layout=small,
-            )  # fmt: skip
+                options=list(FSDP_DTYPES), value="auto", description=text, style=style, layout=small
+            )
             for text in ("param dtype", "reduce dtype", "output dtype")
         )
         self.note = widgets.HTML()
@@ -137,17 +131,17 @@ class DistributedControls:
     def values(self) -> dict[str, Any]:
         return {name: getattr(self, name).value for name in _DEFAULTS}
 
-    def request(self, values: Mapping[str, Any] | None = None) -> Distributed | None:
-        """The request of ``values`` (default: the widgets'); None for strategy "none".
-        Raises the library's ``ValueError`` for a bad field or combination."""
+    def request(
+        self, values: Mapping[str, Any] | None = None, extras: Mapping[str, Any] | None = None
+    ) -> Distributed | None:
+        """The request of ``values`` and ``extras`` (default: the widgets' and the kept ones);
+        None for strategy "none". Raises the library's ``ValueError`` for a bad field or
+        combination."""
         v = dict(values if values is not None else self.values())
         if v["strategy"] == "none":
             return None
-        dtypes = {f: None if v[f] == "auto" else v[f] for f in _FSDP_FIELDS}
-        return Distributed(
-            strategy=v["strategy"], nproc=v["nproc"], comm_hook=v["comm_hook"],
-            backend=v["backend"], **dtypes, **self.extras,
-        )  # fmt: skip
+        v.update({f: None if v[f] == "auto" else v[f] for f in _FSDP_FIELDS})
+        return Distributed(**v, **(extras if extras is not None else self.extras))
 
     # ------------------------------------------------------------------ writing
 
@@ -170,13 +164,7 @@ class DistributedControls:
             elif name in _FSDP_FIELDS:
                 out[name] = _dtype_value(name, value)
         merged = {**self.values(), **{k: v for k, v in out.items() if k in _DEFAULTS}}
-        if merged["strategy"] != "none":
-            extras = out.get("_extras", self.extras)
-            saved, self.extras = self.extras, extras
-            try:
-                self.request(merged)  # the library checks the combination
-            finally:
-                self.extras = saved
+        self.request(merged, out.get("_extras"))  # the library checks the combination
         return out
 
     def _from_request(self, request: Any) -> dict[str, Any]:
@@ -206,19 +194,18 @@ class DistributedControls:
         """Enable the fields the strategy uses. A field it does not use stays enabled while it
         holds a value other than its default, so the value the library refuses can be cleared."""
         strategy = self.strategy.value
-        notes = []
         if strategy == "none":
             for widget in self.fields:
                 widget.disabled = True
-            notes.append(_WHY_OFF["none"])
+            note = _WHY_OFF["none"]
         else:
             self.nproc.disabled = self.backend.disabled = False
             hook_used = strategy == "ddp"
             self.comm_hook.disabled = not hook_used and self.comm_hook.value == "none"
             for widget in self.fsdp_fields:
                 widget.disabled = hook_used and widget.value == "auto"
-            notes.append(_WHY_OFF["fsdp"] if hook_used else _WHY_OFF["comm_hook"])
-        self.note.value = "".join(f"<small>{html.escape(n)}</small><br>" for n in notes)
+            note = _WHY_OFF["fsdp"] if hook_used else _WHY_OFF["comm_hook"]
+        self.note.value = f"<small>{html.escape(note)}</small><br>"
         self.title = (
             "Distributed" if strategy == "none" else f"Distributed: {strategy} x{self.nproc.value}"
         )
@@ -254,10 +241,6 @@ class DistributedPlanner:
         self.session = session
         self._cache: dict[Any, DistributedPlan | BaseException] = {}
 
-    @property
-    def user_model(self) -> UserModel | None:
-        return self.session.user_model
-
     plan_html = staticmethod(distributed_plan_html)
 
     def code(self, plan: DistributedPlan, selection: Selection, explanation: Explanation) -> str:
@@ -265,15 +248,14 @@ class DistributedPlanner:
         from precision_nb.core.optim import OptimizerConfig
         from precision_nb.core.plan_code import fit_code
 
-        user = self.user_model
+        user = self.session.user_model
+        notes = []
         if user is None:
             model = f"{selection.workload!r}, preset={selection.preset!r}"
         else:
             model = f"model, {user.batches_path!r}, factory={user.factory!r}"
             if user.loss_fn_path is not None:
                 model += f", loss_fn={user.loss_fn_path!r}"
-        notes = []
-        if user is not None:
             notes.append("model: your nn.Module; its weights are loaded into factory()'s model")
         device = selection.device
         if explanation.simulated:
@@ -318,5 +300,5 @@ class DistributedPlanner:
         )
         from precision_nb.views.panel.distributed_run import check_reachable
 
-        check_reachable(self.user_model, selection, plan)
+        check_reachable(self.session.user_model, selection, plan)
         return plan

@@ -15,6 +15,7 @@ shows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import ipywidgets as widgets
@@ -156,14 +157,10 @@ def build_layout(
     """Arrange the parts' widgets into the header and the tabs; returns every widget by name."""
     o, a = outputs, analysis
     title = widgets.HTML("<b style='font-size:1.1em'>precision_nb</b>")
-    line = widgets.HBox(
-        [title, o.badge, o.headline],
-        layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
-    )
-    toolbar = widgets.HBox(
-        [o.run_button, o.compare_button, o.stop_button, o.progress, o.progress_label],
-        layout=widgets.Layout(flex_flow="row wrap", align_items="center", width="100%"),
-    )
+    row = widgets.Layout(flex_flow="row wrap", align_items="center", width="100%")
+    line = widgets.HBox([title, o.badge, o.headline], layout=row)
+    buttons = [o.run_button, o.compare_button, o.stop_button, o.progress, o.progress_label]
+    toolbar = widgets.HBox(buttons, layout=row)
     header = widgets.VBox([widgets.HTML(PANEL_STYLE), line, toolbar, o.error_box, o.run_reason])
     header.add_class("pnb-header")
 
@@ -196,25 +193,18 @@ def build_layout(
     tabs.add_class("pnb-tabs")
     root = widgets.VBox([header, tabs], layout=widgets.Layout(width="100%"))
     root.add_class("pnb-panel")
-    c, d = controls, dist
-    return PanelWidgets(
-        root=root, tabs=tabs,
-        badge=o.badge, headline=o.headline, run_button=o.run_button,
-        compare_button=o.compare_button, stop_button=o.stop_button, progress=o.progress,
-        progress_label=o.progress_label, run_reason=o.run_reason, error_box=o.error_box,
-        device=c.device, device_text=c.device_text, mode=c.mode, dtype=c.dtype, fused=c.fused,
-        compile=c.compile, loss_scale_lab=c.loss_scale_lab, lab_note=c.lab_note,
-        workload=c.workload, preset=c.preset, steps=c.steps, accumulation=c.accumulation,
-        seed=c.seed, compare_plans=c.compare_plans, budget=c.budget,
-        plan_html=o.plan_html, code_title=o.code_title,
-        code_framework=o.code_framework, code_area=o.code_area,
-        live_metrics=o.live_metrics, live_charts=o.live_charts, status=o.status,
-        events_html=o.events_html, figure_button=o.figure_button, figure_note=o.figure_note,
-        figure_image=o.figure_image,
-        results_html=o.results_html,
-        inspect_button=a.button, analysis_note=a.note, memory_html=a.memory_html,
-        ops_html=a.ops_html, numerics_html=a.numerics_html, numerics_formats=a.formats,
-        strategy=d.strategy, nproc=d.nproc, backend=d.backend, comm_hook=d.comm_hook,
-        param_dtype=d.param_dtype, reduce_dtype=d.reduce_dtype, output_dtype=d.output_dtype,
-        dist_note=d.note, rank_html=per_rank.html,
-    )  # fmt: skip
+    # every other widget has its field's name in the part that made it
+    named = {
+        "root": root,
+        "tabs": tabs,
+        "inspect_button": a.button,
+        "analysis_note": a.note,
+        "numerics_formats": a.formats,
+        "dist_note": dist.note,
+        "rank_html": per_rank.html,
+    }
+    for field in dataclasses.fields(PanelWidgets):
+        if field.name not in named:
+            part = next(p for p in (o, controls, dist, a) if hasattr(p, field.name))
+            named[field.name] = getattr(part, field.name)
+    return PanelWidgets(**named)

@@ -6,9 +6,6 @@ figure with its note and Draw figure button, the results, the events, the plan a
 code" area); :mod:`.layout` arranges them. Its methods only assign widget values, so the run's
 worker thread may call them: no ``with output:`` block, no display call, nothing that needs the
 kernel's main thread.
-
-:func:`panel_png` draws the panel's matplotlib figure; :func:`close_widgets` closes a widget tree
-(layouts and styles included, which ipywidgets keeps registered until closed).
 """
 
 from __future__ import annotations
@@ -107,11 +104,7 @@ class PanelOutputs:
         self.error_box = widgets.HTML(layout=widgets.Layout(display="none"))
         self.status = widgets.HTML()
         self.progress = widgets.IntProgress(
-            value=0,
-            min=0,
-            max=1,
-            description="",
-            layout=widgets.Layout(width="220px", margin="0 8px"),
+            max=1, layout=widgets.Layout(width="220px", margin="0 8px")
         )
         # takes what is left of the toolbar's line (at least 200 px), cut short with an ellipsis
         self.progress_label = widgets.Label(
@@ -142,8 +135,6 @@ class PanelOutputs:
         )
         self.code_area = widgets.Textarea(
             layout=widgets.Layout(width="100%", height="320px"),
-            description="",
-            disabled=False,
             placeholder="No code: this selection cannot be resolved (see the message above).",
         )
         for name, css in _CSS.items():
@@ -154,17 +145,6 @@ class PanelOutputs:
         self.measured = False  # the run going (or last) is a comparison: measured figures
         self.warmups: dict[str, Any] = {}  # its warm-ups, label -> Warmup (None while going)
         self.scale_window: tuple[int, int] | None = None  # safe fp16 window (log2), if known
-
-    def on_click(self, **handlers: Callable[[Any], None]) -> None:
-        """``run=``, ``compare=``, ``stop=``, ``figure=``: what each button calls."""
-        buttons = {
-            "run": self.run_button,
-            "compare": self.compare_button,
-            "stop": self.stop_button,
-            "figure": self.figure_button,
-        }
-        for name, handler in handlers.items():
-            buttons[name].on_click(handler)
 
     # ------------------------------------------------------------------ messages
 
@@ -194,14 +174,11 @@ class PanelOutputs:
         self.compare_button.tooltip = compare_reason or self.COMPARE_TOOLTIP
         self.stop_button.disabled = not running
         self.figure_button.disabled = running or not has_result
+        reason = block_reason if block_reason is not None else compare_reason
         if running:
             self.run_reason.value = "<i>A run is going: Stop ends it between steps.</i>"
-        elif block_reason is not None:
-            style = "color:#856404"
-            self.run_reason.value = f"<span style='{style}'>{html.escape(block_reason)}</span>"
-        elif compare_reason is not None:
-            style = "color:#856404"
-            self.run_reason.value = f"<span style='{style}'>{html.escape(compare_reason)}</span>"
+        elif reason is not None:
+            self.run_reason.value = f"<span style='color:#856404'>{html.escape(reason)}</span>"
         else:
             self.run_reason.value = ""
 
@@ -362,7 +339,8 @@ class PanelOutputs:
 
 
 def close_widgets(root: widgets.Widget) -> int:
-    """Close ``root`` and every widget it holds (children, layouts, styles); returns how many."""
+    """Close ``root`` and every widget it holds (children, layouts, styles: ipywidgets keeps
+    them registered until closed); returns how many."""
     seen: set[int] = set()
     stack = [root]
     closed = 0

@@ -1,18 +1,14 @@
 """The panel's live plan: a :class:`Selection` resolved by the core, and what is shown of it.
 
-:class:`LivePlan` keeps the plan of the controls' selection up to date in the panel.
-:class:`PlanResolver` turns the controls' selection into the core's :class:`Explanation` (cached per
-selection, so a control change costs well under a millisecond), says whether the loss-scale lab
-applies, and renders the badge, the one-line request and plan of the header and the "copy as
-code" snippet. Resolution itself is the core's
-``explain_precision``; nothing here decides a precision.
+:class:`PlanResolver` resolves a selection with the core's ``explain_precision`` (cached per
+selection, so a control change costs well under a millisecond); nothing here decides a precision.
+:class:`LivePlan` keeps what is shown of it up to date: the badge, the header's line, the code.
 """
 
 from __future__ import annotations
 
 import html
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from precision_nb.core import remedies
@@ -30,7 +26,7 @@ if TYPE_CHECKING:
     from precision_nb.views.panel.distributed import DistributedPlanner
     from precision_nb.views.panel.outputs import PanelOutputs
 
-__all__ = ["LivePlan", "PlanResolver", "Resolved", "device_options", "headline_html"]
+__all__ = ["LivePlan", "PlanResolver", "device_options", "headline_html"]
 
 _BADGE_REAL = "background:#d4edda;color:#155724"
 _BADGE_SIM = "background:#fff3cd;color:#856404;border:1px solid #d39e00"
@@ -55,15 +51,6 @@ def device_options(caps: Capabilities) -> list[DeviceOption]:
     return options
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """A selection's explanation, and whether the loss-scale lab applies (with why not)."""
-
-    explanation: Explanation
-    lab_applies: bool
-    lab_reason: str
-
-
 class PlanResolver:
     """Resolves selections against this machine (or a simulated preset), with a cache."""
 
@@ -73,33 +60,28 @@ class PlanResolver:
         self._sim_caps: dict[str, Capabilities] = {}
         self.cache: dict[tuple[Any, ...], Explanation] = {}
 
-    def capabilities_for(self, selection: Selection) -> Capabilities:
-        preset = selection.simulated_preset
-        if preset is None:
-            return self.capabilities
-        if preset not in self._sim_caps:
-            self._sim_caps[preset] = get_capabilities(preset)
-        return self._sim_caps[preset]
-
     def optimizer_for(self, selection: Selection) -> OptimizerConfig:
         return OptimizerConfig(**{**self.optimizer.to_dict(), "fused": selection.fused})
 
-    def resolve(self, selection: Selection) -> Resolved:
-        """Raises like the core (``ValueError`` bad input, ``RuntimeError`` absent hardware)."""
-        caps = self.capabilities_for(selection)
-        request = "auto" if selection.simulated_preset else selection.device
+    def resolve(self, selection: Selection) -> tuple[Explanation, str | None]:
+        """The selection's explanation, and why the loss-scale lab does not apply (None: it
+        does). Raises like the core (``ValueError`` bad input, ``RuntimeError`` absent
+        hardware)."""
+        preset = selection.simulated_preset
+        if preset is not None and preset not in self._sim_caps:
+            self._sim_caps[preset] = get_capabilities(preset)
+        caps = self.capabilities if preset is None else self._sim_caps[preset]
+        request = "auto" if preset else selection.device
         requested = PrecisionConfig(mode=selection.mode, dtype=selection.dtype).requested
         device_type = resolve_device(request, caps).type
-        lab_applies, why = True, ""
+        why = None
         if requested != "fp16":
-            lab_applies = False
             why = f"the loss-scale lab applies to an fp16 request (this request is {requested})"
         elif device_type == "mps":
-            lab_applies, why = False, "the loss-scale lab applies on CPU (MPS resolves to fp32)"
+            why = "the loss-scale lab applies on CPU (MPS resolves to fp32)"
         elif device_type != "cpu":
-            lab_applies = False
             why = f"the loss-scale lab applies on CPU ({device_type} fp16 already has its scaler)"
-        lab = selection.loss_scale_lab and lab_applies
+        lab = selection.loss_scale_lab and why is None
         key = (selection.device, selection.mode, selection.dtype, selection.fused, lab,
                selection.compile)  # fmt: skip
         explanation = self.cache.get(key)
@@ -110,7 +92,7 @@ class PlanResolver:
                 config, request, caps, optimizer=optimizer, compile=selection.compile
             )
             self.cache[key] = explanation
-        return Resolved(explanation, lab_applies, why)
+        return explanation, why
 
 
 def badge_html(explanation: Explanation) -> str:
@@ -135,12 +117,9 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
     esc = html.escape
     plan, config = explanation.plan, explanation.config
     request = config.label + (" + loss-scale lab" if config.loss_scale_lab else "")
-    parts = [
-        f"{plan.dtype} weights (true)" if plan.true_weights else "",
-        f"autocast {plan.dtype}" if plan.autocast_enabled else "no autocast",
-        "loss scaler" if plan.use_scaler else "no loss scaler",
-    ]
-    parts = [p for p in parts if p]
+    parts = [f"{plan.dtype} weights (true)"] if plan.true_weights else []
+    parts.append(f"autocast {plan.dtype}" if plan.autocast_enabled else "no autocast")
+    parts.append("loss scaler" if plan.use_scaler else "no loss scaler")
     fused = next((d for d in explanation.decisions if d.field == "fused AdamW"), None)
     if fused is not None:
         parts.append(fused.outcome)
@@ -150,12 +129,10 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
     compiled = explanation.compile
     parts.append(f"compile {compiled.outcome}" if compiled.enabled else "eager")
     if distributed is not None:
-        request_ = distributed.request
-        parts.append(f"{request_.strategy} x{request_.nproc} (torchrun)")
-    fallbacks = explanation.fallbacks
+        parts.append(f"{distributed.request.strategy} x{distributed.request.nproc} (torchrun)")
     mark = ""
-    if fallbacks:
-        why = "; ".join(f"{d.field}: {d.reason}" for d in fallbacks)
+    if explanation.fallbacks:
+        why = "; ".join(f"{d.field}: {d.reason}" for d in explanation.fallbacks)
         mark = (
             f" <span class='pnb-headline-fallback' title='{esc(why, quote=True)}' "
             "style='color:#856404'>(fallback)</span>"
@@ -164,14 +141,6 @@ def headline_html(explanation: Explanation, distributed: DistributedPlan | None 
         f"<span style='white-space:nowrap'>request <b>{esc(request)}</b> &rarr; plan "
         f"<b>{esc(plan.label)}</b>{mark}</span>: {esc(' · '.join(parts))}"
     )
-
-
-def code_for(explanation: Explanation, selection: Selection, framework: str = "pytorch") -> str:
-    """The copy-as-code script for this explanation's plan and the selection's loop settings."""
-    spec = code_spec(
-        explanation, steps=selection.steps, accumulation=selection.accumulation, seed=selection.seed
-    )
-    return plan_code(spec, framework)
 
 
 class LivePlan:
@@ -205,7 +174,7 @@ class LivePlan:
         selection = self.controls.selection()
         try:
             check_seed(selection.seed)
-            resolved = self.resolver.resolve(selection)
+            explanation, why = self.resolver.resolve(selection)
         except (ValueError, RuntimeError) as exc:
             self.explanation, self.error = None, exc
             self.controls.update_enabled(lab_applies=False, lab_reason="")
@@ -213,13 +182,16 @@ class LivePlan:
             self.outputs.show_error(f"Cannot resolve this selection: {exc}", "selection")
             self.refresh_seconds = time.perf_counter() - start
             return
-        explanation = resolved.explanation
         self.explanation, self.error, self.distributed = explanation, None, None
-        self.controls.update_enabled(
-            lab_applies=resolved.lab_applies, lab_reason=resolved.lab_reason
-        )
+        self.controls.update_enabled(lab_applies=why is None, lab_reason=why or "")
         framework = self.outputs.code_framework.value
-        plan_html, code = explanation._repr_html_(), code_for(explanation, selection, framework)
+        spec = code_spec(
+            explanation,
+            steps=selection.steps,
+            accumulation=selection.accumulation,
+            seed=selection.seed,
+        )
+        plan_html, code = explanation._repr_html_(), plan_code(spec, framework)
         if self.planner is not None:
             try:
                 self.distributed = self.planner.resolve(
@@ -249,27 +221,28 @@ class LivePlan:
 
     def block_reason(self) -> str | None:
         """Why Run cannot start with this selection (None when it can)."""
-        if self.error is not None and self.explanation is not None:
+        explanation, distributed = self.explanation, self.distributed
+        if self.error is not None and explanation is not None:
             return f"Run is disabled: the distributed request cannot run here: {self.error}"
         if self.error is not None:
             return "Run is disabled: the selection cannot be resolved (see the message above)."
-        if self.distributed is not None and self.explanation is not None:
-            if self.explanation.compile.enabled:
-                return (
-                    "Run is disabled: distributed runs train eagerly (their ranks do not compile "
-                    "the model); set Compile to off, or the strategy to none"
-                )
-        remedy = self.explanation.plan.remedy if self.explanation is not None else "none"
+        if explanation is None:
+            return None
+        if distributed is not None and explanation.compile.enabled:
+            return (
+                "Run is disabled: distributed runs train eagerly (their ranks do not compile "
+                "the model); set Compile to off, or the strategy to none"
+            )
+        remedy = explanation.plan.remedy
         if remedy != "none" and not remedies.installed(remedy):
             return f"Run is disabled: {remedies.missing_message(remedy)}"
-        if self.distributed is not None and self.explanation is not None:
-            if self.explanation.plan.true_weights:
-                return (
-                    "Run is disabled: true plans train on one process; pick a mixed plan, or the "
-                    "strategy none"
-                )
-        if self.explanation is not None and self.explanation.simulated:
-            name = self.explanation.capabilities.name
+        if distributed is not None and explanation.plan.true_weights:
+            return (
+                "Run is disabled: true plans train on one process; pick a mixed plan, or the "
+                "strategy none"
+            )
+        if explanation.simulated:
+            name = explanation.capabilities.name
             return (
                 f"Run is disabled: {name} is simulated hardware. The plan shows what it would "
                 "resolve to there; pick a real device (auto, cpu, ...) to run."

@@ -111,25 +111,19 @@ def table_html(
     """A table in the panel's style (``css``: classes added to ``pnb-table``), sized to its
     content: numbers on one line, the text columns ``wrap`` wrapping and left-aligned; it scrolls
     inside the tab when wider than the output."""
-    th = "".join(
-        f"<th class='pnb-text'>{html.escape(h)}</th>" if i in wrap else f"<th>{html.escape(h)}</th>"
-        for i, h in enumerate(head)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f"<td class='pnb-text'>{html.escape(v)}</td>"
-            if i in wrap
-            else f"<td>{html.escape(v)}</td>"
-            for i, v in enumerate(row)
+    text = " class='pnb-text'"
+
+    def cells(tag: str, values: Sequence[str]) -> str:
+        return "".join(
+            f"<{tag}{text if i in wrap else ''}>{html.escape(v)}</{tag}>"
+            for i, v in enumerate(values)
         )
-        + "</tr>"
-        for row in rows
-    )
+
+    body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
     classes = f"pnb-table {css}".strip()
     return (
         f"<div class='pnb-table-wrap'><table class='{classes}'>"
-        f"<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>"
+        f"<thead><tr>{cells('th', head)}</tr></thead><tbody>{body}</tbody></table></div>"
     )
 
 

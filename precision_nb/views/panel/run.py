@@ -25,23 +25,19 @@ from precision_nb.views.panel.results import HOST_RSS
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Job",
-    "LiveCallback",
-    "check_train_options",
-    "describe_failure",
-    "metrics_text",
-]
+__all__ = ["Job", "LiveCallback", "check_train_options", "describe_failure", "metrics_text"]
 
 
 class LiveCallback(Callback):
     """Throttled engine callback (``on_fit_start`` / ``on_log`` / ``on_fit_end``) feeding the panel.
 
-    ``progress(done, total, text, record)`` is called at most every ``progress_interval_s`` (and
+    ``progress(done, total, text, record)`` is called at most every ``PROGRESS_INTERVAL_S`` (and
     at each run's start and end) with the latest record (None before the first);
     ``draw(records, results)`` renders a live frame when the throttle and the plotting budget
     allow. ``runs`` is the number of runs expected (1, or the plans of a comparison).
     """
+
+    PROGRESS_INTERVAL_S = 0.1
 
     def __init__(
         self,
@@ -52,7 +48,6 @@ class LiveCallback(Callback):
         draw: Callable[[list[dict[str, Any]], list[Any]], None],
         budget: float = 0.03,
         min_interval_s: float = 0.5,
-        progress_interval_s: float = 0.1,
         first_cost_guess_s: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -64,7 +59,6 @@ class LiveCallback(Callback):
         self._draw = draw
         self.budget = budget
         self.min_interval_s = min_interval_s
-        self.progress_interval_s = progress_interval_s
         self._clock = clock
         self.records: list[dict[str, Any]] = []
         self.results: list[Any] = []
@@ -73,9 +67,8 @@ class LiveCallback(Callback):
         self.frames = 0
         self.plot_seconds = 0.0
         self.callback_seconds = 0.0  # everything spent inside the engine's callbacks
-        self.last_frame_seconds = 0.0
+        self.last_frame_seconds = first_cost_guess_s  # a guess until the first frame
         self.draw_error: str | None = None
-        self._cost_estimate = first_cost_guess_s
         self._start = clock()
         self._last_draw = -float("inf")
         self._last_progress = -float("inf")
@@ -122,9 +115,8 @@ class LiveCallback(Callback):
 
     def on_fit_end(self, result: Any) -> None:
         start = time.perf_counter()
-        step = result.records[-1]["step"] if result.records else 0
         last = result.records[-1] if result.records else None
-        self._report(step=int(step), record=last, force=True)
+        self._report(step=0 if last is None else int(last["step"]), record=last, force=True)
         self.callback_seconds += time.perf_counter() - start
 
     # ------------------------------------------------------------------ throttling
@@ -133,18 +125,15 @@ class LiveCallback(Callback):
         with self._lock:
             return list(self.records), list(self.results)
 
-    def may_draw(self, now: float) -> bool:
-        """True when the interval has passed and one more frame keeps plotting within budget."""
-        if now - self._last_draw < self.min_interval_s:
+    def maybe_draw(self) -> bool:
+        """Draw a live frame when the interval has passed and one more frame keeps plotting
+        within budget. A failing frame never stops training: live frames end, and
+        ``draw_error`` says why (the panel shows it)."""
+        now = self._clock()
+        if self.draw_error is not None or now - self._last_draw < self.min_interval_s:
             return False
         training = max(0.0, now - self._start - self.plot_seconds)
-        return self.plot_seconds + self._cost_estimate <= self.budget * training
-
-    def maybe_draw(self) -> bool:
-        """Draw a live frame if allowed. A failing frame never stops training: live frames end,
-        and ``draw_error`` says why (the panel shows it)."""
-        now = self._clock()
-        if self.draw_error is not None or not self.may_draw(now):
+        if self.plot_seconds + self.last_frame_seconds > self.budget * training:
             return False
         records, results = self.snapshot()
         try:
@@ -153,10 +142,8 @@ class LiveCallback(Callback):
             log.info("live frame failed", exc_info=True)
             self.draw_error = f"{type(exc).__name__}: {exc}"
         done = self._clock()
-        cost = done - now
-        self.last_frame_seconds = cost
-        self.plot_seconds += cost
-        self._cost_estimate = cost
+        self.last_frame_seconds = done - now
+        self.plot_seconds += self.last_frame_seconds
         self._last_draw = done
         self.frames += 1
         return True
@@ -165,7 +152,7 @@ class LiveCallback(Callback):
 
     def _report(self, *, step: int, record: dict[str, Any] | None, force: bool) -> None:
         now = self._clock()
-        if not force and now - self._last_progress < self.progress_interval_s:
+        if not force and now - self._last_progress < self.PROGRESS_INTERVAL_S:
             return
         self._last_progress = now
         index = max(1, len(self.results))
@@ -206,9 +193,6 @@ class Job:
             target=self._main, name=f"precision-nb-{self.kind}", daemon=True
         )
 
-    def start(self) -> None:
-        self.thread.start()
-
     @property
     def running(self) -> bool:
         return not self.done_event.is_set()
@@ -247,9 +231,7 @@ def describe_failure(exc: BaseException, *, batch_hint: str = "") -> str:
     if failed:  # a comparison raises its first failing plan's error
         text = f"plan {next(iter(failed))}: {text}"
     if isinstance(exc, FitError):
-        if is_out_of_memory(exc):
-            return f"Out of memory: {text}"
-        return f"Run failed: {text}"
+        return f"Out of memory: {text}" if is_out_of_memory(exc) else f"Run failed: {text}"
     if is_out_of_memory(exc):
         advice = (
             "What to change: pick a smaller size preset"

@@ -7,7 +7,7 @@ the control, the value and what is allowed. No widget in here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +71,6 @@ class DeviceOption:
     value: str
     label: str
 
-    @property
-    def simulated(self) -> bool:
-        return self.value.startswith(SIM_PREFIX)
-
 
 @dataclass(frozen=True)
 class Selection:
@@ -115,10 +111,6 @@ def _normalise_dtype(value: Any) -> str:
         raise ValueError(f"{exc}; or None (no dtype)") from None
 
 
-def _normalise_mode(value: Any) -> str:
-    return normalize_plan(value, field="mode")
-
-
 def _compare_choice(value: Any) -> Any:
     """A Compare list entry: a choice as listed, or a plan spelled as the Mode menu takes it
     (``BF16-true+Kahan``); a plan refused for a reason (``fp32-true``) says why."""
@@ -143,6 +135,42 @@ def _normalise_fused(value: Any) -> str:
     )
 
 
+def _normalise_lab(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"loss_scale_lab={short_repr(value)} must be True or False")
+    return value
+
+
+def _normalise_compare(value: Any) -> tuple[str, ...]:
+    many = isinstance(value, (list, tuple))
+    chosen = tuple(_compare_choice(c) for c in (value if many else (value,)))
+    unknown = [c for c in chosen if not isinstance(c, str) or c not in COMPARE_CHOICES]
+    if unknown or not chosen:
+        raise ValueError(
+            f"compare_plans={short_repr(value)} must name one or more of: "
+            + ", ".join(COMPARE_CHOICES)
+        )
+    return chosen
+
+
+#: The checks of the controls that need nothing but their value.
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "mode": lambda value: normalize_plan(value, field="mode"),
+    "dtype": _normalise_dtype,
+    "fused": _normalise_fused,
+    "compile": lambda value: compile_name(value, "compile"),
+    "preset": lambda value: value,  # checked against the workload below
+    "steps": lambda value: positive_int("steps", value, MAX_STEPS),
+    "accumulation": lambda value: positive_int("accumulation", value, MAX_ACCUMULATION),
+    "seed": check_seed,
+    "budget": lambda value: number(
+        "budget", value, minimum=BUDGET_RANGE[0], maximum=BUDGET_RANGE[1]
+    ),
+    "loss_scale_lab": _normalise_lab,
+    "compare_plans": _normalise_compare,
+}
+
+
 def normalise(
     values: Mapping[str, Any],
     *,
@@ -159,14 +187,6 @@ def normalise(
     for name, value in values.items():
         if name == "device":
             out[name] = device_value(value, device_options)
-        elif name == "mode":
-            out[name] = _normalise_mode(value)
-        elif name == "dtype":
-            out[name] = _normalise_dtype(value)
-        elif name == "fused":
-            out[name] = _normalise_fused(value)
-        elif name == "compile":
-            out[name] = compile_name(value, "compile")
         elif name == "workload":
             if user_model:
                 raise ValueError(
@@ -178,30 +198,8 @@ def normalise(
                     f"workload={short_repr(value)} is unknown; allowed: {', '.join(workloads)}"
                 )
             out[name] = value
-        elif name == "preset":
-            out[name] = value
-        elif name == "steps":
-            out[name] = positive_int("steps", value, MAX_STEPS)
-        elif name == "accumulation":
-            out[name] = positive_int("accumulation", value, MAX_ACCUMULATION)
-        elif name == "seed":
-            out[name] = check_seed(value)
-        elif name == "budget":
-            out[name] = number("budget", value, minimum=BUDGET_RANGE[0], maximum=BUDGET_RANGE[1])
-        elif name == "loss_scale_lab":
-            if not isinstance(value, bool):
-                raise ValueError(f"loss_scale_lab={short_repr(value)} must be True or False")
-            out[name] = value
-        elif name == "compare_plans":
-            many = isinstance(value, (list, tuple))
-            chosen = tuple(_compare_choice(c) for c in (value if many else (value,)))
-            unknown = [c for c in chosen if not isinstance(c, str) or c not in COMPARE_CHOICES]
-            if unknown or not chosen:
-                raise ValueError(
-                    f"compare_plans={short_repr(value)} must name one or more of: "
-                    + ", ".join(COMPARE_CHOICES)
-                )
-            out[name] = chosen
+        elif name in _CHECKS:
+            out[name] = _CHECKS[name](value)
         else:
             raise ValueError(
                 f"{short_repr(name)} is not a panel control; allowed: device, mode, dtype, fused, "
@@ -210,19 +208,18 @@ def normalise(
                 "distributed, strategy, nproc, comm_hook, backend, param_dtype, reduce_dtype, "
                 "output_dtype"
             )
-    preset = out.get("preset")
-    if "preset" in out and not user_model:
-        workload = out.get("workload", current_workload)
+    if "preset" in out and user_model:
+        raise ValueError(
+            "preset cannot be chosen: this panel trains the model passed as Panel(model=...)"
+        )
+    if "preset" in out:
+        preset, workload = out["preset"], out.get("workload", current_workload)
         allowed = workloads.get(workload, ())
         if preset not in allowed:
             raise ValueError(
                 f"preset={short_repr(preset)} is not a size preset of workload {workload!r}; "
                 f"allowed: {', '.join(map(str, allowed))}"
             )
-    elif "preset" in out:
-        raise ValueError(
-            "preset cannot be chosen: this panel trains the model passed as Panel(model=...)"
-        )
     return out
 
 

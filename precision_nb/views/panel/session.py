@@ -14,6 +14,7 @@ frames drawn so far; before any, a first guess of one second.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -58,11 +59,11 @@ class RunSession:
 
     ``optimizer_for(selection)`` gives the optimizer config of a selection; ``log_every`` (None:
     ``steps // 50``) and ``train_options`` (other TrainConfig fields) complete its TrainConfig.
-    Two hooks, set by the panel's builder: ``on_released()`` is called (in the worker thread) once
-    a job no longer counts as running, so the panel can re-enable its buttons; ``after_run(source,
-    training_s, plotted_s)`` after a run that left a result (the panel's inspections, within the
-    budget). Nothing here refers to the panel itself, so a panel nobody references is collected
-    even while its session's worker thread runs.
+    Two hooks, set by the panel's builder: ``on_released(job)`` is called (in the worker thread)
+    once a job no longer counts as running, so the panel can re-enable its buttons;
+    ``after_run(source, training_s, plotted_s)`` after a run that left a result (the panel's
+    inspections, within the budget). Nothing here refers to the panel itself, so a panel nobody
+    references is collected even while its session's worker thread runs.
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class RunSession:
         self.train_options = dict(train_options)
         self.plot_budget = plot_budget
         self.refresh_interval_s = refresh_interval_s
-        self.on_released: Callable[[], None] | None = None
+        self.on_released: Callable[[Job], None] | None = None
         self.after_run: Callable[[Any, float, float], None] | None = None
         self.lock = threading.Lock()
         self.job: Job | None = None
@@ -124,38 +125,26 @@ class RunSession:
             min_interval_s=self.refresh_interval_s,
             first_cost_guess_s=self.frame_cost_s,
         )
-        self.live = live
-        self.last_live = live
+        self.live = self.last_live = live
         self.source = None
         self.outputs.reset_for_run(
             live.steps * live.runs, measured=kind == "compare", warmups=live.warmups
         )
-        if kind == "run" and distributed is not None:
-
-            def target(stop: threading.Event) -> Any:
-                return fit_target(self, selection, explanation, distributed, live, stop)
-        elif kind == "run":
-
-            def target(stop: threading.Event) -> Any:
-                return self._fit(selection, explanation, live, stop)
+        if kind == "compare":
+            target = functools.partial(self._compare, selection, live)
+        elif distributed is not None:
+            target = functools.partial(fit_target, self, selection, explanation, distributed, live)
         else:
-
-            def target(stop: threading.Event) -> Any:
-                return self._compare(selection, live, stop)
-
+            target = functools.partial(self._fit, selection, explanation, live)
         job = Job(
             target=target,
             on_done=self._finish,
-            on_released=self._released,
+            on_released=self.on_released,
             kind=kind,
             context=selection,
         )
         self.job = job
         return job
-
-    def _released(self, _job: Job) -> None:
-        if self.on_released is not None:
-            self.on_released()
 
     def train_config(self, selection: Selection) -> Any:
         from precision_nb.engine.train_config import TrainConfig
@@ -193,11 +182,7 @@ class RunSession:
         # thread cannot wait for itself (it sees the stop flag at its next step).
         if self.stop() and job is not None and job.thread is not threading.current_thread():
             self.wait(timeout)
-        self.user_model = None
-        self.source = None
-        self.live = None
-        self.last_live = None
-        self.last_exception = None
+        self.user_model = self.source = self.live = self.last_live = self.last_exception = None
         if self.job is not None and not self.job.running:
             self.job = None
 
@@ -343,6 +328,7 @@ class RunSession:
             self.outputs.progress_label.value = "failed before the first step"
             self.outputs.status.value = "Failed before the first logged step; no records to show."
             return None
+        from precision_nb.views.report.source import as_comparison
         from precision_nb.views.report.tables import results_of, summary, to_frame
 
         frame = to_frame(source)
@@ -356,13 +342,15 @@ class RunSession:
         measurement = getattr(source, "measurement", None)
         self.outputs.measured = measurement is not None
         events = list(getattr(source, "events", []) or [])
+        comparison = as_comparison(source)
         self.outputs.show_final(
             frame,
             table,
             events,
             word=word,
             seconds=seconds,
-            outcomes=_outcomes(source),
+            # a single run's outcome holds its result: a true plan's lost updates are on it
+            outcomes={label: comparison.outcome(label) for label in comparison.results},
             method=None if measurement is None else measurement.method(),
             compiled=getattr(source, "compiled", None) or {},
             load_note=measurement.load_note if measurement is not None else "",
@@ -379,13 +367,9 @@ class RunSession:
         return training - live.callback_seconds, live.plot_seconds
 
     def _final_figure(self, live: Any, frame: Any) -> None:
-        """Draw the matplotlib figure after a run when it fits the plotting budget.
-
-        The live charts already show the finished run. The matplotlib figure costs a frame
-        (learnt from earlier frames; about a second on a slow CPU), so it is drawn automatically
-        only while all plotting of the run stays within ``plot_budget`` of its training time;
-        otherwise the note says so and Draw figure (or ``Panel.draw_figure``) draws it on demand.
-        """
+        """Draw the matplotlib figure after a run when it fits the plotting budget (see the
+        module docstring; a frame costs about a second on a slow CPU); otherwise the note says so
+        and Draw figure (or ``Panel.draw_figure``) draws it on demand."""
         training, plotted = self.training_seconds(live)
         cost = self.frame_cost_s
         if figure_fits_budget(
@@ -436,12 +420,3 @@ def compare_compiles(selection: Selection) -> tuple[str, ...]:
     """The compile modes a panel comparison measures: eager only, or eager and the selected
     mode (so every plan is compared with its own eager twin)."""
     return ("off",) if selection.compile == "off" else ("off", selection.compile)
-
-
-def _outcomes(source: Any) -> dict[str, Any]:
-    """Label -> the typed outcome of every run of ``source`` (a single run's holds its result:
-    a true plan's lost updates are on it)."""
-    from precision_nb.views.report.source import as_comparison
-
-    comparison = as_comparison(source)
-    return {label: comparison.outcome(label) for label in comparison.results}

@@ -133,34 +133,13 @@ def time_adamw(
             if opt is not None:
                 sink.append(block(opt, steps))
     p_low, p_mid, p_high = _quartiles(plain_t)
-    out = AdamWTiming(
-        str(dev),
-        len(params),
-        sum(p.numel() for p in params),
-        rounds,
-        steps,
-        p_mid,
-        p_high - p_low,
-        fused_error=error,
-    )
+    size = sum(p.numel() for p in params)
+    head = (str(dev), len(params), size, rounds, steps, p_mid, p_high - p_low)
     if not fused_t:
-        return out
+        return AdamWTiming(*head, fused_error=error)
     f_low, f_mid, f_high = _quartiles(fused_t)
     r_low, r_mid, r_high = _quartiles([a / b for a, b in zip(plain_t, fused_t, strict=True)])
-    return AdamWTiming(
-        out.device,
-        out.tensors,
-        out.elements,
-        rounds,
-        steps,
-        p_mid,
-        p_high - p_low,
-        f_mid,
-        f_high - f_low,
-        r_mid,
-        r_low,
-        r_high,
-    )
+    return AdamWTiming(*head, f_mid, f_high - f_low, r_mid, r_low, r_high)
 
 
 def _sync(device: torch.device) -> None:

@@ -122,7 +122,4 @@ def reserved(nbytes: int = RESERVE) -> Iterator[bool]:
 def worker_env(env: Mapping[str, str], settled: bool) -> dict[str, str]:
     """``env`` for a fresh measuring process: with the settled thresholds added when this
     process settled its own (:func:`settle`); thresholds ``env`` sets are inherited as they are."""
-    out = dict(env)
-    if settled:
-        out.update(ENV)
-    return out
+    return dict(env, **ENV) if settled else dict(env)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,13 +133,12 @@ def cache_key(source: ModelSource, target: AnalysisTarget | None) -> Any:
     return model if target is None else (target.plan, target.device, target.capabilities, model)
 
 
-def scaled_run(results: Mapping[str, RunResult], label: str | None = None) -> RunResult | None:
-    """The run with a grad scaler and a scale history (``label``'s, or the first), or None."""
-    for name, result in results.items():
+def scaled_run(results: Mapping[str, RunResult]) -> RunResult | None:
+    """The first run with a grad scaler and a scale history, or None."""
+    for result in results.values():
         plan = getattr(result, "plan", None)
         if getattr(plan, "use_scaler", False) and getattr(result, "scale_history", None):
-            if label is None or name == label:
-                return result
+            return result
     return None
 
 
@@ -166,25 +165,18 @@ def analyse(request: Any, comparison: Any) -> Analyses:
     source = ModelSource.of(request)
     results = comparison.results
     run = scaled_run(results)
-    devices = [r.device for r in results.values()]
-    jobs = (
-        (
-            "inspection",
-            "inspect" in request.analyses and request.distributed is None,
-            lambda: inspect_targets(source, targets_of(results, comparison.failures)),
-        ),
-        (
-            "numerics",
-            "numerics" in request.analyses,
-            lambda: analyse_numerics(source, devices[0] if devices else request.device, run),
-        ),
-    )
+    device = next((r.device for r in results.values()), request.device)
+    asked = set(request.analyses) if results else set()
+    jobs: dict[str, Callable[[], Any]] = {}
+    if "inspect" in asked and request.distributed is None:
+        targets = targets_of(results, comparison.failures)
+        jobs["inspection"] = lambda: inspect_targets(source, targets)
+    if "numerics" in asked:
+        jobs["numerics"] = lambda: analyse_numerics(source, device, run)
     values: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     events: list[Event] = []
-    for name, wanted, job in jobs:
-        if not wanted or not results:
-            continue
+    for name, job in jobs.items():
         start = time.perf_counter()
         try:
             values[name] = job()

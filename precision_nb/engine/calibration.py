@@ -122,10 +122,5 @@ def verdict_rates(
     else:
         raise ValueError(f"mode: invalid value {mode!r}; allowed: rounds, fixed, target")
     kind = stats.classify(low, high)
-    return Rates(
-        float(np.mean(kind == 1)),
-        float(np.mean(kind == -1)),
-        float(np.mean(kind == 0)),
-        trials,
-        float(used.mean()),
-    )
+    faster, slower, unresolved = (float(np.mean(kind == k)) for k in (1, -1, 0))
+    return Rates(faster, slower, unresolved, trials, float(used.mean()))

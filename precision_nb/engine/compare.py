@@ -1,13 +1,10 @@
 """compare(): several precision plans on one workload, same initial weights and data order.
 
-Each request is resolved first; requests that resolve to the same plan (fp16 on CPU -> fp32) are
-run once, and ``.merged`` / ``.events`` say why. With ``compile=("off", "default")`` every
-precision is measured eager and compiled (``bf16``, ``bf16+compile``); what compiling cost and
+Each request is resolved first (:mod:`precision_nb.engine.planning`); what compiling cost and
 changed is in ``.compiled`` (:mod:`precision_nb.engine.compile.comparing`). The plans are
-measured as :mod:`precision_nb.engine.measure` describes (warm-up apart, interleaved rounds);
-each plan trains exactly as a single ``fit`` of ``steps`` steps would. Drift is measured against
-the (eager) fp32 run: the final-loss difference and the relative L2 difference of all trainable
-parameters.
+measured as :mod:`precision_nb.engine.measure` describes; each plan trains exactly as a single
+``fit`` of ``steps`` steps would. Drift is measured against the (eager) fp32 run: the final-loss
+difference and the relative L2 difference of all trainable parameters.
 """
 
 from __future__ import annotations
@@ -41,10 +38,6 @@ from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
 __all__ = ["Comparison", "compare", "run_comparison"]
 
 log = logging.getLogger(__name__)
-
-
-def _param_vector(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().float().cpu().reshape(-1) for p in model.parameters()])
 
 
 def compare(
@@ -107,12 +100,8 @@ def run_comparison(
     request's :class:`~precision_nb.engine.planning.Planning` when the caller made it already."""
     if measure is not None:
         request = request.replace(measure=measure)
-    cfg, device, optimizer, loss_fn = (
-        request.train,
-        request.device,
-        request.optimizer,
-        request.loss_fn,
-    )
+    cfg, device = request.train, request.device
+    optimizer, loss_fn = request.optimizer, request.loss_fn
     dispatch = Callbacks(callbacks)
     model, batches, info = request.prepare()
     if isinstance(batches, Iterable) and iter(batches) is batches:
@@ -164,7 +153,8 @@ def run_comparison(
             result = session.finish()
         out.results[label] = result
         out.events.extend(e.prefixed(label) for e in result.events)
-        params[label] = _param_vector(trainers[label].model)
+        weights = trainers[label].model.parameters()
+        params[label] = torch.cat([p.detach().float().cpu().reshape(-1) for p in weights])
         out.stopped = out.stopped or bool(result.stopped or measurement.stopped)
     compiled, more = comparing.collect(
         planning.explanations, measurement, out.results, trainers, warm_trainers, breaks

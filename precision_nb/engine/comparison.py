@@ -1,22 +1,17 @@
 """A comparison's typed result: :class:`Comparison`, with one :class:`PlanOutcome` per plan.
 
-A plan's outcome holds its run result, its :class:`Timing` (the raw step-time blocks of every
-process; median and quartiles are computed from them on first use, as
-``torch.utils.benchmark.Measurement`` does), its :class:`Rates`, its speedup against the baseline
-with the :class:`~precision_nb.engine.verdicts.Verdict` that words it, its :class:`Drift` from the
-fp32 run, the TF32 state of a CUDA fp32 baseline, its inspection, its compiled-plan report and
-why it failed, if it did. A true plan's outcome also carries its :class:`TrueSaving` against the
-mixed plan of the same dtype (set when the inspections are attached) and its measured
-:class:`LostUpdates`. :func:`plan_outcomes` computes them from a measurement; the views read
-these attributes and build their tables at the edge (the summary's columns are named in
-:mod:`precision_nb.views.report.tables` only).
+A plan's outcome holds everything worked out for it (its fields say what). Its :class:`Timing`
+keeps the raw step-time blocks of every process; median and quartiles are computed from them on
+first use, as ``torch.utils.benchmark.Measurement`` does. :func:`plan_outcomes` computes the
+outcomes from a measurement; the views read these attributes and build their tables at the edge
+(the summary's columns are named in :mod:`precision_nb.views.report.tables` only).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +29,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Comparison",
     "Drift",
-    "LostUpdates",
     "PlanOutcome",
     "Rates",
     "Timing",
-    "TrueSaving",
     "plan_outcomes",
 ]
 
@@ -181,14 +174,7 @@ class Comparison:
     @property
     def drift(self) -> dict[str, dict[str, float | None]]:
         """Label -> ``final_loss_diff`` and ``param_rel_diff`` against the fp32 run."""
-        return {
-            k: {
-                "final_loss_diff": o.drift.final_loss_diff,
-                "param_rel_diff": o.drift.param_rel_diff,
-            }
-            for k, o in self.outcomes.items()
-            if o.drift is not None
-        }
+        return {k: asdict(o.drift) for k, o in self.outcomes.items() if o.drift is not None}
 
     @property
     def failures(self) -> dict[str, str]:
@@ -216,13 +202,14 @@ class Comparison:
         return [r for res in self.results.values() for r in res.records]
 
 
-def _tokens_per_sample(result: RunResult | None) -> float | None:
-    """Tokens per sample from the records (both rates share one interval, so this is exact)."""
+def _tokens_per_sample(result: RunResult | None) -> float:
+    """Tokens per sample from the records (both rates share one interval, so this is exact);
+    0.0 where no record has a token rate."""
     for record in result.records if result is not None else ():
         tokens, samples = record.get("tokens_per_s"), record.get("samples_per_s")
         if tokens and samples:
             return float(tokens) / float(samples)
-    return None
+    return 0.0
 
 
 def _per_s(amount: float | None, median: float) -> float | None:
@@ -242,45 +229,32 @@ def _rates(label: str, result: RunResult | None, median: float, events: list[Eve
         (flops_per_s / high, flops_per_s / low) if flops_per_s and low and high else (mfu, mfu)
     )
     if mfu is not None and mfu > 1:
-        events.append(
-            Event(
-                "calibration",
-                f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "  # type: ignore[operator]
-                f"({info.get('peak_source')}): {beyond_peak(info.get('peak_source'))}; MFU "
-                "is not shown",
-                {"run": label, "mfu": mfu, "source": info.get("peak_source")},
-            )
+        source = info.get("peak_source")
+        text = (
+            f"{label}: achieved {flops_per_s / 1e9:.1f} GFLOP/s beats the peak "  # type: ignore[operator]
+            f"({source}): {beyond_peak(source)}; MFU is not shown"
         )
+        events.append(Event("calibration", text, {"run": label, "mfu": mfu, "source": source}))
         mfu, mfu_range = None, (None, None)
     return Rates(
-        _per_s(per_step, median),
-        _per_s(per_step * tps, median) if tps else None,
-        flops_per_s,
-        mfu,
-        *mfu_range,
+        _per_s(per_step, median), _per_s(per_step * tps, median), flops_per_s, mfu, *mfu_range
     )
 
 
 def _tf32(label: str, result: RunResult | None, events: list[Event]) -> dict[str, Any] | None:
     """The TF32 flags of a CUDA fp32 plan (an event when they let it run as TF32)."""
-    plan = getattr(result, "plan", None)
-    if (
-        not str(getattr(result, "device", "")).startswith("cuda")
-        or getattr(plan, "mode", "") != "fp32"
-    ):
+    cuda = str(getattr(result, "device", "")).startswith("cuda")
+    if result is None or not cuda or getattr(result.plan, "mode", "") != "fp32":
         return None
-    tf32 = (result.workload if result is not None else {}).get("tf32") or tf32_state()
-    if tf32_classes(tf32):
-        events.append(
-            Event(
-                "measurement",
-                f"{label}: the fp32 baseline may run its "
-                f"{' and '.join(CLASS_WORDS[c] for c in tf32_classes(tf32))} as TF32 on "
-                f"tensor cores ({flags_text(tf32)}: convolutions default to TF32 on "
-                "Ampere and newer); speedups are against that baseline",
-                {"run": label, **tf32},
-            )
+    tf32 = result.workload.get("tf32") or tf32_state()
+    if classes := tf32_classes(tf32):
+        words = " and ".join(CLASS_WORDS[c] for c in classes)
+        text = (
+            f"{label}: the fp32 baseline may run its {words} "
+            f"as TF32 on tensor cores ({flags_text(tf32)}: convolutions default to TF32 on Ampere "
+            "and newer); speedups are against that baseline"
         )
+        events.append(Event("measurement", text, {"run": label, **tf32}))
     return tf32
 
 
@@ -308,19 +282,8 @@ def plan_outcomes(
         speed = verdict = None
         if baseline is not None and baseline in measurement.plans:
             speed = measurement.speedup(label, baseline)
-            verdict = (
-                verdicts.Verdict(
-                    "baseline",
-                    f"{label} is the baseline.",
-                    label=label,
-                    baseline=label,
-                    stopped_by=speed.stopped_by,
-                    busy=busy,
-                )  # fmt: skip
-                if label == baseline
-                else verdicts.verdict(
-                    label, speed, baseline=baseline, spread_of_plan=t.spread, busy=busy
-                )
+            verdict = verdicts.verdict(
+                label, speed, baseline=baseline, spread_of_plan=t.spread, busy=busy
             )
         out[label] = PlanOutcome(
             label,

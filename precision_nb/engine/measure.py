@@ -93,7 +93,7 @@ def _stable(times: Sequence[float], cfg: MeasureConfig) -> bool:
 
 def warm_up(
     label: str,
-    session: Session,
+    session: Session | None,
     cfg: MeasureConfig,
     agree: Callable[[bool], bool] | None = None,
 ) -> Warmup:
@@ -220,11 +220,8 @@ def run_rounds(
 def _failed_event(label: str, r: int, why: str, blocks: list[list[float]]) -> Event:
     """The event of a plan that failed in round ``r`` (0-based), kept with its completed rounds."""
     done = sum(1 for b in blocks if b)
-    return Event(
-        "measurement",
-        f"{label}: {why}; reported with the {done} round(s) it completed",
-        {"run": label, "round": r + 1, "rounds": done},
-    )
+    text = f"{label}: {why}; reported with the {done} round(s) it completed"
+    return Event("measurement", text, {"run": label, "round": r + 1, "rounds": done})
 
 
 def measure_plans(
@@ -265,23 +262,20 @@ def measure_plans(
             break
         if on_warmup is not None:
             on_warmup(label, None)
-        if cfg.warmup_max:
-            try:
-                warm = warm_up(label, make_session(label, cfg.warmup_max, True), cfg, agree)
-            except WarmupExhausted:
+        try:  # warmup_max=0: no throw-away session is built (warm_up records the skip)
+            throwaway = make_session(label, cfg.warmup_max, True) if cfg.warmup_max else None
+            warm = warm_up(label, throwaway, cfg, agree)
+        except WarmupExhausted:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this plan cannot run; the others go on
+            if fail_fast:
                 raise
-            except Exception as exc:  # noqa: BLE001 - this plan cannot run; the others go on
-                if fail_fast:
-                    raise
-                failures[label] = exc
-                timing = timings[label]
-                timing.failed = f"failed in warm-up: {type(exc).__name__}: {exc}"
-                measurement.events.append(
-                    Event("measurement", f"{label}: {timing.failed}", {"run": label, "rounds": 0})
-                )
-                continue
-        else:
-            warm = warm_up(label, _NoSession(), cfg)
+            failures[label] = exc
+            timing = timings[label]
+            timing.failed = f"failed in warm-up: {type(exc).__name__}: {exc}"
+            text = f"{label}: {timing.failed}"
+            measurement.events.append(Event("measurement", text, {"run": label, "rounds": 0}))
+            continue
         timings[label].warmup = warm
         if on_warmup is not None:
             on_warmup(label, warm)
@@ -293,16 +287,13 @@ def measure_plans(
     rounds = run_rounds(
         sessions, sizes, stop, fail_fast=fail_fast, on_round=on_round, offset=offset
     )
-    for label, blocks in rounds.blocks.items():
-        timings[label].blocks = blocks
-        timings[label].failed = rounds.failed.get(label, timings[label].failed)
+    for label, timing in timings.items():  # a failed warm-up never got to the rounds: no blocks
+        timing.blocks = rounds.blocks.get(label) or [[] for _ in rounds.orders]
+        timing.failed = rounds.failed.get(label, timing.failed)
     failures.update(rounds.failures)
     measurement.orders = rounds.orders
     measurement.events.extend(rounds.events)
     measurement.stopped = rounds.stopped
-    for label in labels:  # plans that never got to the rounds (failed warm-up): no blocks
-        if not timings[label].blocks:
-            timings[label].blocks = [[] for _ in measurement.orders]
     measurement.seconds = time.perf_counter() - t0
     return measurement, sessions, failures
 
@@ -326,14 +317,3 @@ def _check_budget(
             f"here (one round of {sizes[0]} step(s) per plan takes about {one_round:.2f} s, after "
             f"warm-ups of {spent:.2f} s); allowed: at least {one_round:.2f} s, or None for no limit"
         )
-
-
-class _NoSession:
-    done = True
-    result: Any = None
-
-    def advance(self, n: int) -> int:
-        return 0
-
-    def finish(self) -> Any:
-        return None

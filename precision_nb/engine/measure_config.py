@@ -104,15 +104,13 @@ class MeasureConfig:
             if self.rounds is None
             else f"{self.rounds} rounds per process"
         ) + ", plan order rotated each round"
-        warm = (
-            "no warm-up"
-            if self.warmup_max == 0
-            else (
+        warm = "no warm-up"
+        if self.warmup_max:
+            warm = (
                 f"warm-up until {self.warmup_window} consecutive step times lie within "
                 f"{self.warmup_tolerance:.0%} of their median (at least {self.warmup_min} steps; "
                 f"cap {self.warmup_max} steps or {self.warmup_seconds:g} s)"
             )
-        )
         return f"{warm}; {rounds}; {self.describe_processes()}"
 
     def describe_processes(self) -> str:
@@ -164,7 +162,7 @@ def check_options(
 def block_sizes(steps: int, rounds: int | None) -> list[int]:
     """``steps`` split over ``rounds`` blocks, sizes differing by at most one; ``rounds`` None:
     :data:`~precision_nb.core.defaults.DEFAULT_ROUNDS`, or one per step when fewer steps are
-    measured. More rounds asked for than steps is refused (a round measures at least one step)."""
+    measured; more rounds than steps are refused (:func:`check_rounds`)."""
     check_rounds(rounds, steps)
     rounds = min(DEFAULT_ROUNDS, steps) if rounds is None else rounds
     base, extra = divmod(steps, rounds)

@@ -1,26 +1,20 @@
 """Measure the plans in several processes, the way pyperf does: one process is not a sample.
 
 :func:`measure` measures every plan in this process first (:func:`~precision_nb.engine.measure.
-measure_plans`: warm-ups, rotated rounds; these sessions are the runs the report shows), then,
-where the workload can reach a fresh process (:func:`rebuild_spec`: a built-in workload, a
-``module:factory`` with its batches, or this process's model, batches and loss sent by value
-through :mod:`~precision_nb.engine.shipping`), in fresh worker processes run one after the other
-(:mod:`~precision_nb.engine.measure_worker`, each a new interpreter, see
-:mod:`~precision_nb.engine.process_start`). Each worker builds the same model from the same seed
-(or receives this process's initial model), warms every plan up and measures all of them
+measure_plans`; these sessions are the runs the report shows), then, where the workload can reach
+a fresh process (:func:`rebuild_spec`), in fresh worker processes run one after the other
+(:mod:`~precision_nb.engine.measure_worker`, each a new interpreter). Each worker builds the same
+model from the same seed (or receives this process's initial model) and measures every plan
 interleaved in rounds, so its process effect is paired like a round's drift; it starts its
 rotation with another plan than the previous one. Only its step times come back. What cannot
 travel is measured here only, and ``stopped_by`` says why ("measured here: ...").
 
-How many processes (``MeasureConfig``): ``processes=N`` measures N; ``processes=None`` adds
-fresh ones until every plan's speedup interval over processes has a relative half-width within
-``target`` (looks from :data:`~precision_nb.engine.stats.MIN_PROCESSES` on, each at
-:data:`~precision_nb.engine.stats.LOOK_CONFIDENCE`), the ``budget_s`` leaves no room for another
-(estimated from the last one) or :data:`~precision_nb.engine.measure.MAX_PROCESSES` is reached.
-What stopped it is recorded (``Measurement.stopped_by``), as are the machine's load at the start
-and the end (:mod:`precision_nb.engine.load`). A worker that fails is an event; no more workers are
-started after it and the interval covers the processes that finished. How the processes were
-started, and how many per second, is an event.
+How many processes: as ``MeasureConfig.processes`` says, the target looked at from
+:data:`~precision_nb.engine.stats.MIN_PROCESSES` on, each look at
+:data:`~precision_nb.engine.stats.LOOK_CONFIDENCE`; the budget's room for another process is
+estimated from the last one. What stopped it is recorded (``Measurement.stopped_by``), as is the
+machine's load at the start and the end. A worker that fails is an event; no more workers are
+started after it and the interval covers the processes that finished.
 """
 
 from __future__ import annotations
@@ -69,8 +63,6 @@ STARTUP_GUESS_S = 3.0
 FIRST_GUESS_FACTOR = 1.25
 #: A worker still running this long after its deadline is ended (terminate, then kill).
 KILL_GRACE_S = 30.0
-#: How ``stopped_by`` begins when what a fresh process needs cannot reach one (the reason follows).
-MEASURED_HERE = stats.MEASURED_HERE
 
 
 def trainer_sessions(
@@ -109,10 +101,9 @@ def trainer_sessions(
             workload_info=dict(info or {}),
             compile=(compiles or {}).get(label, "off"),
         )
-        if not warmup and trainers is not None:
-            trainers[label] = trainer
-        if warmup and warm_trainers is not None:
-            warm_trainers[label] = trainer
+        kept = warm_trainers if warmup else trainers
+        if kept is not None:
+            kept[label] = trainer
         return trainer.start(
             steps=steps, callbacks=() if warmup else callbacks, stop=None if warmup else stop
         )
@@ -151,38 +142,30 @@ def measure(
     measured.load = machine_load.Load(start, machine_load.sample())
     measured.seconds = time.perf_counter() - t0
     measured.events.append(measured.load.event())
-    measured.events.append(
-        Event(
-            "measurement",
-            f"measured in {measured.process_count} process(es); stopped by {measured.stopped_by}",
-            {"processes": measured.process_count, "stopped_by": measured.stopped_by},
-        )
-    )
+    n, why = measured.process_count, measured.stopped_by
+    text = f"measured in {n} process(es); stopped by {why}"
+    measured.events.append(Event("measurement", text, {"processes": n, "stopped_by": why}))
     return measured, sessions, failures
 
 
 def _estimates(m: Measurement, labels: Sequence[str], baseline: str) -> dict[str, np.ndarray]:
     """Each plan's per-process estimates against ``baseline`` (the values its interval uses)."""
-    out = {}
-    for label in labels:
-        if label != baseline:
-            pairs = zip(m.blocks_by_process(baseline), m.blocks_by_process(label), strict=False)
-            out[label] = stats.process_estimates(list(pairs))
-    return out
+    base = m.blocks_by_process(baseline)
+    return {
+        label: stats.process_estimates(list(zip(base, m.blocks_by_process(label), strict=False)))
+        for label in labels
+        if label != baseline
+    }
 
 
-def _widest(estimates: Mapping[str, np.ndarray], confidence: float) -> float:
-    """The largest relative half-width over the plans at ``confidence`` (inf: no interval)."""
+def _widest_words(estimates: Mapping[str, np.ndarray], confidence: float) -> str:
+    """The largest relative half-width over the plans at ``confidence``, in words."""
     widest = 0.0
     for values in estimates.values():
         if values.size < 2:
-            return math.inf
+            return "no interval yet"
         _, low, high = stats.process_interval(values, confidence)
         widest = max(widest, float(stats.relative_half_width(low, high)))
-    return widest
-
-
-def _widest_words(widest: float) -> str:
     if not math.isfinite(widest):
         return "no interval yet"
     if widest >= 10:
@@ -214,20 +197,17 @@ class _Context:
 def _more_processes(
     m: Measurement, rebuild: WorkerSpec | None, single_reason: str, ctx: _Context, progress: bool
 ) -> Measurement:
-    if ctx.cfg.processes == 1:
-        m.stopped_by = "one process, as asked (processes=1)"
-        return m
-    if rebuild is None:
+    if ctx.cfg.processes != 1 and rebuild is None:
         return _here(m, single_reason)
-    if m.stopped:
-        m.stopped_by = "stopped on request in the first process"
-        return m
-    if len(ctx.labels) < 2:
-        m.stopped_by = "one process: a single plan has no speedup to measure"
-        return m
     failed = [label for label, p in m.plans.items() if p.failed]
-    if failed:
-        m.stopped_by = f"one process: {', '.join(failed)} failed in this process"
+    alone = (  # (whether this process measures alone, why), the first that holds
+        (ctx.cfg.processes == 1, "one process, as asked (processes=1)"),
+        (m.stopped, "stopped on request in the first process"),
+        (len(ctx.labels) < 2, "one process: a single plan has no speedup to measure"),
+        (failed, f"one process: {', '.join(failed)} failed in this process"),
+    )
+    m.stopped_by = next((why for holds, why in alone if holds), "")
+    if m.stopped_by or rebuild is None:
         return m
     from tqdm.auto import tqdm
 
@@ -243,8 +223,8 @@ def _more_processes(
             m.stopped_by = _loop(m, rebuild, ctx, folder, bar, starts)
         finally:
             bar.close()
-        if starts.used:
-            m.events.append(_rate_event(m, time.perf_counter() - began, starts))
+        if starts.count:
+            m.events.append(_rate_event(m, time.perf_counter() - began))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return m
@@ -252,12 +232,13 @@ def _more_processes(
 
 def _here(m: Measurement, reason: str) -> Measurement:
     """Fresh processes were asked for, but only this one can measure: say why, in the result."""
-    m.stopped_by = f"one process, {MEASURED_HERE}{reason}"
-    m.events.append(Event("measurement", f"{MEASURED_HERE}{reason}", {"measured_here": reason}))
+    here = f"{stats.MEASURED_HERE}{reason}"
+    m.stopped_by = f"one process, {here}"
+    m.events.append(Event("measurement", here, {"measured_here": reason}))
     return m
 
 
-def _rate_event(m: Measurement, seconds: float, starts: process_start.Starts) -> Event:
+def _rate_event(m: Measurement, seconds: float) -> Event:
     """How the fresh processes were started, how many were measured per second, and the median
     start-up of one (from its start to its first warm-up step)."""
     count = len(m.processes)
@@ -265,13 +246,10 @@ def _rate_event(m: Measurement, seconds: float, starts: process_start.Starts) ->
     startups = [p.startup_s for p in m.processes if p.startup_s is not None]
     startup = float(np.median(startups)) if startups else None
     each = "" if startup is None else f"; each started in {startup:.2f} s (median)"
-    return Event(
-        "measurement",
-        f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second{each}), "
-        f"{starts.how}",
-        {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": starts.how,
-         "startup_s": startup},
-    )  # fmt: skip
+    how = process_start.HOW
+    text = f"{count} fresh process(es) in {seconds:.1f} s ({rate:.2f} per second{each}), {how}"
+    data = {"fresh_processes": count, "seconds": seconds, "per_second": rate, "start": how}
+    return Event("measurement", text, dict(data, startup_s=startup))
 
 
 def _worker_env(policy: str) -> dict[str, str]:
@@ -300,8 +278,7 @@ def _loop(
         n = m.process_count
         estimates = _estimates(m, ctx.labels, ctx.baseline)
         sequential = adaptive and cfg.target is not None and n >= stats.MIN_PROCESSES
-        widest = _widest(estimates, stats.LOOK_CONFIDENCE if sequential else stats.CONFIDENCE)
-        shown = _widest_words(widest)
+        shown = _widest_words(estimates, stats.LOOK_CONFIDENCE if sequential else stats.CONFIDENCE)
         if sequential:
             m.sequential = True
             if _target_reached(estimates, cfg.target):
@@ -325,11 +302,7 @@ def _loop(
                     f"{guess:.0f} s): 1{asked or ' process'} measured, so the interval covers "
                     "this process's rounds only"
                 )
-            target = (
-                f", target {plus_minus_text(cfg.target)}"
-                if adaptive and cfg.target is not None
-                else ""
-            )
+            target = f", target {plus_minus_text(cfg.target)}" if adaptive and cfg.target else ""
             return (
                 f"budget: {cfg.budget_s:g} s; another process (about {guess:.0f} s) did not fit "
                 f"after {elapsed:.0f} s, {n}{asked or ' processes'} measured ({shown}{target})"
@@ -353,9 +326,8 @@ def _loop(
         timing, error, seconds = _run_worker(rebuild, cfg, n, deadline, folder, stop, starts)
         durations.append(seconds)
         if timing is None:
-            m.events.append(
-                Event("warning", f"process {n + 1} failed: {error}", {"process": n + 1})
-            )
+            text = f"process {n + 1} failed: {error}"
+            m.events.append(Event("warning", text, {"process": n + 1}))
             if stop is not None and stop.is_set():
                 m.stopped = True
                 return f"stopped on request after {n} processes"

@@ -1,10 +1,8 @@
 """A fresh process that measures every plan once, started by the multi-process measurement.
 
 :mod:`precision_nb.engine.measure_processes` runs ``python -m precision_nb.engine.measure_worker
-RUN_FILE``. It reads the run file (JSON: the workload or ``module:factory`` to rebuild, the
-device, the training and optimizer settings, the plans, the measured steps, the rounds and warm-up
-rule, the rotation to start with, a wall-clock deadline), builds the model from the same seed (or
-loads the initial weights it was sent), warms each plan up and measures them interleaved in rounds
+RUN_FILE``. It reads the run file (:meth:`~precision_nb.engine.worker_spec.WorkerSpec.to_dict`),
+builds the model from the same seed (or loads the initial weights it was sent), measures the plans
 with :func:`~precision_nb.engine.measure.measure_plans`, and writes the step times of every block
 to the run file's ``out`` path. At the deadline it stops after the current step and sends what it
 has.
@@ -68,13 +66,10 @@ def build(spec: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
         model.load_state_dict(state)
     batches = _import(m["batches"])
     if callable(batches) and not hasattr(batches, "__iter__"):
-        required = [
-            p
-            for p in inspect.signature(batches).parameters.values()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        if not required:  # a factory of the batch source, as the command line treats it
-            batches = batches()
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = inspect.signature(batches).parameters.values()
+        if not any(p.default is p.empty and p.kind in kinds for p in params):
+            batches = batches()  # a factory of the batch source, as the command line treats it
     return model, batches, {}, sent.get("loss_fn")
 
 

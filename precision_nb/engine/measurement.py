@@ -60,11 +60,7 @@ class PlanTiming:
     @classmethod
     def from_dict(cls, label: str, data: Mapping[str, Any]) -> PlanTiming:
         warm = data.get("warmup")
-        warmup = None
-        if warm:
-            warmup = Warmup(
-                int(warm["steps"]), float(warm["seconds"]), str(warm["rule"]), tuple(warm["times"])
-            )
+        warmup = Warmup(**dict(warm, times=tuple(warm["times"]))) if warm else None
         blocks = [[float(t) for t in block] for block in data.get("blocks") or []]
         return cls(label, warmup, blocks, data.get("failed"))
 
@@ -136,8 +132,7 @@ class Measurement:
     def speedup(self, label: str, baseline: str) -> stats.Speedup:
         """``label`` over ``baseline``: over processes when fresh ones measured, else over this
         process's rounds (:mod:`precision_nb.engine.stats`)."""
-        base = self.blocks_by_process(baseline)
-        plan = self.blocks_by_process(label)
+        base, plan = self.blocks_by_process(baseline), self.blocks_by_process(label)
         if len(base) > 1 and len(plan) > 1:
             pairs = list(zip(base, plan, strict=False))
             return stats.process_speedup(
@@ -147,11 +142,10 @@ class Measurement:
 
     def method(self) -> dict[str, Any]:
         """What the report's settings show about the method."""
-        steps = sorted(set(self.sizes))
         out: dict[str, Any] = {
             "method": self.config.describe(),
             "rounds": len(self.sizes),
-            "steps per block": "/".join(map(str, steps)),
+            "steps per block": "/".join(map(str, sorted(set(self.sizes)))),
             "processes": self.process_count,
             "timing": "per optimizer step (CUDA events on CUDA, host clock elsewhere)",
             "speedup": (

@@ -35,10 +35,8 @@ def tf32_classes(state: Mapping[str, Any] | None) -> tuple[str, ...]:
     if conv == "tf32" or (conv is None and state.get("cudnn_allow_tf32")):
         out.append("convolution")
     matmul = state.get("cuda_matmul_fp32_precision")
-    legacy = state.get("cuda_matmul_allow_tf32") or state.get("float32_matmul_precision") in (
-        "high",
-        "medium",
-    )
+    high = state.get("float32_matmul_precision") in ("high", "medium")
+    legacy = state.get("cuda_matmul_allow_tf32") or high
     if matmul == "tf32" or (matmul is None and legacy):
         out.append("matmul")
     return tuple(out)
@@ -143,6 +141,5 @@ def tf32_gain_note(
         f" The fp32 baseline ran its {' and '.join(CLASS_WORDS.get(c, c) for c in on)} "
         f"({share:.0%} of its counted FLOPs) as TF32 ({flags_text(state)}): for that work the "
         f"{_SHORT.get(dtype, dtype)} peak is {times_text(low / tf32, '.1f')} the TF32 peak "
-        f"(datasheet {key}: "
-        f"{low:g} / {tf32:g} TFLOP/s){whole}."
+        f"(datasheet {key}: {low:g} / {tf32:g} TFLOP/s){whole}."
     )

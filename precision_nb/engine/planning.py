@@ -46,18 +46,6 @@ class PlannedRun:
         """The compile mode ("off": eager)."""
         return str(self.explanation.compile.requested)
 
-    @property
-    def spec(self) -> PlanSpec:
-        """The plan as the measurement names it."""
-        return PlanSpec(self.label, self.precision, self.compile)
-
-
-def _baseline(runs: Iterable[PlannedRun]) -> str | None:
-    fp32 = [r for r in runs if r.precision.requested == "fp32"]
-    eager = [r for r in fp32 if r.compile == "off"]
-    first = (eager or fp32 or [None])[0]
-    return None if first is None else first.label
-
 
 @dataclass(frozen=True)
 class Planning:
@@ -71,7 +59,9 @@ class Planning:
     @property
     def baseline(self) -> str | None:
         """The label every speedup is measured against (None without an fp32 plan)."""
-        return _baseline(self.runs)
+        fp32 = [r for r in self.runs if r.precision.requested == "fp32"]
+        eager = [r for r in fp32 if r.compile == "off"]
+        return next((r.label for r in eager + fp32), None)
 
     @property
     def labels(self) -> list[str]:
@@ -79,7 +69,8 @@ class Planning:
 
     @property
     def specs(self) -> list[PlanSpec]:
-        return [r.spec for r in self.runs]
+        """The plans as the measurement names them."""
+        return [PlanSpec(r.label, r.precision, r.compile) for r in self.runs]
 
     @property
     def explanations(self) -> dict[str, Explanation]:
@@ -96,18 +87,8 @@ class Planning:
     def without(self, labels: Iterable[str]) -> Planning:
         """The planning less ``labels`` (plans left out before measuring, e.g. untraceable)."""
         gone = set(labels)
-        return Planning(
-            tuple(r for r in self.runs if r.label not in gone), self.merged, self.events
-        )
-
-
-def _explain(request: Any) -> Explain:
-    def explain(precision: PrecisionConfig, mode: str) -> Explanation:
-        return explain_precision(
-            precision, request.device, optimizer=request.optimizer, compile=mode
-        )
-
-    return explain
+        runs = tuple(r for r in self.runs if r.label not in gone)
+        return Planning(runs, self.merged, self.events)
 
 
 def plan_runs(request: Any, explain: Explain | None = None) -> Planning:
@@ -119,7 +100,13 @@ def plan_runs(request: Any, explain: Explain | None = None) -> Planning:
     that resolve to the same plan are merged into the first (an event says why); the lab asked
     for where it does not apply is an event too.
     """
-    resolve = explain if explain is not None else _explain(request)
+
+    def resolve(precision: PrecisionConfig, mode: str) -> Explanation:
+        if explain is not None:
+            return explain(precision, mode)
+        optimizer = request.optimizer
+        return explain_precision(precision, request.device, optimizer=optimizer, compile=mode)
+
     runs: list[PlannedRun] = []
     merged: dict[str, str] = {}
     events: list[Event] = []
@@ -127,39 +114,30 @@ def plan_runs(request: Any, explain: Explain | None = None) -> Planning:
     for precision, mode in [(p, c) for p in request.precisions for c in request.compiles]:
         explanation = resolve(precision, mode)
         plan = explanation.plan
-        label = run_label(precision.label, lab_applies(explanation))
-        label += explanation.compile.suffix
+        label = run_label(precision.label, lab_applies(explanation)) + explanation.compile.suffix
         if precision.loss_scale_lab and not lab_applies(explanation):
             # The lab is a CPU opt-in; elsewhere (CUDA fp16 has the real scaler) the label must
             # not claim it.
-            events.append(
-                Event(
-                    "fallback",
-                    f"{run_label(label, True)}: the loss-scale lab applies to fp16 on CPU only; "
-                    f"on {explanation.device} this runs as plain {precision.requested}",
-                    {"field": "loss_scale_lab", "requested": True, "used": False, "run": label},
-                )
+            text = (
+                f"{run_label(label, True)}: the loss-scale lab applies to fp16 on CPU only; "
+                f"on {explanation.device} this runs as plain {precision.requested}"
             )
+            data = {"field": "loss_scale_lab", "requested": True, "used": False, "run": label}
+            events.append(Event("fallback", text, data))
         if label in merged or any(r.label == label for r in runs):
-            events.append(
-                Event(
-                    "merged", f"{label}: requested twice; run once", {"label": label, "into": label}
-                )
-            )
+            text = f"{label}: requested twice; run once"
+            events.append(Event("merged", text, {"label": label, "into": label}))
             continue
         key = (plan, explanation.compile.requested)
         if key in seen:
             first = merged[label] = seen[key]
             reasons = explanation.fallbacks or explanation.decisions
             why = "; ".join(d.reason for d in reasons if d.field != "device")
-            events.append(
-                Event(
-                    "merged",
-                    f"{label} resolves to the same plan as {first} ({plan.label} on "
-                    f"{explanation.device}); run once. Why: {why}",
-                    {"label": label, "into": first, "why": why},
-                )
+            text = (
+                f"{label} resolves to the same plan as {first} ({plan.label} on "
+                f"{explanation.device}); run once. Why: {why}"
             )
+            events.append(Event("merged", text, {"label": label, "into": first, "why": why}))
             continue
         seen[key] = label
         runs.append(PlannedRun(label, explanation))

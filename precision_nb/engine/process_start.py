@@ -19,7 +19,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
 
 __all__ = ["HOW", "Child", "Starts"]
 
@@ -27,32 +26,12 @@ __all__ = ["HOW", "Child", "Starts"]
 HOW = "each started from scratch (python -m precision_nb.engine.measure_worker)"
 
 
-class Child(Protocol):
-    """A measuring process that was started: poll it, or end it."""
-
-    pid: int
-    #: When it was started (``time.time()``), or None where that is not known.
-    launched: float | None
-
-    def poll(self, timeout: float) -> int | None:
-        """Its exit code once it ended, else None after waiting up to ``timeout`` s."""
-
-    def end(self) -> None:
-        """Ask it to stop, then kill it if it does not."""
-
-
 class Starts:
     """Starts one measurement's fresh processes and counts them."""
-
-    how = HOW
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
         self.count = 0
-
-    @property
-    def used(self) -> bool:
-        return self.count > 0
 
     def launch(self, spec: Path, stderr: Path) -> Child:
         command = [sys.executable, "-m", "precision_nb.engine.measure_worker", str(spec)]
@@ -64,22 +43,27 @@ class Starts:
                 start_new_session=True,
             )  # fmt: skip
         self.count += 1
-        return _Process(proc, launched)
+        return Child(proc, launched)
 
 
-class _Process:
-    def __init__(self, proc: subprocess.Popen, launched: float) -> None:
+class Child:
+    """A measuring process that was started: poll it, or end it."""
+
+    def __init__(self, proc: subprocess.Popen, launched: float | None) -> None:
         self.proc = proc
         self.pid = proc.pid
+        #: When it was started (``time.time()``), or None where that is not known.
         self.launched = launched
 
     def poll(self, timeout: float) -> int | None:
+        """Its exit code once it ended, else None after waiting up to ``timeout`` s."""
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
 
     def end(self) -> None:
+        """Ask it to stop, then kill it if it does not."""
         with contextlib.suppress(ProcessLookupError):
             self.proc.terminate()
         try:

@@ -3,15 +3,9 @@
 ``fit``, ``compare``, ``profile``, ``fit_distributed`` and ``write_spec`` keep their keyword
 signatures; each turns its arguments into one frozen :class:`RunRequest` (``RunRequest.of``) and
 passes that on, so the arguments are checked in one place and never forwarded one by one; the
-panel and the command line build one too. A request holds what to train (a module with its
-batches, or a built-in workload and its preset), where (``device``), under which precision
-request(s) and compile modes, with which optimizer settings, loop settings (one
-:class:`~precision_nb.engine.train_config.TrainConfig`, extra keywords folded in) and loss, how a
-comparison is measured (:class:`~precision_nb.engine.measure_config.MeasureConfig`), which
-analyses follow it (``analyses``) and over which ranks (``distributed``).
-:meth:`RunRequest.check` adds the checks that need the machine (the device, the compile modes,
-the first batch) before anything runs; a distributed request's plans are resolved by
-:func:`~precision_nb.engine.distributed.measured.distributed_plans`.
+panel and the command line build one too. :meth:`RunRequest.check` adds the checks that need the
+machine (the device, the compile modes, the first batch) before anything runs; a distributed
+request's plans are resolved by :func:`~precision_nb.engine.distributed.measured.distributed_plans`.
 """
 
 from __future__ import annotations
@@ -55,10 +49,8 @@ def precision_config(
     if isinstance(value, PrecisionConfig):
         return value
     if value is not None and not isinstance(value, (str, torch.dtype)):
-        raise ValueError(
-            f"{field_name}: invalid value {short_repr(value)} ({type(value).__name__}); allowed: "
-            "a PrecisionConfig, a mode name (auto, fp32, bf16, fp16) or None"
-        )
+        allowed = "a PrecisionConfig, a mode name (auto, fp32, bf16, fp16) or None"
+        raise _invalid(field_name, value, allowed)
     config = PrecisionConfig(mode=value if value is not None else "auto")
     if lab and config.requested == "fp16":
         return PrecisionConfig(mode=config.requested, loss_scale_lab=True)
@@ -70,11 +62,14 @@ def optimizer_config(value: OptimizerConfig | None) -> OptimizerConfig:
     if value is None:
         return OptimizerConfig()
     if not isinstance(value, OptimizerConfig):
-        raise ValueError(
-            f"optimizer: invalid value {short_repr(value)} ({type(value).__name__}); allowed: an "
-            "OptimizerConfig or None"
-        )
+        raise _invalid("optimizer", value, "an OptimizerConfig or None")
     return value
+
+
+def _invalid(name: str, value: Any, allowed: str) -> ValueError:
+    """The error for a ``value`` of the wrong kind given for ``name``."""
+    kind = type(value).__name__
+    return ValueError(f"{name}: invalid value {short_repr(value)} ({kind}); allowed: {allowed}")
 
 
 @dataclass(frozen=True)
@@ -133,25 +128,17 @@ class RunRequest:
                 raise ImportError(remedies.missing_message(p.remedy))
         object.__setattr__(self, "optimizer", optimizer_config(self.optimizer))
         if not isinstance(self.train, TrainConfig):
-            raise ValueError(
-                f"train: invalid value {short_repr(self.train)} ({type(self.train).__name__}); "
-                "allowed: a TrainConfig or None"
-            )
+            raise _invalid("train", self.train, "a TrainConfig or None")
         if not isinstance(self.preset, str):
-            raise ValueError(
-                f"preset: invalid value {short_repr(self.preset)} ({type(self.preset).__name__}); "
-                "allowed: a preset name (tiny, small, medium, large)"
-            )
+            raise _invalid("preset", self.preset, "a preset name (tiny, small, medium, large)")
         loss_fn = self.loss_fn
         if loss_fn is not None and not callable(loss_fn) and not isinstance(loss_fn, str):
-            raise ValueError(
-                f"loss_fn: invalid value {short_repr(loss_fn)} ({type(loss_fn).__name__}); "
-                "allowed: None, a callable (output, target) -> scalar loss tensor, or "
-                "'package.module:function' for a distributed run"
+            raise _invalid(
+                "loss_fn",
+                loss_fn,
+                "None, a callable (output, target) -> scalar loss tensor, or "
+                "'package.module:function' for a distributed run",
             )
-        self._check_measurement()
-
-    def _check_measurement(self) -> None:
         if not isinstance(self.measure, MeasureConfig):
             raise ValueError(
                 f"measure: invalid value {short_repr(self.measure)}; allowed: a MeasureConfig"
@@ -163,14 +150,12 @@ class RunRequest:
                 f"analyses: invalid value {short_repr(self.analyses)}; allowed: a tuple of "
                 f"{', '.join(ANALYSES)}"
             )
-        if self.distributed is None:
-            return
-        if not isinstance(self.distributed, Distributed):
+        if self.distributed is not None and not isinstance(self.distributed, Distributed):
             raise ValueError(
                 f"distributed: invalid value of type {type(self.distributed).__name__}; allowed: "
                 "precision_nb.Distributed(strategy=..., nproc=...) or None"
             )
-        if self.compiles != ("off",):
+        if self.distributed is not None and self.compiles != ("off",):
             raise ValueError(
                 f"compile: invalid value {','.join(self.compiles)!r} with a distributed run; "
                 "allowed: 'off' (distributed runs train eagerly)"

@@ -21,8 +21,7 @@ Method (docs/profiling.md, "How speed is measured"):
   look uses :data:`LOOK_CONFIDENCE`: stopping when an interval happens to be narrow would
   otherwise favour samples whose spread came out small, and the whole procedure would cover less
   than it says.
-- The words for a speedup (:func:`precision_nb.engine.verdicts.verdict`) live in
-  :mod:`precision_nb.engine.verdicts`.
+- :mod:`precision_nb.engine.verdicts` words the speedups.
 
 The interval functions take numpy arrays with the values on the last axis, so the calibration
 simulation in the tests (thousands of comparisons at once) runs exactly this code.
@@ -109,9 +108,6 @@ def spread(times: Sequence[float]) -> Spread:
     return Spread(statistics.median(values), q1, q3, len(values))
 
 
-# ----------------------------------------------------------------------------- interval maths
-
-
 @functools.lru_cache(maxsize=512)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t``,
@@ -168,9 +164,6 @@ def classify(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     return np.where(low > 0, 1, np.where(high < 0, -1, 0))
 
 
-# ----------------------------------------------------------------------------- speedups
-
-
 def log_ratios(
     baseline_blocks: Sequence[Sequence[float]], plan_blocks: Sequence[Sequence[float]]
 ) -> list[float]:
@@ -221,11 +214,8 @@ class Speedup:
 
 def round_method(rounds: int, confidence: float = CONFIDENCE, stopped_by: str = "") -> str:
     """The single-process (or single-launch) method in words."""
-    one, unit = (
-        ("one torchrun launch", "launch")
-        if stopped_by == ONE_LAUNCH
-        else ("one process", "process")
-    )
+    launch = stopped_by == ONE_LAUNCH
+    one, unit = ("one torchrun launch", "launch") if launch else ("one process", "process")
     return (
         f"Hodges-Lehmann estimate of {rounds} paired per-round log ratios (baseline block median "
         f"/ plan block median) in {one}; exact Wilcoxon signed-rank "
@@ -264,14 +254,9 @@ def paired_speedup(
         return Speedup(math.nan, None, None, 0, (), confidence, "", stopped_by=stopped_by)
     est, low, high = signed_rank_interval(np.array(d), confidence)
     bounds = (None, None) if np.isnan(low) else (math.exp(float(low)), math.exp(float(high)))
+    method = round_method(len(d), confidence, stopped_by)
     return Speedup(
-        math.exp(float(est)),
-        *bounds,
-        len(d),
-        ratios,
-        confidence,
-        round_method(len(d), confidence, stopped_by),
-        stopped_by=stopped_by,
+        math.exp(float(est)), *bounds, len(d), ratios, confidence, method, stopped_by=stopped_by
     )
 
 
@@ -295,12 +280,12 @@ def process_speedup(
     blocks, plan blocks). A process without a paired round is left out; with fewer than two
     processes left this is the one-process speedup. ``sequential``: the number of processes was
     chosen by looking at the interval, so the interval is taken at :data:`LOOK_CONFIDENCE`."""
-    rounds = [d for d in (log_ratios(base, plan) for base, plan in per_process) if d]
-    if len(rounds) < 2:
-        only = [(b, p) for b, p in per_process if log_ratios(b, p)]
-        base, plan = only[0] if only else ([], [])
+    paired = [(b, p) for b, p in per_process if log_ratios(b, p)]
+    if len(paired) < 2:
+        base, plan = paired[0] if paired else ([], [])
         return paired_speedup(base, plan, confidence, stopped_by)
-    m = process_estimates(per_process)
+    rounds = [log_ratios(b, p) for b, p in paired]
+    m = process_estimates(paired)
     est, low, high = process_interval(m, LOOK_CONFIDENCE if sequential else confidence)
     return Speedup(
         math.exp(float(est)),
@@ -315,6 +300,3 @@ def process_speedup(
         level="processes",
         stopped_by=stopped_by,
     )
-
-
-# ----------------------------------------------------------------------------- verdicts

@@ -36,11 +36,9 @@ class Verdict:
     ``kind``: "faster" / "slower" (the interval excludes 1), "unresolved" (it includes 1),
     "too_few" (no interval: too few rounds in one process), "none" (no times) or "baseline".
     ``text``: the one line to show first; ``advice``: what would resolve an unresolved or
-    too-few verdict ("" otherwise). The other fields carry the numbers for tables: ``estimate``,
-    ``low`` / ``high`` (None without an interval), ``half_width`` (fraction, ±), ``confidence``,
-    ``method`` (the interval's method in words), ``level`` ("processes" or "rounds": what the
-    interval covers), ``processes``, ``rounds``, ``stopped_by`` (how the measurement ended) and
-    ``busy`` (the machine-load note when other processes competed, "" on a quiet machine).
+    too-few verdict ("" otherwise). The other fields carry the speedup's numbers for tables (as
+    :class:`~precision_nb.engine.stats.Speedup` names them) and ``busy`` (the machine-load note
+    when other processes competed, "" on a quiet machine).
     """
 
     kind: str
@@ -62,11 +60,6 @@ class Verdict:
 
     def __str__(self) -> str:
         return f"{self.text} {self.advice}".strip()
-
-
-def _one(s: Speedup) -> str:
-    """Where a measurement without processes ran: one torchrun launch or one process."""
-    return "one torchrun launch" if s.stopped_by == ONE_LAUNCH else "one process"
 
 
 def _scope(s: Speedup) -> str:
@@ -109,19 +102,15 @@ def verdict(
 ) -> Verdict:
     """Words for ``s``, worded by :mod:`precision_nb.core.text`: e.g. "bf16 is 1.31× the fp32
     speed: faster (95 % interval 1.22–1.40, ±7 %; over 5 processes, 40 paired rounds in all)".
-    ``busy``: the machine-load note; when set, the line says the machine was busy."""
-    common = dict(
-        label=label,
-        baseline=baseline,
-        estimate=s.estimate,
-        confidence=s.confidence,
-        method=s.method,
-        level=s.level,
-        processes=s.processes,
-        rounds=s.rounds,
-        stopped_by=s.stopped_by,
-        busy=busy,
-    )
+    ``busy``: the machine-load note; when set, the line says the machine was busy. The baseline
+    itself (``label == baseline``) gets the "baseline" verdict."""
+    if label == baseline:
+        text = f"{label} is the baseline."
+        return Verdict(
+            "baseline", text, label=label, baseline=label, stopped_by=s.stopped_by, busy=busy
+        )
+    shared = ("estimate", "confidence", "method", "level", "processes", "rounds", "stopped_by")
+    common = dict(label=label, baseline=baseline, busy=busy, **{f: getattr(s, f) for f in shared})
     tail = " Measured on a busy machine (see the load note)." if busy else ""
     if s.rounds == 0 or not math.isfinite(s.estimate):
         return Verdict(
@@ -130,9 +119,10 @@ def verdict(
     pct = confidence_text(s.confidence)
     if not s.has_interval:
         raw = ", ".join(f"{r:.2f}" for r in s.ratios)
+        one = "one torchrun launch" if s.stopped_by == ONE_LAUNCH else "one process"
         return Verdict(
             "too_few",
-            f"{label} vs {baseline}: {s.rounds} round(s) in {_one(s)} are too few for a {pct} "
+            f"{label} vs {baseline}: {s.rounds} round(s) in {one} are too few for a {pct} "
             f"interval (at least {MIN_ROUNDS} are needed); per-round speed ratios: {raw}.{tail}",
             f"What would give one: at least {MIN_ROUNDS} rounds or {_processes_advice(s)}.",
             **common,
@@ -140,12 +130,10 @@ def verdict(
     assert s.low is not None and s.high is not None
     common.update(low=s.low, high=s.high, half_width=s.half_width or 0.0)
     ci = f"({pct} interval {interval_text(s.low, s.high, s.estimate)}; {_scope(s)})"
-    if s.low > 1:
-        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: faster {ci}.{tail}"
-        return Verdict("faster", text, **common)
-    if s.high < 1:
-        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: slower {ci}.{tail}"
-        return Verdict("slower", text, **common)
+    if s.low > 1 or s.high < 1:
+        kind = "faster" if s.low > 1 else "slower"
+        text = f"{label} is {times_text(s.estimate)} the {baseline} speed: {kind} {ci}.{tail}"
+        return Verdict(kind, text, **common)
     advice = []
     needed = _needed(s)
     unit = "processes" if s.level == "processes" else "rounds"

@@ -1,10 +1,7 @@
 """What a fresh measuring process is told: how to rebuild the workload, and what it measures.
 
-:func:`rebuild_spec` turns a comparison's workload into a :class:`WorkerSpec`: a built-in
-workload by name, a model from its ``module:factory`` (with its initial weights), or this
-process's model, batches and loss function sent by value (:mod:`~precision_nb.engine.shipping`).
-:meth:`WorkerSpec.to_dict` is the run file's JSON (:mod:`~precision_nb.engine.measure_worker`
-reads it).
+:func:`rebuild_spec` turns a comparison's workload into a :class:`WorkerSpec`, whose
+:meth:`~WorkerSpec.to_dict` is the run file :mod:`~precision_nb.engine.measure_worker` reads.
 """
 
 from __future__ import annotations
@@ -102,7 +99,7 @@ def rebuild_spec(
     spec = WorkerSpec(
         model,
         str(device),
-        _jsonable(dataclasses.asdict(train)),
+        {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(train).items()},
         optimizer.to_dict() if optimizer is not None else None,
         tuple(
             PlanSpec(label, request, (compiles or {}).get(label, "off"))
@@ -114,7 +111,3 @@ def rebuild_spec(
         shipped or None,
     )
     return spec, ""
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}

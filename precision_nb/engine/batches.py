@@ -53,14 +53,11 @@ class BatchSource:
         self._iterable: Iterable[Any] | None = None
         self._it: Iterator[Any] | None = None
         self.one_shot = False
-        if isinstance(batches, (torch.Tensor, str, bytes, Mapping)) or batches is None:
-            raise ValueError(
-                f"batches has type {type(batches).__name__}; allowed: an iterable of batches, "
-                "a DataLoader, or a callable taking the microbatch index"
-            )
         if callable(batches) and not hasattr(batches, "__iter__"):
             self._fn = batches
-        elif isinstance(batches, Iterable):
+        elif isinstance(batches, Iterable) and not isinstance(
+            batches, (torch.Tensor, str, bytes, Mapping)
+        ):
             self._iterable = batches
             self.one_shot = iter(batches) is batches  # generators / iterators cannot restart
         else:
@@ -72,10 +69,7 @@ class BatchSource:
 
     def get(self, index: int) -> Any:
         """Return the batch for microbatch ``index`` (cycling through a re-iterable source)."""
-        if self._fn is not None:
-            batch = self._fn(index)
-        else:
-            batch = self._next()
+        batch = self._fn(index) if self._fn is not None else self._next()
         if batch is None:  # a cheap check on every batch: None would fail deep in the model
             raise ValueError(
                 f"batches returned None for microbatch {index}; allowed: a tensor, a tuple/list "
@@ -94,9 +88,9 @@ class BatchSource:
         try:
             return next(self._it)
         except StopIteration:
-            if self.one_shot or self._served == 0:
-                if self._served == 0:
-                    raise ValueError("batches is empty: the source yielded no batch") from None
+            if self._served == 0:
+                raise ValueError("batches is empty: the source yielded no batch") from None
+            if self.one_shot:
                 raise BatchesExhausted from None
             self._it = iter(self._iterable)  # next epoch
             try:
@@ -124,11 +118,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 def split_batch(
     batch: Any, model: Any = None, loss_fn: Any = None
 ) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
-    """Return ``(args, kwargs, labels)`` for the model call.
-
-    A mapping's ``labels`` stay in ``kwargs`` too when ``model`` takes a ``labels`` argument and
-    there is no ``loss_fn`` (:func:`takes_labels`): the model then computes its own loss.
-    """
+    """Return ``(args, kwargs, labels)`` for the model call (see the module docstring)."""
     if isinstance(batch, torch.Tensor):
         return (batch,), {}, None
     if isinstance(batch, (tuple, list)):
@@ -212,13 +202,9 @@ def batch_shape(batch: Any, task: str | None = None) -> BatchShape:
 
 
 def _token_ids(t: Any) -> bool:
-    return (
-        isinstance(t, torch.Tensor)
-        and t.dim() >= 2
-        and not t.dtype.is_floating_point
-        and not t.dtype.is_complex
-        and t.dtype != torch.bool
-    )
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        return False
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:
@@ -253,14 +239,11 @@ def output_to_loss(
         if output.dim() == 0:
             return output, "loss"
         return _logits_loss(output, labels)
-    loss = None
-    logits = output
+    loss, logits = None, output
     if isinstance(output, Mapping):
-        loss = output.get("loss")
-        logits = output.get("logits")
+        loss, logits = output.get("loss"), output.get("logits")
     elif not isinstance(output, torch.Tensor) and hasattr(output, "loss"):
-        loss = getattr(output, "loss", None)
-        logits = getattr(output, "logits", None)
+        loss, logits = getattr(output, "loss", None), getattr(output, "logits", None)
     if isinstance(loss, torch.Tensor):
         return loss, _task_of(logits, labels)
     if isinstance(logits, torch.Tensor) and logits.dim() == 0:

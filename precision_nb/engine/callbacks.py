@@ -42,12 +42,18 @@ class Callback:
         """The fit finished or stopped (the final ``RunResult`` or ``DistributedResult``)."""
 
 
-class Callbacks:
-    """The one dispatcher: calls a hook on every callback that has it, in the given order.
+def _dispatch(hook: str) -> Callable[..., None]:
+    """The :class:`Callbacks` method that calls ``hook`` on every callback that has it."""
 
-    ``callbacks``: :class:`Callback` instances or any objects with some of the ``on_...``
-    methods. Each hook is looked up once, here.
-    """
+    def call(self: Callbacks, *args: Any) -> None:
+        for fn in self._hooks[hook]:
+            fn(*args)
+
+    return call
+
+
+class Callbacks:
+    """The one dispatcher: calls a hook on every callback that has it, in the given order."""
 
     def __init__(self, callbacks: Iterable[Any] = ()) -> None:
         if isinstance(callbacks, Callbacks):
@@ -67,9 +73,6 @@ class Callbacks:
             for name in HOOKS
         }
 
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
     def __len__(self) -> int:
         return len(self.items)
 
@@ -81,30 +84,16 @@ class Callbacks:
         """Whether any callback has ``hook`` (so a caller can skip the work of making its data)."""
         return bool(self._hooks[hook])
 
-    def fit_start(self, result: RunResult) -> None:
-        for hook in self._hooks["on_fit_start"]:
-            hook(result)
-
-    def warmup(self, label: str, warmup: Any) -> None:
-        for hook in self._hooks["on_warmup"]:
-            hook(label, warmup)
-
-    def phase(self, text: str) -> None:
-        for hook in self._hooks["on_phase"]:
-            hook(text)
-
-    def log(self, record: dict[str, Any]) -> None:
-        for hook in self._hooks["on_log"]:
-            hook(record)
-
-    def fit_end(self, result: Any) -> None:
-        for hook in self._hooks["on_fit_end"]:
-            hook(result)
+    fit_start = _dispatch("on_fit_start")
+    warmup = _dispatch("on_warmup")
+    phase = _dispatch("on_phase")
+    log = _dispatch("on_log")
+    fit_end = _dispatch("on_fit_end")
 
 
 class ProgressBar(Callback):
-    """A fit's progress in counted steps, advanced at logging points (``tqdm.auto``: a widget in
-    a notebook, text in a console). ``steps_done``: the trainer's counted steps before the fit."""
+    """A fit's progress in counted steps, advanced at logging points. ``steps_done``: the
+    trainer's counted steps before the fit."""
 
     def __init__(self, total: int, steps_done: int = 0) -> None:
         self.total, self.start = total, steps_done

@@ -7,12 +7,12 @@ precision_nb checkpoint, is truncated, has a payload whose checksum does not mat
 or holds anything but plain state is refused with a ``ValueError`` that says why.
 
 :func:`validate_state` checks every entry against the model and optimizer it will be loaded into
-before anything is applied, so a refused checkpoint changes nothing. Saving writes a temporary file
-beside the target and renames it; the temporary file is removed when anything fails.
+before anything is applied, so a refused checkpoint changes nothing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from precision_nb.core.validate import integer, short_repr
-from precision_nb.engine.precision import scaler_state_problems
+from precision_nb.core.validate import integer, number, short_repr
+from precision_nb.engine.precision import SCALER_STATE_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         torch.save(wrapper, tmp)
-        os.replace(tmp, path)  # never leave a half-written checkpoint under the real name
+        os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -146,11 +146,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def _unwrap(wrapper: dict[str, Any], where: str, map_location: Any) -> Any:
     data = wrapper.get("payload")
     expected = wrapper.get("sha256")
-    if (
-        not isinstance(data, torch.Tensor)
-        or data.dtype != torch.uint8
-        or not isinstance(expected, str)
-    ):
+    ok = isinstance(data, torch.Tensor) and data.dtype == torch.uint8
+    if not ok or not isinstance(expected, str):
         raise ValueError(f"checkpoint {where} is corrupt: its payload or checksum is missing")
     raw = data.cpu().numpy().tobytes()
     actual = hashlib.sha256(raw).hexdigest()
@@ -169,13 +166,9 @@ def _check_model(state: Any, model: torch.nn.Module) -> list[str]:
     if not isinstance(state, Mapping):
         return [f"model: expected a state dict, got {type(state).__name__}"]
     own = model.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     bad = sorted(set(own) ^ set(state))
-    bad += [
-        k
-        for k in own
-        if k in state
-        and (not isinstance(state[k], torch.Tensor) or tuple(own[k].shape) != tuple(state[k].shape))
-    ]
+    bad += [k for k in own if k in state and shapes.get(k) != tuple(own[k].shape)]
     if not bad:
         return []
     more = " ..." if len(bad) > 5 else ""
@@ -185,8 +178,7 @@ def _check_model(state: Any, model: torch.nn.Module) -> list[str]:
 def _check_optimizer(state: Any, optimizer: torch.optim.Optimizer) -> list[str]:
     if not isinstance(state, Mapping) or not isinstance(state.get("param_groups"), list):
         return ["optimizer: expected a dict with 'state' and 'param_groups' (a list)"]
-    groups = state["param_groups"]
-    own = optimizer.param_groups
+    groups, own = state["param_groups"], optimizer.param_groups
     if len(groups) != len(own):
         return [f"optimizer: {len(groups)} param groups; this optimizer has {len(own)}"]
     params: dict[Any, torch.Tensor] = {}
@@ -228,6 +220,18 @@ def _check_counters(counters: Any) -> list[str]:
     return _problems([(integer, f"counters.{k}", counters.get(k), 0) for k in COUNTERS])
 
 
+def _check_scaler(state: Any) -> list[str]:
+    if state is None or state == {}:  # no grad scaler state
+        return []
+    if not isinstance(state, Mapping) or set(state) != set(SCALER_STATE_KEYS):
+        found = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        return [f"scaler: keys {short_repr(found)}; expected {sorted(SCALER_STATE_KEYS)}"]
+    positive = functools.partial(number, minimum=0.0, strict=True)
+    checks = [(positive, "scale"), (positive, "growth_factor"), (positive, "backoff_factor")]
+    checks += [(integer, "growth_interval", 1), (integer, "_growth_tracker", 0)]
+    return _problems([(check, f"scaler.{key}", state[key], *args) for check, key, *args in checks])
+
+
 def _check_rng(rng: Any) -> list[str]:
     if not isinstance(rng, Mapping) or "torch" not in rng:
         return ["rng: expected a dict with a 'torch' generator state"]
@@ -263,7 +267,7 @@ def validate_state(
         *_check_optimizer(payload.get("optimizer"), optimizer),
         *_check_counters(payload.get("counters")),
         *_check_rng(payload.get("rng")),
-        *scaler_state_problems(payload.get("scaler")),
+        *_check_scaler(payload.get("scaler")),
     ]
     if not isinstance(payload.get("plan"), Mapping):
         problems.append("plan: expected the plan as a dict")

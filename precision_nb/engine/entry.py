@@ -73,8 +73,6 @@ def fit(
         model, batches, preset=preset, device=device, precision=precision,
         optimizer=optimizer, train=train, loss_fn=loss_fn, compile=compile, **train_options,
     )  # fmt: skip
-    if request.train.update_stats is None:  # only when asked here; see the docstring
-        request = request.replace(train=dataclasses.replace(request.train, update_stats=False))
     if distributed is not None and request.compile != "off":
         raise ValueError(
             f"compile: invalid value {request.compile!r} with distributed=...; allowed: 'off' "
@@ -84,6 +82,8 @@ def fit(
         from precision_nb.engine.distributed.launcher import launch
 
         return launch(request, distributed, factory=factory, callbacks=callbacks, stop=stop)
+    if request.train.update_stats is None:  # only when asked here; see the docstring
+        request = request.replace(train=dataclasses.replace(request.train, update_stats=False))
     return run(request, callbacks=callbacks, stop=stop)
 
 
@@ -91,7 +91,7 @@ def run(request: RunRequest, *, callbacks: Iterable[Any] = (), stop: Any = None)
     """Train ``request`` once in this process (what ``fit`` does without ``distributed``)."""
     dispatch = Callbacks(callbacks)
     model, batches, info = request.prepare()
-    trainer = Trainer(
+    return Trainer(
         model,
         batches,
         device=request.device,
@@ -101,5 +101,4 @@ def run(request: RunRequest, *, callbacks: Iterable[Any] = (), stop: Any = None)
         loss_fn=request.loss_fn,  # type: ignore[arg-type]
         workload_info=info,
         compile=request.compile,
-    )
-    return trainer.fit(callbacks=dispatch, stop=stop)
+    ).fit(callbacks=dispatch, stop=stop)

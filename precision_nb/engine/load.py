@@ -1,9 +1,7 @@
 """How busy the machine was while something was measured: load average and others' CPU time.
 
-:func:`sample` reads, with psutil, the load average, the CPU time the whole machine spent busy
-and stolen (by a hypervisor), and the CPU time of this process and its finished children (the
-fresh measuring processes). :class:`Load` compares two samples: the CPU time other processes used
-over the interval, as a share of the machine's CPU time, and the share stolen. A measurement with
+:func:`sample` reads the machine's load with psutil (this process's CPU time includes its finished
+children: the fresh measuring processes); :class:`Load` compares two samples. A measurement with
 others' share of at least :data:`BUSY_SHARE` (or :data:`STEAL_SHARE` stolen) was taken on a busy
 machine: its figures include their interference, and :meth:`Load.note` says so, to be shown
 before any figure.

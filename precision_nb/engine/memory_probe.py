@@ -5,6 +5,7 @@ per logging interval).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -22,31 +23,23 @@ class MemoryReading:
     reserved: int | None
 
 
-_PROCESS: psutil.Process | None = None
-
-
-def _this_process() -> psutil.Process:
-    """This process, looked up once (building a ``psutil.Process`` costs ~0.2 ms per fit)."""
-    global _PROCESS
-    if _PROCESS is None or _PROCESS.pid != os.getpid():  # a forked child gets its own
-        _PROCESS = psutil.Process()
-    return _PROCESS
-
-
-_STATM: tuple[int, int] | None = None  # (pid, open fd of that process's /proc/<pid>/statm)
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 0
 
 
-def _statm_fd() -> int | None:
-    """An fd of this process's ``/proc/<pid>/statm``, opened once per process (None off Linux)."""
-    global _STATM
-    pid = os.getpid()
-    if _STATM is None or _STATM[0] != pid:  # a forked child opens its own
-        try:
-            _STATM = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
-        except OSError:
-            _STATM = (pid, -1)
-    return _STATM[1] if _STATM[1] >= 0 else None
+@functools.lru_cache(maxsize=1)
+def _process(pid: int) -> psutil.Process:
+    """Process ``pid``, looked up once (building a ``psutil.Process`` costs ~0.2 ms per fit); a
+    forked child, with its own pid, gets its own."""
+    return psutil.Process(pid)
+
+
+@functools.lru_cache(maxsize=1)
+def _statm_fd(pid: int) -> int | None:
+    """An fd of ``/proc/<pid>/statm``, opened once per process (None off Linux)."""
+    try:
+        return os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+    except OSError:
+        return None
 
 
 def host_rss() -> int:
@@ -55,10 +48,10 @@ def host_rss() -> int:
     On Linux from ``/proc/<pid>/statm`` through an fd kept open (the resident pages times the page
     size, the number ``psutil`` reports, at about a tenth of its cost per read); elsewhere from
     ``psutil``."""
-    fd = _statm_fd()
+    fd = _statm_fd(os.getpid())
     if fd is not None and _PAGE_SIZE:
         return int(os.pread(fd, 128, 0).split()[1]) * _PAGE_SIZE
-    return int(_this_process().memory_info().rss)
+    return int(_process(os.getpid()).memory_info().rss)
 
 
 class MemoryProbe:
@@ -86,9 +79,7 @@ class MemoryProbe:
                 int(torch.cuda.max_memory_allocated(self.device)),
                 int(torch.cuda.max_memory_reserved(self.device)),
             )
-        if self.device.type == "mps":
-            current = int(torch.mps.current_allocated_memory())
-        else:
-            current = host_rss()
+        mps = self.device.type == "mps"
+        current = int(torch.mps.current_allocated_memory()) if mps else host_rss()
         self._peak = max(self._peak, current)
         return MemoryReading(self.kind, current, self._peak, None)

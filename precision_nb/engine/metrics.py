@@ -1,13 +1,5 @@
-"""Measurements: FLOPs per step (torch.utils.flop_counter), peak FLOP/s.
-
-- :func:`count_step_flops` runs one microbatch forward + backward under ``FlopCounterMode`` and
-  restores everything it touched (grads, buffers, RNG), cached per model type, size and batch shape.
-- :func:`peak_flops` looks a GPU up in :data:`GPU_PEAK_TFLOPS` (datasheet, dense) or, on CPU,
-  measures a matmul peak once per dtype per process (:func:`calibrate_cpu_peak`);
-  :func:`peak_ratios` estimates what a low-precision dtype could gain over fp32 (not a bound).
-- Attention is counted on every device (:data:`ATTENTION_FLOPS`); :func:`tf32_state` records
-  whether CUDA fp32 may really run as TF32.
-- Memory is read by :mod:`precision_nb.engine.memory_probe`.
+"""Measurements: FLOPs per step (torch.utils.flop_counter, attention counted on every device),
+peak FLOP/s (datasheet on CUDA, measured on CPU), the TF32 state (memory: memory_probe.py).
 """
 
 from __future__ import annotations
@@ -207,12 +199,8 @@ def calibrate_cpu_peak(
 
 
 def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[str, PeakRatio]:
-    """Peak FLOP/s of each dtype over the fp32 peak on ``device``: an estimate of what it could
-    gain on matmul-bound work if both reached the same fraction of their peaks (not a bound).
-
-    On CPU these are measured (:func:`calibrate_cpu_peak`), with the range their repeats allow;
-    on CUDA they come from the datasheet table. Dtypes without a known peak are left out.
-    """
+    """Each dtype's :class:`PeakRatio` on ``device``: measured on CPU (:func:`calibrate_cpu_peak`),
+    from the datasheet table on CUDA. Dtypes without a known peak are left out."""
     base = peak_flops(device, torch.float32)
     if base is None or base.flops_per_s <= 0:
         return {}
@@ -222,13 +210,13 @@ def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[s
         if peak is None:
             continue
         ratio = peak.flops_per_s / base.flops_per_s
-        if None in (peak.low, peak.high, base.low, base.high):
-            out[str(dtype).replace("torch.", "")] = PeakRatio(ratio, ratio, ratio, "datasheet")
-            continue
-        low = peak.low / base.high  # type: ignore[operator]
-        high = peak.high / base.low  # type: ignore[operator]
-        source = f"measured: {min(peak.repeats, base.repeats)}+ calibration repeats each"
-        out[str(dtype).replace("torch.", "")] = PeakRatio(ratio, low, high, source)
+        name = str(dtype).replace("torch.", "")
+        out[name] = PeakRatio(ratio, ratio, ratio, "datasheet")
+        if None not in (peak.low, peak.high, base.low, base.high):
+            low = peak.low / base.high  # type: ignore[operator]
+            high = peak.high / base.low  # type: ignore[operator]
+            source = f"measured: {min(peak.repeats, base.repeats)}+ calibration repeats each"
+            out[name] = PeakRatio(ratio, low, high, source)
     return out
 
 
@@ -313,20 +301,16 @@ def flop_class(op_name: str) -> str:
     return "attention" if "attention" in op_name else "other"
 
 
-def _attention_forward_flops(query_shape: Any, key_shape: Any, value_shape: Any) -> int:
+def _sdpa_forward(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
     """Q K^T and (softmax) V: 4 * B * H * Lq * Lk * D (GQA: key/value heads broadcast)."""
     return int(sdpa_flop_count(query_shape, key_shape, value_shape))
-
-
-def _sdpa_forward(query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any) -> int:
-    return _attention_forward_flops(query_shape, key_shape, value_shape)
 
 
 def _sdpa_backward(
     grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *_: Any, **__: Any
 ) -> int:
     """Gradients of Q, K, V and the scores: twice the forward (no recomputation counted)."""
-    return 2 * _attention_forward_flops(query_shape, key_shape, value_shape)
+    return 2 * _sdpa_forward(query_shape, key_shape, value_shape)
 
 
 _aten = torch.ops.aten
@@ -336,17 +320,14 @@ _aten = torch.ops.aten
 #: the usual MFU convention) are what MFU divides by the peak.
 ATTENTION_FLOPS: dict[Any, Any] = {
     op: formula
-    for name, formula in (
-        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_forward),
-        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward),
-        ("_scaled_dot_product_flash_attention", _sdpa_forward),
-        ("_scaled_dot_product_flash_attention_backward", _sdpa_backward),
-        ("_scaled_dot_product_efficient_attention", _sdpa_forward),
-        ("_scaled_dot_product_efficient_attention_backward", _sdpa_backward),
-        ("_scaled_dot_product_cudnn_attention", _sdpa_forward),
-        ("_scaled_dot_product_cudnn_attention_backward", _sdpa_backward),
+    for kernel in (
+        "flash_attention_for_cpu",
+        "flash_attention",
+        "efficient_attention",
+        "cudnn_attention",
     )
-    if (op := getattr(_aten, name, None)) is not None
+    for suffix, formula in (("", _sdpa_forward), ("_backward", _sdpa_backward))
+    if (op := getattr(_aten, f"_scaled_dot_product_{kernel}{suffix}", None)) is not None
 }
 
 

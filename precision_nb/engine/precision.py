@@ -8,19 +8,13 @@
 
 The base has every hook with a default that does nothing special; each subclass overrides only what
 differs (Lightning's ``fabric/plugins/precision`` is the model). One object lives as long as its
-:class:`~precision_nb.engine.trainer.Trainer`: :meth:`Precision.start_fit` resets what a fresh fit
-must reset (a new grad scaler for every fit, with checkpointed scaler state restored
-into it), and :meth:`Precision.load_state_dict` keeps a checkpoint's scaler state for that moment.
+:class:`~precision_nb.engine.trainer.Trainer`; :meth:`Precision.start_fit` resets it for each fit.
 The loop, the inspection step and the numerics analysis all train through ``forward_context()``,
 ``backward(loss)`` and ``step(optimizer, clip, params)``, so none of them branches on precision.
-``step`` returns a :class:`StepOutcome` of device tensors (the scale the attempt used, the scaler's
-own found-inf flag, the pre-clip grad norm) and never reads them on the host.
 
-The run label (" (loss-scale lab)"), the loss-scale floor and the lab's injected overflows are
-methods here too. Skips come from the scaler's own found-inf result, never from the scale going
-down (a scale of 0 or inf cannot go down). torch's private ``GradScaler`` state (the scale tensor,
-the growth tracker, the per-optimizer found-inf flags) is read only by :class:`ScalerInternals`,
-and a test pins that layout against the installed torch.
+Skips come from the scaler's own found-inf result, never from the scale going down (a scale of 0
+or inf cannot go down). torch's private ``GradScaler`` state is read only by
+:class:`ScalerInternals`.
 """
 
 from __future__ import annotations
@@ -36,7 +30,6 @@ from torch import nn
 from precision_nb.core.amp import autocast_context, make_grad_scaler
 from precision_nb.core.events import Event
 from precision_nb.core.plan import PrecisionPlan
-from precision_nb.core.validate import integer, number, short_repr
 from precision_nb.engine.train_config import TrainConfig
 
 if TYPE_CHECKING:
@@ -132,30 +125,6 @@ class ScalerInternals:
         return torch.stack([v.to(device, non_blocking=True) for v in values]).sum()
 
 
-def scaler_state_problems(state: Any) -> list[str]:
-    """What is wrong with a checkpoint's grad scaler state (None or {}: no state), one message
-    per bad entry naming the field, the value and what is allowed."""
-    if state is None or state == {}:
-        return []
-    if not isinstance(state, Mapping) or set(state) != set(SCALER_STATE_KEYS):
-        found = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        return [f"scaler: keys {short_repr(found)}; expected {sorted(SCALER_STATE_KEYS)}"]
-    checks: list[tuple[str, Any]] = [
-        ("scale", lambda f, v: number(f, v, minimum=0.0, strict=True)),
-        ("growth_factor", lambda f, v: number(f, v, minimum=0.0, strict=True)),
-        ("backoff_factor", lambda f, v: number(f, v, minimum=0.0, strict=True)),
-        ("growth_interval", lambda f, v: integer(f, v, 1)),
-        ("_growth_tracker", lambda f, v: integer(f, v, 0)),
-    ]
-    problems = []
-    for key, check in checks:
-        try:
-            check(f"scaler.{key}", state[key])
-        except ValueError as exc:
-            problems.append(str(exc))
-    return problems
-
-
 def poison_gradient(params: Sequence[nn.Parameter]) -> None:
     """Put an inf into the first gradient (the lab's injected overflow the scaler must catch)."""
     grad = next(p.grad for p in params if p.grad is not None)
@@ -219,14 +188,12 @@ class Precision:
             msg = "checkpoint grad scaler state not used: this plan has no scaler"
             events.append(Event("checkpoint", msg))
         if cfg.overflow_at_steps:
-            events.append(
-                Event(
-                    "warning",
-                    f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {self.plan.mode} "
-                    "has no grad scaler (use fp16 on CUDA or "
-                    "PrecisionConfig(mode='fp16', loss_scale_lab=True))",
-                )
+            msg = (
+                f"overflow_at_steps={cfg.overflow_at_steps} ignored: plan {self.plan.mode} "
+                "has no grad scaler (use fp16 on CUDA or "
+                "PrecisionConfig(mode='fp16', loss_scale_lab=True))"
             )
+            events.append(Event("warning", msg))
         return events
 
     # ------------------------------------------------------------------ one attempt
@@ -304,9 +271,7 @@ class Autocast(Precision):
 class ScaledAutocast(Autocast):
     """fp16 with a ``GradScaler``: scaled backward, unscale before clipping, skip on inf/NaN.
 
-    A new scaler is made by every :meth:`start_fit` (from the fit's ``init_scale``,
-    ``growth_factor``, ``backoff_factor``, ``growth_interval``); ``scaler`` is None before the
-    first fit.
+    A new scaler is made by every :meth:`start_fit`; ``scaler`` is None before the first fit.
     """
 
     scaled = True
@@ -318,9 +283,7 @@ class ScaledAutocast(Autocast):
         self._steps_run = 0
         self._overflow: frozenset[int] = frozenset()
         # The floor check: the last scale the host saw, the attempts since, the backoff factor.
-        self._seen = math.inf
-        self._unseen = 0
-        self._backoff = 0.5
+        self._seen, self._unseen, self._backoff = math.inf, 0, 0.5
 
     def _fresh_fit(self, cfg: TrainConfig, attempts_done: int) -> list[Event]:
         """A new scaler from the fit's settings, checkpointed state restored into it, and the

@@ -36,15 +36,6 @@ class _Divert(logging.Filter):
         return False
 
 
-class _Keep(logging.Handler):
-    def __init__(self, divert: _Divert) -> None:
-        super().__init__(logging.DEBUG)
-        self.addFilter(divert)
-
-    def emit(self, record: logging.LogRecord) -> None:  # pragma: no cover - the filter stops it
-        return
-
-
 @contextlib.contextmanager
 def captured(notes: list[str], *, printed: bool = True) -> Iterator[None]:
     """Warnings and log records of the block go into ``notes`` instead of the user's output;
@@ -53,7 +44,10 @@ def captured(notes: list[str], *, printed: bool = True) -> Iterator[None]:
     handlers = {id(h): h for h in logging.getLogger().handlers}
     for name in list(logging.root.manager.loggerDict):
         handlers.update({id(h): h for h in getattr(logging.getLogger(name), "handlers", [])})
-    keep = _Keep(divert)  # records that would reach no handler (Python's last resort)
+    # records that would reach no handler (Python's last resort); the filter stops every record,
+    # so this handler never emits
+    keep = logging.Handler(logging.DEBUG)
+    keep.addFilter(divert)
     logging.getLogger().addHandler(keep)
     for h in handlers.values():
         h.addFilter(divert)
@@ -73,21 +67,20 @@ def captured(notes: list[str], *, printed: bool = True) -> Iterator[None]:
         notes += [line for line in text.getvalue().splitlines() if line.strip()]
 
 
-class _NoProfilerRange(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not PROFILER_RANGE.match(record.getMessage())
+def _not_profiler_range(record: logging.LogRecord) -> bool:
+    """A log filter: False for dynamo's :data:`PROFILER_RANGE` line."""
+    return not PROFILER_RANGE.match(record.getMessage())
 
 
 @contextlib.contextmanager
 def profiler_ranges_unsaid() -> Iterator[None]:
     """Within the block, dynamo's :data:`PROFILER_RANGE` line is dropped; every other warning
     and log line of dynamo reaches the user as before."""
-    drop = _NoProfilerRange()
     loggers = [logging.getLogger(name) for name in _DYNAMO_LOGGERS]
     for logger in loggers:
-        logger.addFilter(drop)
+        logger.addFilter(_not_profiler_range)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(drop)
+            logger.removeFilter(_not_profiler_range)

@@ -1,13 +1,12 @@
 """Turns a chunk of device-side values into host records: one transfer per logging interval.
 
-The loop appends each attempt's loss (sum over microbatches) and its :class:`StepOutcome` (the
-scale it used, the scaler's found-inf flag, the grad norm) to a :class:`Chunk` as device tensors.
-:meth:`Recorder.flush` brings the whole chunk home with a single ``tolist()``, takes the skipped
-attempts from the found-inf flags (never from the scale going down), counts the rest, stops the
-run when the precision says the scale left ``[min_loss_scale, inf)``, and collects the attempts'
-times; :meth:`Recorder.emit` writes one record. Gradient underflow statistics
-(``TrainConfig.grad_stats_every``) travel in the same transfer. What stays fixed for the whole fit
-(record fields, batch shape, FLOPs, peak, the precision) is one frozen :class:`RunContext`.
+The loop appends each attempt's loss (sum over microbatches) and its :class:`StepOutcome` to a
+:class:`Chunk` as device tensors. :meth:`Recorder.flush` brings the whole chunk home with a single
+``tolist()``, takes the skipped attempts from the found-inf flags (never from the scale going
+down), counts the rest, stops the run when the precision says the scale left
+``[min_loss_scale, inf)``, and collects the attempts' times (:class:`StepTimer`);
+:meth:`Recorder.emit` writes one record. Gradient underflow statistics
+(``TrainConfig.grad_stats_every``) travel in the same transfer.
 """
 
 from __future__ import annotations
@@ -33,8 +32,72 @@ from precision_nb.engine.results import (
     NonFiniteLossError,
     RunResult,
 )
-from precision_nb.engine.step_timer import StepTimer
 from precision_nb.engine.update_probe import NO_UPDATE_STATS
+
+
+class StepTimer:
+    """Wall time of every optimizer attempt, without a host sync inside the loop: ``start()`` /
+    ``stop()`` around each attempt, ``collect()`` at a logging point.
+
+    - CPU: the host clock at the attempt's start and end (the work is synchronous).
+    - MPS: the host clock; the last attempt before a logging point waits for the device
+      (``torch.mps.synchronize()``) before its end time, so queued work lands in an attempt.
+    - CUDA: a pair of CUDA events recorded around each attempt, read at the logging point, after
+      the logging transfer has synchronised (``Event.elapsed_time`` then waits for nothing).
+
+    Logging work between attempts is inside no attempt's time. A profiler can see where each
+    attempt begins and ends: set :attr:`marker` to a factory of context managers
+    (``lambda: torch.profiler.record_function("...")``); each attempt then runs inside one. The
+    timed rounds leave it None.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.kind = torch.device(device).type
+        self._open: Any = None
+        self._pairs: list[tuple[Any, Any]] = []
+        #: None, or a factory of context managers entered around each attempt (a profiler mark)
+        self.marker: Any = None
+        self._mark: Any = None
+
+    def start(self) -> None:
+        if self.marker is not None:
+            self._mark = self.marker()
+            self._mark.__enter__()
+        if self.kind == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._open = event
+        else:
+            self._open = time.perf_counter()
+
+    def stop(self, last: bool = False) -> None:
+        """End the open attempt; ``last``: a logging point follows (MPS waits for the device)."""
+        if self._open is None:
+            return
+        if self.kind == "cuda":
+            end: Any = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            if last and self.kind == "mps":
+                torch.mps.synchronize()
+            end = time.perf_counter()
+        self._pairs.append((self._open, end))
+        self._open = None
+        if self._mark is not None:
+            mark, self._mark = self._mark, None
+            mark.__exit__(None, None, None)
+
+    def collect(self) -> list[float]:
+        """Seconds of each finished attempt since the last collect (an unfinished one is dropped).
+
+        On CUDA call it after the logging transfer: the events are complete by then.
+        """
+        pairs, self._pairs, self._open = self._pairs, [], None
+        if self.kind == "cuda":
+            if pairs:
+                pairs[-1][1].synchronize()  # complete already after the transfer: no wait
+            return [start.elapsed_time(end) / 1e3 for start, end in pairs]
+        return [end - start for start, end in pairs]
 
 
 @dataclass
@@ -69,12 +132,13 @@ class Chunk:
 
 #: Keys of ``grad_underflow_stats`` in the order they travel; record keys they become.
 _STAT_ORDER = ("underflow", "worst_underflow", "worst_index", "overflow")
-_NO_STATS: dict[str, Any] = {
-    "grad_underflow": None,
-    "grad_underflow_worst": None,
-    "grad_underflow_worst_param": None,
-    "grad_overflow": None,
-}
+_STAT_KEYS = (
+    "grad_underflow",
+    "grad_underflow_worst",
+    "grad_underflow_worst_param",
+    "grad_overflow",
+)
+_NO_STATS: dict[str, Any] = dict.fromkeys(_STAT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -165,17 +229,15 @@ class Recorder:
             **(self.update_probe.take() if self.update_probe is not None else NO_UPDATE_STATS),
         )
         record = {key: values[key] for key in RECORD_KEYS}  # fixed order; KeyError if missing
-        if values["mfu"] is not None and values["mfu"] > 1 and not self._warned_mfu:
+        mfu, source = values["mfu"], values["mfu_peak_source"]
+        if mfu is not None and mfu > 1 and not self._warned_mfu:
             self._warned_mfu = True
-            self.result.events.append(
-                Event(
-                    "calibration",
-                    f"mfu {values['mfu']:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s "
-                    f"beat the peak ({values['mfu_peak_source']}): "
-                    f"{beyond_peak(values['mfu_peak_source'])}, so read mfu as rough here",
-                    {"mfu": values["mfu"], "step": self.steps_done},
-                )
+            msg = (
+                f"mfu {mfu:.2f} > 1 at step {self.steps_done}: the achieved FLOP/s beat the peak "
+                f"({source}): {beyond_peak(source)}, so read mfu as rough here"
             )
+            data = {"mfu": mfu, "step": self.steps_done}
+            self.result.events.append(Event("calibration", msg, data))
         self.result.records.append(record)
         self._reset()
         self.callbacks.log(record)
@@ -221,16 +283,11 @@ class Recorder:
                 self._account(i, good)
                 self._non_finite(good, losses[i])
             good += 0 if skipped else 1
+            step = self.steps_done + good
             if i in stats:
-                self._grad_stats(stats[i], attempt, self.steps_done + good, scales[i])
-            self.result.scale_history.append(
-                dict(
-                    step=self.steps_done + good,
-                    attempt=attempt,
-                    loss_scale=scales[i],
-                    skipped=bool(skipped),
-                )
-            )
+                self._grad_stats(stats[i], attempt, step, scales[i])
+            entry = dict(step=step, attempt=attempt, loss_scale=scales[i], skipped=bool(skipped))
+            self.result.scale_history.append(entry)
             self.result.step_times_s.append(times[i] if i < len(times) else float("nan"))
             self.busy += times[i] if i < len(times) else 0.0
             self.losses.append(losses[i])
@@ -253,12 +310,7 @@ class Recorder:
         names = self.context.param_names
         # nothing underflowed: no layer is the worst
         name = names[int(index)] if worst > 0 and 0 <= index < len(names) else None
-        self.grad_stats = {
-            "grad_underflow": under,
-            "grad_underflow_worst": worst,
-            "grad_underflow_worst_param": name,
-            "grad_overflow": over,
-        }
+        self.grad_stats = dict(zip(_STAT_KEYS, (under, worst, name, over), strict=True))
         self.result.grad_stats.append(
             dict(self.grad_stats, step=step, attempt=attempt, loss_scale=scale)
         )
@@ -272,17 +324,12 @@ class Recorder:
     def _non_finite(self, good: int, value: float) -> None:
         step = self.steps_done + 1
         self.emit(time.perf_counter())
-        scaled = self.context.precision.scaled
-        why = (
-            "the grad scaler did not skip it: its gradients were finite"
-            if scaled
-            else "no grad scaler to skip it"
-        )
-        hint = (
-            "check the loss function and the data"
-            if scaled
-            else "pass TrainConfig(skip_nonfinite=True) to skip such steps"
-        )
+        if self.context.precision.scaled:
+            why = "the grad scaler did not skip it: its gradients were finite"
+            hint = "check the loss function and the data"
+        else:
+            why = "no grad scaler to skip it"
+            hint = "pass TrainConfig(skip_nonfinite=True) to skip such steps"
         msg = (
             f"loss became {value} at step {step} ({self.context.where}, {why}); lower the learning "
             f"rate, check the data, or {hint}"

@@ -1,13 +1,22 @@
-"""What a fit works out once before its first step: seed, sizes and FLOPs, the loss check."""
+"""What a fit works out once before its first step: seed, sizes and FLOPs, the loss check, and
+what the run records then: the plan's fallbacks and the autocast probe.
+
+Every fallback of the plan (the explanation's decisions with ``fallback=True``) and of fused AdamW
+(what ``build_optimizer`` really built) becomes an ``Event("fallback", ...)`` of the run and a
+``logging`` warning. ``verify_autocast`` runs one small matmul under the plan's autocast and is
+recorded as an ``Event("verify", ...)``; a dtype other than the plan's is also a warning.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from precision_nb.core.amp import verify_autocast
 from precision_nb.core.events import Event
 from precision_nb.engine.batches import BatchShape, batch_shape
 from precision_nb.engine.metrics import (
@@ -22,6 +31,10 @@ from precision_nb.engine.peaks import cuda_fp32_peak
 if TYPE_CHECKING:
     from precision_nb.core.plan import PrecisionPlan
     from precision_nb.engine.train_config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+_FUSED_FIELD = "fused AdamW"
 
 
 def seed_everything(seed: int) -> None:
@@ -41,12 +54,11 @@ def seed_everything(seed: int) -> None:
 @dataclass(frozen=True)
 class RunShape:
     """What a fit works out from its first microbatch: the batch's shape, FLOPs per optimizer
-    step, the peak FLOP/s its MFU divides by, the task and the ``RunResult.workload`` entry."""
+    step, the peak FLOP/s its MFU divides by and the ``RunResult.workload`` entry."""
 
     shape: BatchShape
     flops_per_step: int
     peak: Peak | None
-    task: str | None
     workload: dict[str, Any]
     events: tuple[Event, ...] = ()
 
@@ -110,24 +122,70 @@ def describe_run(
     events = ()
     if peak is None:
         events = (Event("calibration", f"no peak FLOP/s known for {device}: mfu is None"),)
-    return RunShape(shape, flops_step, peak, task, workload, events)
+    return RunShape(shape, flops_step, peak, workload, events)
 
 
 def check_loss(loss: Any, loss_fn: Any) -> None:
     """The first loss of a fit must be a scalar tensor (checked once: not per step)."""
     if isinstance(loss, torch.Tensor) and loss.dim() == 0:
         return
-    source = (
-        f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r}"
-        if loss_fn is not None
-        else "the model's loss output"
-    )
-    got = (
-        f"a tensor of shape {tuple(loss.shape)}"
-        if isinstance(loss, torch.Tensor)
-        else f"a {type(loss).__name__}"
-    )
+    source = "the model's loss output"
+    if loss_fn is not None:
+        source = f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r}"
+    got = f"a {type(loss).__name__}"
+    if isinstance(loss, torch.Tensor):
+        got = f"a tensor of shape {tuple(loss.shape)}"
     raise ValueError(
         f"{source} returned {got}; expected a scalar (0-dimensional) loss tensor, e.g. "
         "reduce it with .mean() or .sum()"
     )
+
+
+def fallback_events(explanation: Any, optimizer_outcome: Any) -> list[Event]:
+    """One ``fallback`` event per decision not honoured as asked, each logged as a warning."""
+    events = []
+    for decision in getattr(explanation, "fallbacks", ()):
+        if decision.field == _FUSED_FIELD:
+            continue  # the optimizer's real outcome below says what was built
+        requested = getattr(getattr(explanation, "config", None), decision.field, None)
+        events.append(
+            Event(
+                "fallback",
+                f"{decision.field}: {decision.outcome}. {decision.reason}",
+                {
+                    "field": decision.field,
+                    "requested": None if requested is None else str(requested),
+                    "used": decision.outcome,
+                },
+            )
+        )
+    outcome = optimizer_outcome
+    # fused was asked for (True), or left to the probe on CUDA, where it is expected
+    attempted = outcome is not None and (
+        outcome.requested is True
+        or (outcome.requested is None and str(outcome.device).startswith("cuda"))
+    )
+    if attempted and not outcome.used:
+        events.append(
+            Event(
+                "fallback",
+                f"fused AdamW: plain AdamW. {outcome.reason}",
+                {"field": _FUSED_FIELD, "requested": outcome.requested, "used": "plain AdamW"},
+            )
+        )
+    for event in events:
+        log.warning("%s", event.message)
+    return events
+
+
+def verify_event(plan: Any, device: torch.device) -> Event:
+    """Run ``verify_autocast`` on the training device and record what it found."""
+    check = verify_autocast(plan, device)
+    data = {
+        "requested": str(check.requested_dtype),
+        "computed": None if check.computed_dtype is None else str(check.computed_dtype),
+        "ok": check.ok,
+    }
+    if not check.ok:
+        log.warning("autocast check: %s", check.detail)
+    return Event("verify", f"autocast check: {check.detail}", data)

@@ -3,9 +3,7 @@
 ``Trainer.fit()`` is ``start()`` + ``advance(all)`` + ``finish()``, so a run's losses, scales and
 parameters are the same however its steps are split into ``advance`` calls. The loop
 (:meth:`FitSession._chunk` and :meth:`FitSession._attempt`) runs optimizer attempts in chunks that
-end at logging points (or at the end of an ``advance``); each attempt runs K microbatches, one
-step of the trainer's :class:`~precision_nb.engine.precision.Precision` and ``zero_grad``; losses,
-scales and found-inf flags stay on the device until the chunk's one host transfer
+end at logging points (or at the end of an ``advance``), each with one host transfer
 (:class:`Recorder`).
 
 The session owns what belongs to one fit (its ``RunResult``, the record fields, the events handed
@@ -44,11 +42,15 @@ from precision_nb.engine.inspect.step import run_inspection
 from precision_nb.engine.memory_probe import MemoryProbe
 from precision_nb.engine.numerics.scale_window import cast_limits
 from precision_nb.engine.numerics.training import grad_underflow_stats
-from precision_nb.engine.preflight import fallback_events, verify_event
-from precision_nb.engine.recorder import Chunk, Recorder, RunContext
+from precision_nb.engine.recorder import Chunk, Recorder, RunContext, StepTimer
 from precision_nb.engine.results import DeviceOutOfMemoryError, FitError, RunResult, attach_result
-from precision_nb.engine.run_setup import check_loss, describe_run, seed_everything
-from precision_nb.engine.step_timer import StepTimer
+from precision_nb.engine.run_setup import (
+    check_loss,
+    describe_run,
+    fallback_events,
+    seed_everything,
+    verify_event,
+)
 from precision_nb.engine.train_config import CountedLR, TrainConfig
 
 if TYPE_CHECKING:
@@ -56,30 +58,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The plan's fields every record carries.
+_PLAN_FIELDS = ("mode", "weights", "remedy", "dtype", "use_scaler", "autocast_enabled")
+
 
 @dataclass
 class Counters:
-    """A trainer's counters: counted optimizer steps, attempts (steps + skipped), microbatches.
-
-    The trainer owns them (they go into checkpoints); the session of a fit advances them.
-    """
+    """A trainer's counters (checkpointed): counted optimizer steps, attempts (steps + skipped),
+    microbatches. The session of a fit advances them."""
 
     steps: int = 0
     attempts: int = 0
     microbatches: int = 0
 
-    @property
-    def fresh(self) -> bool:
-        """Nothing trained yet (a fit then seeds the RNG with ``train.seed``)."""
-        return self.steps == 0 and self.attempts == 0
-
 
 class FitSession:
-    """A started fit. ``advance(n)`` runs up to n more counted steps; ``finish()`` ends it.
-
-    Made by :meth:`Trainer.start`, which hands it the fit's settings, callbacks, stop flag, the
-    events of this fit so far (a checkpoint's, the precision's) and the trainer's counters.
-    """
+    """A started fit, made by :meth:`Trainer.start` (``events``: this fit's so far)."""
 
     def __init__(
         self,
@@ -92,9 +86,8 @@ class FitSession:
         self.trainer, self.cfg, self.stop = trainer, cfg, stop
         self.precision = trainer.precision
         self.counters = trainer.counters
-        label = cfg.label or trainer.label
         self.result = RunResult(
-            label=label,
+            label=cfg.label or trainer.label,
             plan=trainer.plan,
             explanation=trainer.explanation,
             optimizer_outcome=trainer.optimizer_outcome,
@@ -106,7 +99,6 @@ class FitSession:
         self.callbacks = callbacks.plus(self.progress) if self.progress else callbacks
         self.counted = 0
         self.stop_reason: str | None = None
-        self.task: str | None = None
         self._last_task: str | None = None
         self._closed = False
         self._loss_checked = False
@@ -124,9 +116,10 @@ class FitSession:
         """Run up to ``n`` more counted steps; returns how many were counted in this call."""
         n = validate.integer("advance.n", n, 0)
         target, before = min(self.cfg.steps, self.counted + n), self.counted
+        every = self.cfg.log_every
         with self._guard(), self._watch_compiles(before):
             while not self.done and self.counted < target:
-                self._chunk(min(target - self.counted, self._to_next_log()))
+                self._chunk(min(target - self.counted, every - self.counted % every))
         return self.counted - before
 
     def finish(self) -> RunResult:
@@ -139,13 +132,9 @@ class FitSession:
             self.stop_reason = "finished before all steps ran"
         if self.stop_reason is not None:
             result.stopped = True
-            result.events.append(
-                Event(
-                    "stop",
-                    f"{self.stop_reason} after {self.counted} of {cfg.steps} steps",
-                    {"reason": self.stop_reason, "steps": self.counted, "of": cfg.steps},
-                )
-            )
+            msg = f"{self.stop_reason} after {self.counted} of {cfg.steps} steps"
+            data = {"reason": self.stop_reason, "steps": self.counted, "of": cfg.steps}
+            result.events.append(Event("stop", msg, data))
         result.seconds = time.perf_counter() - self.rec.t_start
         if self.trainer.explanation.compile.enabled:
             result.compile = record = self.trainer.compile_log.record()
@@ -161,12 +150,15 @@ class FitSession:
 
     def _setup(self) -> None:
         t, cfg, result = self.trainer, self.cfg, self.result
-        if cfg.seed is not None and self.counters.fresh:
+        if cfg.seed is not None and not (self.counters.steps or self.counters.attempts):
             seed_everything(cfg.seed)
         result.events.extend(fallback_events(t.explanation, t.optimizer_outcome))
         result.events.append(verify_event(t.plan, t.device))
-        self._peeked: tuple[int, Any] | None = None
-        first = self._first_batch()
+        # the first microbatch, peeked: measured for shape and FLOPs, then trained on
+        index = self.counters.microbatches
+        first = to_device(t.source.get(index), t.device)
+        self._peeked: tuple[int, Any] | None = (index, first)
+        self.samples = batch_shape(first, None).samples
         if cfg.inspect:  # before the peak window opens: its memory is not the run's
             result.inspection = self._inspect(first)
         self._compile(first)  # before the peak window and the first step: no step pays it
@@ -175,7 +167,6 @@ class FitSession:
         run = describe_run(
             t.model, t.device, t.plan, cfg, t.workload_info, first, self._loss_and_task
         )
-        self.task = run.task
         result.workload = run.workload
         result.events.extend(run.events)
         self.callbacks.fit_start(result)
@@ -205,27 +196,15 @@ class FitSession:
 
     def _record_base(self, label: str) -> dict[str, Any]:
         """The record fields that stay the same for the whole fit."""
-        t = self.trainer
-        p = t.plan.to_dict()
+        t, plan = self.trainer, self.trainer.plan.to_dict()
         return {
             "run": label,
-            "mode": p["mode"],
-            **{key: p[key] for key in ("weights", "remedy", "dtype")},
-            "use_scaler": p["use_scaler"],
-            "autocast_enabled": p["autocast_enabled"],
-            "device_type": p["device_type"],
+            **{key: plan[key] for key in _PLAN_FIELDS},
+            "device_type": plan["device_type"],
             "device": str(t.device),
-            "fused_adamw": t.fused,
+            "fused_adamw": bool(getattr(t.optimizer_outcome, "used", False)),
             "loss_scale_lab": self.precision.lab,
         }
-
-    def _first_batch(self) -> Any:
-        """The first microbatch, peeked: measured for shape and FLOPs, then trained on."""
-        index = self.counters.microbatches
-        batch = to_device(self.trainer.source.get(index), self.trainer.device)
-        self._peeked = (index, batch)
-        self.samples = batch_shape(batch, None).samples
-        return batch
 
     def _inspect(self, first: Any) -> Any:
         """One instrumented step on a copy of the model, on the first microbatch of this fit
@@ -246,9 +225,8 @@ class FitSession:
             raise DeviceOutOfMemoryError(str(exc), self.result) from exc
 
     def loss(self, batch: Any, forward: Any = None) -> torch.Tensor:
-        """The model's loss on one microbatch under the plan's forward context (the task the
-        output showed is kept in ``task``). ``forward``: what to call instead of the trainer's
-        forward (the compile step's copy)."""
+        """The model's loss on one microbatch under the plan's forward context. ``forward``: what
+        to call instead of the trainer's forward (the compile step's copy)."""
         t = self.trainer
         args, kwargs, labels = split_batch(batch, t.model, t.loss_fn)
         with self.precision.forward_context():
@@ -299,9 +277,6 @@ class FitSession:
         return loss, self._last_task
 
     # ------------------------------------------------------------------------ the loop
-
-    def _to_next_log(self) -> int:
-        return self.cfg.log_every - self.counted % self.cfg.log_every
 
     def _chunk(self, want: int) -> None:
         """Up to ``want`` attempts, one host transfer, a record at a logging point."""
@@ -370,9 +345,8 @@ class FitSession:
     def _grad_stats(self) -> dict[str, torch.Tensor]:
         """fp16 underflow of the gradients as they are now: scaled by the loss scale (they are
         read before the step unscales them), or unscaled without a scaler. Device tensors only."""
-        grads = [p.grad for p in self.params]
         # FSDP2 gradients are DTensors: count this rank's shard
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        grads = [p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad for p in self.params]
         return grad_underflow_stats(grads, None, "fp16")
 
     def _next_batch(self) -> Any:
@@ -412,15 +386,12 @@ class FitSession:
         re-raised as itself with the result attached (:func:`attach_result`)."""
         try:
             yield
-        except torch.OutOfMemoryError as exc:
-            self._close()
-            raise self._oom(exc) from exc
-        except FitError:
-            self._close()
-            raise
         except BaseException as exc:
             self._close()
-            attach_result(exc, self.result)
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise self._oom(exc) from exc
+            if not isinstance(exc, FitError):
+                attach_result(exc, self.result)
             raise
 
     def _close(self) -> None:

@@ -1,8 +1,4 @@
-"""Loop settings: :class:`TrainConfig` (validated on construction) and the LR schedule.
-
-The schedule advances on counted optimizer steps only: an attempt the grad scaler skipped does not
-move it (:class:`CountedLR`).
-"""
+"""Loop settings: :class:`TrainConfig` (validated on construction) and the LR schedule."""
 
 from __future__ import annotations
 
@@ -16,9 +12,6 @@ import torch
 from precision_nb.core import validate
 
 SCHEDULES = ("constant", "cosine")
-
-#: Most counted steps one fit may ask for (a run of more would take weeks even at 1 ms a step).
-MAX_STEPS = validate.MAX_STEPS
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
@@ -70,7 +63,7 @@ class TrainConfig:
     update_stats: bool | None = None
 
     def __post_init__(self) -> None:
-        _positive_int("steps", self.steps, 1, MAX_STEPS)
+        _positive_int("steps", self.steps, 1, validate.MAX_STEPS)
         _positive_int("accumulation", self.accumulation)
         _positive_int("log_every", self.log_every)
         _positive_int("warmup_steps", self.warmup_steps, 0)
@@ -106,10 +99,9 @@ class TrainConfig:
         validate.choice("train.cuda_sync_debug", self.cuda_sync_debug, (None, "warn", "error"))
         if self.grad_stats_every is not None:
             _positive_int("grad_stats_every", self.grad_stats_every)
-        validate.boolean("train.inspect", self.inspect)
         if self.update_stats is not None:
             validate.boolean("train.update_stats", self.update_stats)
-        for name in ("skip_nonfinite", "progress", "measure_peak"):
+        for name in ("inspect", "skip_nonfinite", "progress", "measure_peak"):
             validate.boolean(f"train.{name}", getattr(self, name))
         if self.label is not None and not isinstance(self.label, str):
             raise ValueError(
@@ -119,12 +111,8 @@ class TrainConfig:
 
     def scaler_settings(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.amp.GradScaler`` (via ``make_grad_scaler``)."""
-        return dict(
-            init_scale=self.init_scale,
-            growth_factor=self.growth_factor,
-            backoff_factor=self.backoff_factor,
-            growth_interval=self.growth_interval,
-        )
+        names = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
+        return {name: getattr(self, name) for name in names}
 
 
 def make_train_config(train: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:

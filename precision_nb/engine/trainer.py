@@ -1,12 +1,8 @@
 """The trainer: a model, its optimizer, its precision and its counters, across fits.
 
-:class:`Trainer` holds what lives longer than one fit: the model (moved to the device once), the
-optimizer, one :class:`~precision_nb.engine.precision.Precision` built for the resolved plan, and
-the step counters that checkpoints save. Each fit is a
-:class:`~precision_nb.engine.session.FitSession`: ``start()`` (the precision reset for a fresh fit
-and checkpointed scaler state restored into it, the plan's fallbacks and the autocast check as
-events), ``advance(all)`` (the loop) and ``finish()``. The public ``fit()`` is in
-:mod:`precision_nb.engine.entry`.
+The model is moved to the device once and the precision built once for the resolved plan; the
+counters are what checkpoints save. Each fit is a :class:`~precision_nb.engine.session.FitSession`.
+The public ``fit()`` is in :mod:`precision_nb.engine.entry`.
 """
 
 from __future__ import annotations
@@ -149,15 +145,6 @@ class Trainer:
         return self.precision.label + self.explanation.compile.suffix
 
     @property
-    def lab(self) -> bool:
-        """Whether the plan is the CPU loss-scale lab."""
-        return self.precision.lab
-
-    @property
-    def fused(self) -> bool:
-        return bool(getattr(self.optimizer_outcome, "used", False))
-
-    @property
     def scaler(self) -> Any:
         """The current fit's grad scaler (None before a fit or without one)."""
         return self.precision.scaler
@@ -202,7 +189,11 @@ class Trainer:
         """
         cfg = self.train if steps is None else dataclasses.replace(self.train, steps=steps)
         dispatch = Callbacks(callbacks)
-        stop = _stop_flag(stop)
+        if stop is not None and not callable(getattr(stop, "is_set", None)):
+            raise ValueError(
+                f"stop: invalid value {short_repr(stop)} ({type(stop).__name__}); "
+                "allowed: None or a threading.Event (anything with is_set())"
+            )
         events = [*self._next_fit_events, *self.precision.start_fit(cfg, self.counters.attempts)]
         self._next_fit_events = []
         session = FitSession(self, cfg, dispatch, stop, events)
@@ -219,9 +210,8 @@ class Trainer:
         wanted = session.cfg.update_stats
         if not (self.plan.true_weights if wanted is None else wanted):
             return
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         probe = UpdateProbe(
-            self.optimizer, [p for _, p in named], [n for n, _ in named],
+            self.optimizer, session.params, session.rec.context.param_names,
             steps_before=self.counters.steps, steps=session.cfg.steps,
             log_every=session.cfg.log_every,
         )  # fmt: skip
@@ -258,34 +248,20 @@ class Trainer:
         ckpt.validate_state(payload, self.model, self.optimizer, f"checkpoint {str(path)!r}")
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
-        counters = payload["counters"]
-        self.counters.steps = counters["steps"]
-        self.counters.attempts = counters["attempts"]
-        self.counters.microbatches = counters["microbatches"]
+        for key in ckpt.COUNTERS:
+            setattr(self.counters, key, payload["counters"][key])
         ckpt.restore_rng(payload["rng"])
         self.precision.load_state_dict(payload["scaler"])
-        if payload["plan"] != self.plan.to_dict():
+        old = payload["plan"]
+        if old != self.plan.to_dict():
+            # a checkpoint from before true plans has only the mode
+            label = plan_label(
+                str(old.get("mode")), old.get("weights", "mixed"), old.get("remedy", "none")
+            )
             self._next_fit_events.append(
                 Event(
                     "checkpoint",
-                    "checkpoint was written under plan "
-                    f"{_plan_label(payload['plan'])!r}; continuing under plan "
+                    f"checkpoint was written under plan {label!r}; continuing under plan "
                     f"{self.plan.label!r} (tensors are copied into this plan's dtypes)",
                 )
             )
-
-
-def _plan_label(data: dict[str, Any]) -> str:
-    """A checkpoint's plan dict as its label (a checkpoint from before true plans: the mode)."""
-    return plan_label(
-        str(data.get("mode")), data.get("weights", "mixed"), data.get("remedy", "none")
-    )
-
-
-def _stop_flag(stop: Any) -> Any:
-    if stop is not None and not callable(getattr(stop, "is_set", None)):
-        raise ValueError(
-            f"stop: invalid value {short_repr(stop)} ({type(stop).__name__}); "
-            "allowed: None or a threading.Event (anything with is_set())"
-        )
-    return stop

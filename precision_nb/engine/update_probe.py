@@ -20,10 +20,9 @@ parameter elements come out, overall and per parameter tensor (layer):
 
 Elements whose update is exactly 0 (a parameter that gets no gradient and no weight decay) count
 as unchanged too: a mixed (fp32) run of the same model shows that floor. The device values travel
-to the host at the logging point (one read per logged step, only when the probe is on,
-``TrainConfig.update_stats``: by default for true plans in a ``Trainer`` and the comparisons,
-in ``fit()`` when asked). Optimizer hooks run for every
-``torch.optim.Optimizer``, including the remedies' library optimizers.
+to the host at the logging point (one read per logged step, only when the probe is on:
+``TrainConfig.update_stats``). Optimizer hooks run for every ``torch.optim.Optimizer``, including
+the remedies' library optimizers.
 """
 
 from __future__ import annotations

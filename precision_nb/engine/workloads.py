@@ -9,6 +9,7 @@ synthetic tasks come from a fixed random teacher, the language model reads the s
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -161,8 +162,7 @@ def _pool(
     device: torch.device | str, build: Callable[[torch.Generator], Any], seed: int
 ) -> Callable[[int], Any]:
     gen = torch.Generator().manual_seed(seed)
-    batches = [build(gen) for _ in range(_POOL_BATCHES)]
-    moved = [tuple(t.to(device) for t in b) for b in batches]
+    moved = [tuple(t.to(device) for t in build(gen)) for _ in range(_POOL_BATCHES)]
 
     def batch(step: int) -> Any:
         return moved[step % len(moved)]
@@ -170,8 +170,12 @@ def _pool(
     return batch
 
 
-def _mlp(preset: str, seed: int) -> Workload:
-    p = _MLP[preset]
+#: What a builder returns from a preset's dims and the seed: the model factory, the function
+#: that makes one batch from a generator (pooled by ``_pool``) and the workload's ``info``.
+_Built = tuple[Callable[[], nn.Module], Callable[[torch.Generator], Any], dict[str, Any]]
+
+
+def _mlp(p: dict[str, Any], seed: int) -> _Built:
     in_dim, classes, bs = p["in_dim"], p["classes"], p["batch_size"]
     teacher = torch.randn(in_dim, classes, generator=torch.Generator().manual_seed(seed + 1))
 
@@ -179,22 +183,15 @@ def _mlp(preset: str, seed: int) -> Workload:
         x = torch.randn(bs, in_dim, generator=gen)
         return x, (x @ teacher).argmax(dim=1)
 
-    info = dict(task="classification", dims=dict(p))
-    return Workload(
-        "mlp",
-        preset,
-        lambda: MLP(in_dim, p["hidden"], p["depth"], classes),
-        lambda device: _pool(device, build, seed),
-        info,
-    )
+    model = functools.partial(MLP, in_dim, p["hidden"], p["depth"], classes)
+    return model, build, dict(task="classification", dims=dict(p))
 
 
-def _lm(preset: str, seed: int, data: str) -> Workload:
+def _lm(p: dict[str, Any], seed: int, data: str) -> _Built:
     if data not in ("corpus", "synthetic"):
         raise ValueError(
             f"data={short_repr(data)} is not a transformer data source; allowed: corpus, synthetic"
         )
-    p = _LM[preset]
     t, bs = p["seq_len"], p["batch_size"]
     if data == "corpus":
         text = load_corpus()
@@ -221,19 +218,12 @@ def _lm(preset: str, seed: int, data: str) -> Workload:
             x = base.gather(1, pos)
             return x, x
 
+    model = functools.partial(TinyGPT, vocab, p["d_model"], p["heads"], p["layers"], t)
     dims = dict(p, vocab=vocab, data=data)
-    info = dict(task="causal_lm", dims=dims, tokens_per_batch=bs * t)
-    return Workload(
-        "transformer",
-        preset,
-        lambda: TinyGPT(vocab, p["d_model"], p["heads"], p["layers"], t),
-        lambda device: _pool(device, build, seed),
-        info,
-    )
+    return model, build, dict(task="causal_lm", dims=dims, tokens_per_batch=bs * t)
 
 
-def _cnn(preset: str, seed: int) -> Workload:
-    p = _CNN[preset]
+def _cnn(p: dict[str, Any], seed: int) -> _Built:
     size, classes, bs = p["image"], p["classes"], p["batch_size"]
     protos = torch.randn(classes, 3, size, size, generator=torch.Generator().manual_seed(seed + 1))
 
@@ -242,14 +232,8 @@ def _cnn(preset: str, seed: int) -> Workload:
         x = protos[y] + 0.5 * torch.randn(bs, 3, size, size, generator=gen)
         return x, y
 
-    info = dict(task="classification", dims=dict(p, channels=list(p["channels"])))
-    return Workload(
-        "cnn",
-        preset,
-        lambda: ConvNet(tuple(p["channels"]), classes),
-        lambda device: _pool(device, build, seed),
-        info,
-    )
+    model = functools.partial(ConvNet, tuple(p["channels"]), classes)
+    return model, build, dict(task="classification", dims=dict(p, channels=list(p["channels"])))
 
 
 def get_workload(
@@ -271,10 +255,10 @@ def get_workload(
             f"preset={short_repr(preset)} is not a known size preset; known: {', '.join(PRESETS)}"
         )
     if key == "mlp":
-        wl = _mlp(size, seed)
+        model, build, info = _mlp(_MLP[size], seed)
     elif key == "cnn":
-        wl = _cnn(size, seed)
+        model, build, info = _cnn(_CNN[size], seed)
     else:
-        wl = _lm(size, seed, data)
-    info = dict(wl.info, name=wl.name, preset=size, batch_size=wl.info["dims"]["batch_size"])
-    return Workload(wl.name, size, wl.make_model, wl.make_batches, info)
+        model, build, info = _lm(_LM[size], seed, data)
+    info = dict(info, name=key, preset=size, batch_size=info["dims"]["batch_size"])
+    return Workload(key, size, model, lambda device: _pool(device, build, seed), info)

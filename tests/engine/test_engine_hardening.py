@@ -11,7 +11,7 @@ from precision_nb.core.amp import AutocastCheck, make_grad_scaler
 from precision_nb.core.optim import FusedOutcome, OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.core.resolution import explain_precision, resolve_precision
-from precision_nb.engine import preflight
+from precision_nb.engine import run_setup as preflight
 from precision_nb.engine.entry import fit
 from precision_nb.engine.results import LossScaleFloorError, NonFiniteLossError
 from precision_nb.engine.trainer import TrainConfig, Trainer

@@ -8,7 +8,7 @@ from engine_helpers import quiet
 
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.engine import step_timer
+from precision_nb.engine import recorder as step_timer
 from precision_nb.engine.trainer import Trainer
 
 LAB = PrecisionConfig(mode="fp16", loss_scale_lab=True)

@@ -5,18 +5,15 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __all__ = ["fit_distributed", "DistributedResult", "DistributedError"]
 
+_MODULES = dict(fit_distributed="launcher", DistributedResult="results", DistributedError="results")
+
 
 def __getattr__(name: str) -> Any:
-    if name == "fit_distributed":
-        from precision_nb.engine.distributed.launcher import fit_distributed
-
-        return fit_distributed
-    if name in ("DistributedResult", "DistributedError"):
-        from precision_nb.engine.distributed import results
-
-        return getattr(results, name)
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

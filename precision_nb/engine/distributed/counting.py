@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -39,14 +40,12 @@ class CommCounter:
     """Bytes, calls and seconds in flight by (op, dtype) since the last :meth:`take`."""
 
     def __init__(self) -> None:
-        self._totals: dict[tuple[str, torch.dtype], list[float]] = {}
+        self._totals = self._empty()
         self._lock = threading.Lock()  # completions arrive on the backend's threads
 
-    def _slot(self, key: tuple[str, torch.dtype]) -> list[float]:
-        slot = self._totals.get(key)
-        if slot is None:
-            slot = self._totals[key] = [0, 0, 0.0, 0]  # bytes, tensors, seconds, timed tensors
-        return slot
+    @staticmethod
+    def _empty() -> defaultdict[tuple[str, torch.dtype], list[float]]:
+        return defaultdict(lambda: [0, 0, 0.0, 0])  # bytes, tensors, seconds, timed tensors
 
     def add(self, op: str, tensors: Iterable[torch.Tensor]) -> dict[tuple[str, torch.dtype], int]:
         """Count the buffer; returns how many of its tensors fell under each (op, dtype)."""
@@ -54,7 +53,7 @@ class CommCounter:
         with self._lock:
             for t in tensors:
                 key = (op, t.dtype)
-                slot = self._slot(key)
+                slot = self._totals[key]
                 slot[0] += t.numel() * t.element_size()
                 slot[1] += 1
                 keys[key] = keys.get(key, 0) + 1
@@ -75,7 +74,7 @@ class CommCounter:
             elapsed = time.perf_counter() - t0
             with self._lock:
                 for key, n in keys.items():
-                    slot = self._slot(key)
+                    slot = self._totals[key]
                     slot[2] += elapsed * n / total
                     slot[3] += n
 
@@ -86,7 +85,7 @@ class CommCounter:
         start again at zero. ``calls`` counts tensors (a coalesced call counts each of its
         tensors); ``seconds`` sums the time in flight of the ``timed_calls``."""
         with self._lock:
-            totals, self._totals = self._totals, {}
+            totals, self._totals = self._totals, self._empty()
         return [
             {
                 "op": op,
@@ -159,18 +158,11 @@ class CountingGroup(dist.ProcessGroup):
     def group_name(self) -> str:
         return self._name
 
-    def barrier(self, *args: Any) -> Any:
-        return self.inner.barrier(*args)
-
-    def _start_coalescing(self, *args: Any) -> Any:
-        return self.inner._start_coalescing(*args)
-
-    def _end_coalescing(self, *args: Any) -> Any:
-        return self.inner._end_coalescing(*args)
-
 
 for _name, (_op, _pick) in _METHODS.items():
     setattr(CountingGroup, _name, _forwarder(_name, _op, _pick))
+for _name in ("barrier", "_start_coalescing", "_end_coalescing"):  # forwarded, not counted
+    setattr(CountingGroup, _name, lambda self, *args, _n=_name: getattr(self.inner, _n)(*args))
 
 
 def counting_group(counter: CommCounter) -> CountingGroup:

@@ -41,7 +41,7 @@ def _stop_error(r: RankResult) -> bool:
 
 
 def _describe(r: RankResult, exit_code: int | None) -> str:
-    if r.error is not None and _stop_error(r):
+    if _stop_error(r):
         return "was stopped when the run ended (SIGTERM)"
     if r.error is not None:
         frames = [
@@ -123,15 +123,11 @@ def agent_trouble(agent: AgentEnd, endpoint: str) -> str | None:
     return f"its torchrun agent exited with code {code}: {last}"
 
 
-def _missing_nodes(run: TorchrunRun, req: Distributed) -> list[int]:
-    """Nodes whose agent left no marker in the run folder (never started on it)."""
+def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> tuple[str, list[int]]:
+    """What kept the rendezvous from completing, and the nodes whose agent left no marker in the
+    run folder (never started on it)."""
     joined = read_markers(run.run_dir)
-    return [k for k in range(req.nnodes) if k not in joined]
-
-
-def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> str:
-    joined = read_markers(run.run_dir)
-    missing = _missing_nodes(run, req)
+    missing = [k for k in range(req.nnodes) if k not in joined]
     started = ", ".join(
         f"node {k} ({m.get('host')})" for k, m in sorted(joined.items()) if k < req.nnodes
     )
@@ -144,11 +140,11 @@ def _rendezvous_failure(run: TorchrunRun, req: Distributed) -> str:
         return (
             f"{head}: node {names} never joined (started: {started or 'none'}); start it with "
             "its command from precision-nb nodes RUN_DIR; no rank ran"
-        )
+        ), missing
     return (
         f"{head}: every node's agent started ({started}) but they did not meet: check that each "
         f"reaches {run.endpoint}; no rank ran"
-    )
+    ), missing
 
 
 def _from_outside(agent: AgentEnd) -> bool:
@@ -202,8 +198,9 @@ def failure(result: DistributedResult, run: TorchrunRun) -> DistributedError:
     if agent is not None and trouble is not None and (outside or not own):
         node, root = agent.node, None
         if "RendezvousTimeoutError" in agent.log_text and req is not None:
-            lines[0] += f": {_rendezvous_failure(run, req)}"
-            node = (_missing_nodes(run, req) or [agent.node])[0]
+            text, missing = _rendezvous_failure(run, req)
+            lines[0] += f": {text}"
+            node = (missing or [agent.node])[0]
         else:
             lines[0] += f": node {agent.node}: {trouble}"
     elif root is not None and root in by_rank:

@@ -24,8 +24,9 @@ from precision_nb.core.cpu_features import CpuFeatures
 from precision_nb.core.distributed import Distributed, DistributedPlan, explain_distributed
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
+from precision_nb.engine.distributed.failure import failure
 from precision_nb.engine.distributed.nodes import endpoint, read_markers, spec_nodes
-from precision_nb.engine.distributed.process import TorchrunRun, failure, read_ranks
+from precision_nb.engine.distributed.process import TorchrunRun, read_ranks
 from precision_nb.engine.distributed.rank import from_json
 from precision_nb.engine.distributed.results import DistributedError, DistributedResult, rank_lines
 
@@ -53,15 +54,10 @@ def read_spec(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _capabilities(data: dict[str, Any]) -> Capabilities:
-    cpu = data.get("cpu")
-    cc = data.get("compute_capability")
-    return Capabilities(
-        **{
-            **data,
-            "cpu": CpuFeatures(**cpu) if isinstance(cpu, dict) else None,
-            "compute_capability": tuple(cc) if cc is not None else None,
-        }
-    )
+    cpu, cc = data.get("cpu"), data.get("compute_capability")
+    features = CpuFeatures(**cpu) if isinstance(cpu, dict) else None
+    cc = tuple(cc) if cc is not None else None
+    return Capabilities(**dict(data, cpu=features, compute_capability=cc))
 
 
 def resolve_spec(spec: dict[str, Any]) -> DistributedPlan:

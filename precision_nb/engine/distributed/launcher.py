@@ -1,12 +1,9 @@
 """``fit_distributed``: start the ranks with ``torchrun`` (a subprocess), follow rank 0 live and
 gather every rank's records.
 
-The calling process (a notebook kernel, a script, the CLI) is the launcher, never a rank. It picks a
-free port on the rendezvous host (loopback by default), runs torchrun (its stores bound to that
-host, see :mod:`~precision_nb.engine.distributed.process`) with ``--max-restarts 0``, reads the
-ranks' JSON-line logs while they train (rank 0's records go to the callbacks as they are logged),
-and at the end makes sure no worker outlives the run: torchrun is stopped with SIGTERM (which it
-forwards), then its process group and any worker it recorded are killed by id.
+The calling process (a notebook kernel, a script, the CLI) is the launcher, never a rank. It runs
+torchrun as :mod:`~precision_nb.engine.distributed.process` describes, reading the ranks'
+JSON-line logs while they train (rank 0's records go to the callbacks as they are logged).
 """
 
 from __future__ import annotations
@@ -29,37 +26,30 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine.batches import BatchSource
 from precision_nb.engine.callbacks import Callbacks
+from precision_nb.engine.distributed.failure import failure
 from precision_nb.engine.distributed.parallel import batch_samples, check_divisible
 from precision_nb.engine.distributed.process import (
-    exit_codes,
-    failure,
     read_ranks,
-    root_cause,
     run_nodes,
     run_torchrun,
     stopped_not_failed,
 )
 from precision_nb.engine.distributed.rank import import_path
-from precision_nb.engine.distributed.results import DistributedResult, merge_records, read_rank_log
+from precision_nb.engine.distributed.results import DistributedResult, merge_records, rank_lines
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import attach_result
 from precision_nb.engine.workloads import WORKLOADS, Workload, get_workload
 
 __all__ = [
-    "exit_codes",
+    "Rank0Follower",
     "fit_distributed",
     "launch",
     "plan_spec",
-    "resolved_on",
-    "root_cause",
-    "write_atomic",
     "write_request_spec",
     "write_spec",
 ]
 
 log = logging.getLogger(__name__)
-#: The earlier private name of :func:`~precision_nb.engine.distributed.process.stopped_not_failed`.
-_stopped_not_failed = stopped_not_failed
 
 
 def _model_spec(
@@ -108,15 +98,9 @@ def _model_spec(
 
 def plan_spec(plan: DistributedPlan) -> dict[str, Any]:
     """What a rank needs of a resolved plan to wrap its model (strategy, backend, dtypes, hook)."""
-    return {
-        "strategy": plan.strategy,
-        "backend": plan.backend,
-        "param_dtype": plan.param_dtype,
-        "reduce_dtype": plan.reduce_dtype,
-        "output_dtype": plan.output_dtype,
-        "comm_hook": plan.comm_hook,
-        "count_collectives": plan.request.count_collectives,
-    }
+    keys = ("strategy", "backend", "param_dtype", "reduce_dtype", "output_dtype", "comm_hook")
+    spec = {k: getattr(plan, k) for k in keys}
+    return {**spec, "count_collectives": plan.request.count_collectives}
 
 
 def write_spec(
@@ -204,30 +188,20 @@ def write_request_spec(
         "train": asdict(cfg),
         "plan": plan_spec(plan),
         "nodes": run_nodes(req),
-        "resolved": resolved_on(plan, device),
+        # what the plan was resolved from, so that gather can resolve it again on a machine
+        # without the nodes' devices
+        "resolved": {
+            "request": plan.request.to_dict(),
+            "device": str(device),
+            "capabilities": plan.precision.capabilities.to_dict(),
+        },
     }
-    spec_path = folder / "spec.json"
-    write_atomic(spec_path, json.dumps(spec))
+    # a temporary file and a rename: a rank on another node reading the shared run file sees
+    # the old file or the new one, never half
+    spec_path, tmp = folder / "spec.json", folder / f".spec.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(spec), encoding="utf-8")
+    os.replace(tmp, spec_path)
     return plan, spec_path
-
-
-def resolved_on(plan: DistributedPlan, device: Any) -> dict[str, Any]:
-    """What the plan was resolved from, so that it can be resolved again elsewhere (``gather``
-    on a machine without the nodes' devices): the request, the device asked for and the
-    capabilities read where the run file was written."""
-    return {
-        "request": plan.request.to_dict(),
-        "device": str(device),
-        "capabilities": plan.precision.capabilities.to_dict(),
-    }
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader (a rank on
-    another node reading a shared run file) sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def fit_distributed(
@@ -291,69 +265,65 @@ def launch(
         )
     dispatch = Callbacks(callbacks)
     plan, spec_path = write_request_spec(request, distributed, factory=factory, run_dir=run_dir)
-    keep = run_dir is not None
-    return _launch(plan, spec_path, spec_path.parent, dispatch, stop, keep=keep)
+    return _launch(plan, spec_path, dispatch, stop, keep=run_dir is not None)
 
 
 def _launch(
-    plan: Any,
-    spec_path: Path,
-    run_dir: Path,
-    callbacks: Callbacks,
-    stop: Any,
-    *,
-    keep: bool = False,
+    plan: Any, spec_path: Path, callbacks: Callbacks, stop: Any, *, keep: bool
 ) -> DistributedResult:
-    rank0 = run_dir / "rank0.jsonl"
-    seen = [0]
-
-    def follow() -> None:
-        seen[0] = _follow(rank0, seen[0], callbacks)
-
+    run_dir = spec_path.parent
+    follow = Rank0Follower(callbacks, run_dir)
     try:
-        run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
-    except BaseException as exc:  # a callback of yours raised (or a start failed); ranks ended
+        try:
+            run = run_torchrun(plan.request, spec_path, run_dir, stop, follow)
+        except BaseException as exc:  # a callback of yours raised (or a start failed); ranks ended
+            ranks = read_ranks(run_dir)
+            partial = DistributedResult(
+                plan, ranks, merge_records(ranks), stopped=True, run_dir=str(run_dir)
+            )
+            attach_result(exc, partial)
+            raise
         ranks = read_ranks(run_dir)
-        partial = DistributedResult(
-            plan, ranks, merge_records(ranks), stopped=True, run_dir=str(run_dir)
-        )
-        attach_result(exc, partial)
-        if not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    ranks = read_ranks(run_dir)
-    if run.stopped:
-        stopped_not_failed(ranks)
-    result = run.result(plan, ranks)
-    if run.failed(ranks):
-        error = failure(result, run)  # reads the nodes' markers in run_dir
-        if not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)  # records and log tail are in the error
-        raise error
-    if result.missing_ranks:
-        log.warning(
-            "ranks %s left no log in %s (another node's folder?): the merged records average "
-            "the %d rank(s) here only; give every node one shared run_dir",
-            result.missing_ranks,
-            run_dir,
-            len(ranks),
-        )
-    try:
-        callbacks.fit_end(result)
-    except BaseException as exc:
-        attach_result(exc, result)
-        raise
+        if run.stopped:
+            stopped_not_failed(ranks)
+        result = run.result(plan, ranks)
+        if run.failed(ranks):
+            raise failure(result, run)  # reads the nodes' markers in run_dir
+        if result.missing_ranks:
+            log.warning(
+                "ranks %s left no log in %s (another node's folder?): the merged records average "
+                "the %d rank(s) here only; give every node one shared run_dir",
+                result.missing_ranks,
+                run_dir,
+                len(ranks),
+            )
+        try:
+            callbacks.fit_end(result)
+        except BaseException as exc:
+            attach_result(exc, result)
+            raise
     finally:
-        if not keep:
+        if not keep:  # records and log tail of a failure are in its error
             shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 
-def _follow(path: Path, seen: int, callbacks: Callbacks) -> int:
-    """Hand rank 0's records logged since the last call to the callbacks; returns the count."""
-    if not callbacks.wants("on_log") or not path.exists():
-        return seen
-    records = read_rank_log(path, 0).records
-    for rec in records[seen:]:
-        callbacks.log(rec)
-    return len(records)
+class Rank0Follower:
+    """The ``poll()`` of a launch: rank 0's lines written since the last call to the callbacks
+    (``on_log(record)``; ``on_phase(text)`` for a measured run's phases)."""
+
+    def __init__(self, callbacks: Callbacks, run_dir: Path) -> None:
+        self.path, self.callbacks, self.seen = run_dir / "rank0.jsonl", callbacks, 0
+        self.wanted = callbacks.wants("on_log") or callbacks.wants("on_phase")
+
+    def __call__(self) -> None:
+        if not self.wanted or not self.path.exists():
+            return
+        items = rank_lines(self.path)
+        for item in items[self.seen :]:
+            kind = item.get("kind")
+            if kind == "record":
+                self.callbacks.log(item["record"])
+            elif kind == "phase":
+                self.callbacks.phase(str(item.get("text", "")))
+        self.seen = len(items)

@@ -1,12 +1,10 @@
 """``measure_distributed``: every plan of a distributed profile in ONE torchrun launch, measured
 by the single-device method (:mod:`precision_nb.engine.measure`), the ranks' times merged.
 
-Each rank runs :mod:`precision_nb.engine.distributed.rank_measure`: a warm-up per plan on
-throw-away wrapped copies (its end agreed over the ranks), then rounds of blocks with the plan
-order rotated. A distributed step is as slow as its slowest rank, so the launcher merges the ranks'
-block times step by step (the maximum over the ranks) into one
-:class:`~precision_nb.engine.measure.Measurement`: its spreads, paired speedups and verdicts are
-computed exactly as for one process. Each plan also gets its own
+Each rank runs :mod:`precision_nb.engine.distributed.rank_measure`. A distributed step is as slow
+as its slowest rank, so the launcher merges the ranks' block times step by step (the maximum over
+the ranks) into one :class:`~precision_nb.engine.measure.Measurement`: its spreads, paired
+speedups and verdicts are computed exactly as for one process. Each plan also gets its own
 :class:`~precision_nb.engine.distributed.results.DistributedResult` (records, bytes per step by
 op and dtype, memory per rank), with each rank's own measured step times in ``timed_steps``.
 """
@@ -27,14 +25,10 @@ from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine import load as machine_load
 from precision_nb.engine.callbacks import Callbacks
-from precision_nb.engine.distributed.launcher import plan_spec, write_spec
+from precision_nb.engine.distributed.failure import failure
+from precision_nb.engine.distributed.launcher import Rank0Follower, plan_spec, write_spec
 from precision_nb.engine.distributed.parallel import check_divisible
-from precision_nb.engine.distributed.process import (
-    failure,
-    read_ranks,
-    run_torchrun,
-    stopped_not_failed,
-)
+from precision_nb.engine.distributed.process import read_ranks, run_torchrun, stopped_not_failed
 from precision_nb.engine.distributed.results import DistributedResult, rank_lines
 from precision_nb.engine.measure import warmup_event as _warmup_event
 from precision_nb.engine.measure_config import MeasureConfig
@@ -128,11 +122,8 @@ def merge_measurement(
     for label in labels:
         per_rank = [i["plans"].get(label, {}) for i in present]
         timing = m.plans[label]
-        timing.warmup = (
-            _merge_warmup(label, [p.get("warmup") for p in per_rank], m.events)
-            if complete
-            else None
-        )
+        warms = [p.get("warmup") for p in per_rank] if complete else []
+        timing.warmup = _merge_warmup(label, warms, m.events)
         if timing.warmup is not None:
             m.events.append(_warmup_event(label, timing.warmup))
         uneven = False
@@ -154,25 +145,6 @@ def merge_measurement(
             )
         timing.failed = next((p["failed"] for p in per_rank if p.get("failed")), None)
     return m
-
-
-class _Follower:
-    """Rank 0's new lines to the callbacks: ``on_log(record)`` and ``on_phase(text)``."""
-
-    def __init__(self, path: Path, callbacks: Callbacks) -> None:
-        self.path, self.callbacks, self.seen = path, callbacks, 0
-
-    def __call__(self) -> None:
-        if not self.callbacks or not self.path.exists():
-            return
-        items = rank_lines(self.path)
-        for item in items[self.seen :]:
-            kind = item.get("kind")
-            if kind == "record":
-                self.callbacks.log(item["record"])
-            elif kind == "phase":
-                self.callbacks.phase(str(item.get("text", "")))
-        self.seen = len(items)
 
 
 def measure_distributed(
@@ -231,9 +203,7 @@ def measure_distributed(
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     start = machine_load.sample()
-    run = run_torchrun(
-        first.request, spec_path, run_dir, stop, _Follower(run_dir / "rank0.jsonl", dispatch)
-    )
+    run = run_torchrun(first.request, spec_path, run_dir, stop, Rank0Follower(dispatch, run_dir))
     everything = read_ranks(run_dir)
     per_plan = {label: read_ranks(run_dir, plan=label) for label in labels}
     if run.stopped:
@@ -245,8 +215,7 @@ def measure_distributed(
         shutil.rmtree(run_dir, ignore_errors=True)
         error.results = results  # type: ignore[attr-defined]
         raise error
-    paths = {r.rank: run_dir / f"rank{r.rank}.jsonl" for r in everything}
-    logs = {rank: rank_lines(path) for rank, path in paths.items()}
+    logs = {r.rank: rank_lines(run_dir / f"rank{r.rank}.jsonl") for r in everything}
     shutil.rmtree(run_dir, ignore_errors=True)
     lines = {rank: _last(items, "measurement") for rank, items in logs.items()}
     measurement = merge_measurement(list(lines.values()), mcfg, labels)
@@ -256,10 +225,10 @@ def measure_distributed(
     out.stopped = run.stopped or measurement.stopped
     if time_split is not None:
         out.time_splits = {
-            label: [_plan_line(logs[rank], "time_split", label) for rank in sorted(logs)]
+            label: [_last(logs[rank], "time_split", label) for rank in sorted(logs)]
             for label in labels
         }
-    phases = [_first(items, "phase") for items in logs.values()]
+    phases = [next((i for i in items if i.get("kind") == "phase"), None) for items in logs.values()]
     if phases and all(p is not None for p in phases):  # launch -> every rank's first warm-up
         out.startup_s = max(float(p["t"]) for p in phases if p is not None) - run.t0
     for label, result in results.items():
@@ -275,17 +244,9 @@ def _plan_of(line: dict[str, Any] | None, label: str) -> dict[str, Any]:
     return ((line or {}).get("plans") or {}).get(label) or {}
 
 
-def _last(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    found = [item for item in items if item.get("kind") == kind]
+def _last(items: list[dict[str, Any]], kind: str, plan: str | None = None) -> dict[str, Any] | None:
+    found = [i for i in items if i.get("kind") == kind and plan in (None, i.get("plan"))]
     return found[-1] if found else None
-
-
-def _plan_line(items: list[dict[str, Any]], kind: str, label: str) -> dict[str, Any] | None:
-    return _last([item for item in items if item.get("plan") == label], kind)
-
-
-def _first(items: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
-    return next((item for item in items if item.get("kind") == kind), None)
 
 
 def global_workload(workload: Mapping[str, Any], nproc: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ __all__ = [
     "NNODES_ENV",
     "NodeCommand",
     "endpoint",
-    "loopback_interface",
+    "loopback_env",
     "node_command",
     "node_commands",
     "node_identity",
@@ -59,10 +59,13 @@ _WORKER = "precision_nb.engine.distributed.worker"
 _TORCHRUN = "precision_nb.engine.distributed.torchrun"
 
 
-def loopback_interface() -> str | None:
-    """The name of this machine's loopback interface ("lo" on Linux), or None."""
-    names = [name for _, name in socket.if_nameindex()]
-    return next((n for n in names if n.startswith("lo")), None)
+def loopback_env(host: str) -> dict[str, str]:
+    """For a loopback ``host``, gloo's and NCCL's socket interface: this machine's loopback
+    interface ("lo" on Linux), when it has one."""
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    if is_loopback(host) and lo is not None:
+        return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+    return {}
 
 
 def endpoint(host: str, port: int | None) -> str:
@@ -98,19 +101,6 @@ def spec_nodes(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rdzv_conf(timeout_s: float, is_host: str) -> str:
-    seconds = max(1, math.ceil(timeout_s))
-    # read_timeout: how long a node waits to reach node 0's store, as long as the join itself
-    return f"join_timeout={seconds},read_timeout={max(10, seconds)},is_host={is_host}"
-
-
-def _env(host: str) -> dict[str, str]:
-    lo = loopback_interface()
-    if is_loopback(host) and lo is not None:
-        return {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
-    return {}
-
-
 def node_command(
     nodes: Mapping[str, Any],
     node: int,
@@ -135,18 +125,19 @@ def node_command(
         argv.append(f"--node-rank={node}")
     argv += [f"--nproc-per-node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={where}"]
     if nnodes > 1:
-        conf = _rdzv_conf(nodes["rdzv_timeout_s"], "1" if node == 0 else "0")
+        seconds = max(1, math.ceil(nodes["rdzv_timeout_s"]))
+        # read_timeout: how long a node waits to reach node 0's store, as long as the join itself
+        conf = f"join_timeout={seconds},read_timeout={max(10, seconds)},is_host={int(node == 0)}"
         argv += [f"--rdzv-id={RDZV_ID}", f"--rdzv-conf={conf}"]
     if node == 0 or all_here or is_loopback(host):
         argv.append(f"--local-addr={host}")
     argv += ["--max-restarts=0", "--monitor-interval=0.1", "-m", _WORKER, str(spec_path)]
-    return NodeCommand(node, _env(host), tuple(argv))
+    return NodeCommand(node, loopback_env(host), tuple(argv))
 
 
 def node_commands(spec_path: str | Path, *, python: str = "python") -> list[NodeCommand]:
     """The command of every node of the run file at ``spec_path``, node 0 first."""
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    nodes = spec_nodes(spec)
+    nodes = spec_nodes(json.loads(Path(spec_path).read_text(encoding="utf-8")))
     if nodes["nproc_per_node"] is None:
         raise ValueError(
             f"run file {str(spec_path)!r}: it has no node layout ('nodes'); allowed: a run file "
@@ -158,9 +149,8 @@ def node_commands(spec_path: str | Path, *, python: str = "python") -> list[Node
 def srun_command(spec_path: str | Path, *, python: str = "python") -> str:
     """One ``srun`` line starting every node's agent on a Slurm allocation: node rank
     ``$SLURM_NODEID``, node 0 hosting the rendezvous (run it where node 0 is ``rdzv_host``)."""
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    nodes = spec_nodes(spec)
-    cmd = node_commands(spec_path, python=python)[-1]
+    commands = node_commands(spec_path, python=python)
+    cmd = commands[-1]
     argv = []
     for arg in cmd.argv:
         if arg.startswith("--node-rank="):
@@ -173,12 +163,7 @@ def srun_command(spec_path: str | Path, *, python: str = "python") -> str:
     inner = " ".join(argv)
     env = " ".join(f"{k}={v}" for k, v in cmd.env.items())
     inner = f"{env} {inner}" if env else inner
-    return f"srun --nodes={nodes['nnodes']} --ntasks-per-node=1 bash -c {shlex.quote(inner)}"
-
-
-def _node_rank_env() -> int | None:
-    value = os.environ.get(NODE_RANK_ENV)
-    return int(value) if value not in (None, "") else None
+    return f"srun --nodes={len(commands)} --ntasks-per-node=1 bash -c {shlex.quote(inner)}"
 
 
 def node_identity() -> dict[str, Any]:
@@ -186,10 +171,9 @@ def node_identity() -> dict[str, Any]:
     group rank), torchrun's group rank, local rank and processes on the node, the ``--nnodes``
     of its agent and the host name."""
     group = int(os.environ.get("GROUP_RANK", "0"))
-    given = _node_rank_env()
-    nnodes = os.environ.get(NNODES_ENV)
+    given, nnodes = os.environ.get(NODE_RANK_ENV), os.environ.get(NNODES_ENV)
     return {
-        "node": given if given is not None else group,
+        "node": int(given) if given else group,
         "group_rank": group,
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),

@@ -20,10 +20,7 @@ def batch_samples(batch: Any) -> int | None:
         return int(batch.shape[0]) if batch.dim() > 0 else None
     items = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(items, (tuple, list)) or isinstance(batch, Mapping):
-        for item in items:
-            n = batch_samples(item)
-            if n is not None:
-                return n
+        return next((n for n in map(batch_samples, items) if n is not None), None)
     return None
 
 
@@ -89,10 +86,6 @@ def _gloo_bf16_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP check
     return default_hooks.bf16_compress_hook(state, bucket)
 
 
-def _dtype(name: str | None) -> torch.dtype | None:
-    return TORCH_DTYPES[name] if name else None
-
-
 def wrap_model(model: nn.Module, spec: dict[str, Any], group: Any, device: torch.device) -> Any:
     """DDP (with the requested comm hook) or FSDP2 over ``group``; the model is on ``device``."""
     model.to(device)
@@ -112,11 +105,8 @@ def wrap_model(model: nn.Module, spec: dict[str, Any], group: Any, device: torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = DeviceMesh.from_group(group, device.type)
-    policy = MixedPrecisionPolicy(
-        param_dtype=_dtype(spec.get("param_dtype")),
-        reduce_dtype=_dtype(spec.get("reduce_dtype")),
-        output_dtype=_dtype(spec.get("output_dtype")),
-    )
+    dtypes = {k: spec.get(k) for k in ("param_dtype", "reduce_dtype", "output_dtype")}
+    policy = MixedPrecisionPolicy(**{k: TORCH_DTYPES[v] if v else None for k, v in dtypes.items()})
     _shard_blocks(model, lambda m: fully_shard(m, mesh=mesh, mp_policy=policy))
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
@@ -150,16 +140,11 @@ def bytes_by_dtype(tensors: Any) -> dict[str, int]:
     return out
 
 
-def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-
-
 def sharding_summary(params: list[torch.Tensor]) -> dict[str, Any]:
     """How this rank holds its parameters: DTensor shards or full tensors, and their dtypes."""
-    dtensors = [p for p in params if callable(getattr(p, "to_local", None))]
     return {
         "parameters": len(params),
-        "dtensor_parameters": len(dtensors),
+        "dtensor_parameters": sum(callable(getattr(p, "to_local", None)) for p in params),
         "local_numel": sum(local_tensor(p).numel() for p in params),
         "global_numel": sum(p.numel() for p in params),
         "master_dtypes": sorted({dtype_name(local_tensor(p).dtype) for p in params}),
@@ -169,17 +154,10 @@ def sharding_summary(params: list[torch.Tensor]) -> dict[str, Any]:
 def observe_compute(model: nn.Module, into: dict[str, Any]) -> None:
     """On the first forward of the first module owning a ``weight``: the weight's class and dtype
     as the module computes with it (FSDP2's unsharded, cast parameter) and the output dtype."""
-    target = next(
-        (
-            (n, m)
-            for n, m in model.named_modules()
-            if isinstance(getattr(m, "weight", None), torch.Tensor)
-        ),
-        None,
-    )
-    if target is None:
+    owners = [x for x in model.named_modules() if torch.is_tensor(getattr(x[1], "weight", None))]
+    if not owners:
         return
-    name, module = target
+    name, module = owners[0]
 
     def pre(mod: nn.Module, _args: Any) -> None:
         into.update(

@@ -8,9 +8,9 @@ or its ``node_rank`` only) through ``python -m precision_nb.engine.distributed.t
 calls ``poll()`` while the ranks train (the launcher follows their JSON-line logs there) and at
 the end makes sure no worker outlives the run: a node whose agent fails ends the run on every
 node; the agents are stopped with SIGTERM (which they forward), then their process groups and any
-worker recorded on this machine are killed by id. :func:`failure` turns a failed run into a
-``DistributedError`` naming the node and rank that failed first, or the node whose agent failed
-(killed, interrupted, a rendezvous that never completed): :mod:`.failure` words it.
+worker recorded on this machine are killed by id. :func:`.failure.failure` turns a failed run
+into a ``DistributedError`` naming the node and rank that failed first, or the node whose agent
+failed (killed, interrupted, a rendezvous that never completed).
 """
 
 from __future__ import annotations
@@ -28,19 +28,9 @@ from typing import Any
 
 import psutil
 
-from precision_nb.core.distributed import Distributed, is_loopback
-from precision_nb.engine.distributed.failure import (
-    AgentEnd,
-    exit_codes,
-    failure,
-    root_cause,
-)
-from precision_nb.engine.distributed.nodes import (
-    NodeCommand,
-    endpoint,
-    loopback_interface,
-    node_command,
-)
+from precision_nb.core.distributed import Distributed
+from precision_nb.engine.distributed.failure import AgentEnd
+from precision_nb.engine.distributed.nodes import NodeCommand, endpoint, loopback_env, node_command
 from precision_nb.engine.distributed.results import (
     DistributedResult,
     RankResult,
@@ -49,14 +39,10 @@ from precision_nb.engine.distributed.results import (
 )
 
 __all__ = [
-    "AgentEnd",
     "TorchrunRun",
     "agent_commands",
-    "exit_codes",
-    "failure",
     "free_port",
     "read_ranks",
-    "root_cause",
     "run_nodes",
     "run_torchrun",
     "stopped_not_failed",
@@ -77,13 +63,8 @@ def free_port(host: str) -> int:
 
 def run_nodes(req: Distributed) -> dict[str, Any]:
     """The node layout of a request, as the run file records it (:func:`nodes.spec_nodes`)."""
-    return {
-        "nnodes": req.nnodes,
-        "nproc_per_node": req.nproc,
-        "rdzv_host": req.rdzv_host,
-        "rdzv_port": req.rdzv_port,
-        "rdzv_timeout_s": req.rdzv_timeout_s,
-    }
+    rdzv = {k: getattr(req, k) for k in ("rdzv_host", "rdzv_port", "rdzv_timeout_s")}
+    return {"nnodes": req.nnodes, "nproc_per_node": req.nproc, **rdzv}
 
 
 def agent_commands(req: Distributed, spec_path: Path, port: int) -> list[NodeCommand]:
@@ -98,15 +79,11 @@ def agent_commands(req: Distributed, spec_path: Path, port: int) -> list[NodeCom
 
 
 def _environment(host: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**loopback_env(host), **os.environ}  # the socket interfaces unless set already
     paths = [_PACKAGE_ROOT, os.getcwd(), *[p for p in sys.path if p]]
     if env.get("PYTHONPATH"):
         paths.insert(1, env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    lo = loopback_interface()
-    if is_loopback(host) and lo is not None:
-        env.setdefault("GLOO_SOCKET_IFNAME", lo)
-        env.setdefault("NCCL_SOCKET_IFNAME", lo)
     return env
 
 
@@ -121,10 +98,6 @@ class Agent:
     t_end: float | None = None
     stopped: bool = False
 
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode
-
     def log_text(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
@@ -135,7 +108,7 @@ def _start(command: NodeCommand, log_path: Path, env: dict[str, str]) -> Agent:
             list(command.argv),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**env, **{k: v for k, v in command.env.items() if k not in os.environ}},
+            env=env,  # command.env (the node's socket interfaces) is in it
             start_new_session=True,
         )
     return Agent(command.node, proc, log_path)
@@ -182,12 +155,9 @@ def _reap(proc: subprocess.Popen, ranks: list[RankResult], spec_path: Path) -> N
 def read_ranks(run_dir: Path, plan: str | None = None) -> list[RankResult]:
     """Every rank whose log is in ``run_dir`` (``rank<R>.jsonl``), by rank; ``plan``: only that
     plan's lines (:func:`~precision_nb.engine.distributed.results.read_rank_log`)."""
-    found = []
-    for path in Path(run_dir).glob("rank*.jsonl"):
-        digits = path.stem[len("rank") :]
-        if digits.isdigit():
-            found.append((int(digits), path))
-    return [read_rank_log(path, rank, plan=plan) for rank, path in sorted(found)]
+    found = {path.stem[len("rank") :]: path for path in Path(run_dir).glob("rank*.jsonl")}
+    ranks = sorted((int(digits), path) for digits, path in found.items() if digits.isdigit())
+    return [read_rank_log(path, rank, plan=plan) for rank, path in ranks]
 
 
 @dataclass
@@ -255,10 +225,8 @@ def _combined(agents: list[AgentEnd]) -> tuple[int, str]:
 def run_torchrun(
     req: Distributed, spec_path: Path, run_dir: Path, stop: Any, poll: Any
 ) -> TorchrunRun:
-    """Run the torchrun agent of every node this machine runs (``req.nodes_here()``) on
-    ``spec_path`` until they end, calling ``poll()`` every few ms (to follow the ranks' logs);
-    stop them on ``stop``, Ctrl-C, ``req.timeout_s`` or when one node's agent fails; no worker
-    outlives them."""
+    """Run the agents of the nodes ``req.nodes_here()`` on ``spec_path`` (see the module docstring)
+    until they end; stop them on ``stop``, Ctrl-C or ``req.timeout_s`` too."""
     port = req.rdzv_port if req.rdzv_port is not None else free_port(req.rdzv_host)
     commands = agent_commands(req, spec_path, port)
     env = _environment(req.rdzv_host)
@@ -281,7 +249,7 @@ def run_torchrun(
                 stopped = True
                 log.warning("distributed run timed out after %.0f s; stopping it", req.timeout_s)
                 _stop(agents)
-            elif not (stopped or ended_early) and any(a.returncode for a in agents):
+            elif not (stopped or ended_early) and any(a.proc.returncode for a in agents):
                 ended_early = True  # one node failed: end the run on every node
                 _stop(agents)
             poll()
@@ -297,7 +265,7 @@ def run_torchrun(
         raise
     _end(agents, spec_path, run_dir)
     poll()
-    ends = [AgentEnd(a.node, a.returncode, a.t_end, a.stopped, a.log_text()) for a in agents]
+    ends = [AgentEnd(a.node, a.proc.returncode, a.t_end, a.stopped, a.log_text()) for a in agents]
     code, text = _combined(ends)
     run = TorchrunRun(code, text, stopped, t0, time.time() - t0, run_dir, ends)
     run.endpoint = endpoint(req.rdzv_host, port)

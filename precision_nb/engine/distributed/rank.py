@@ -27,7 +27,7 @@ from precision_nb.engine.distributed.nodes import node_identity, spec_nodes, wor
 from precision_nb.engine.distributed.parallel import (
     RankBatches,
     bytes_by_dtype,
-    optimizer_state_tensors,
+    observe_compute,
     sharding_summary,
 )
 from precision_nb.engine.request import prepare
@@ -38,15 +38,13 @@ from precision_nb.engine.trainer import Trainer
 __all__ = [
     "CommObserver",
     "RankLog",
+    "RankProbes",
     "build_model",
-    "check_world",
     "from_json",
     "import_path",
     "init_rank",
     "make_trainer",
-    "memory_probe",
     "train_config",
-    "write_memory",
 ]
 
 
@@ -65,12 +63,11 @@ def import_path(path: str) -> Any:
 
 def from_json(cls: type, data: dict[str, Any]) -> Any:
     """A dataclass from JSON data, lists turned back into tuples where the default is a tuple."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    fixed = {}
-    for key, value in data.items():
-        default = fields[key].default
-        as_tuple = isinstance(value, list) and isinstance(default, tuple)
-        fixed[key] = tuple(value) if as_tuple else value
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    fixed = {
+        k: tuple(v) if isinstance(defaults[k], tuple) and isinstance(v, list) else v
+        for k, v in data.items()
+    }
     return cls(**fixed)
 
 
@@ -96,7 +93,6 @@ class CommObserver(Callback):
         self.log, self.counter = log, counter
         self.tag = {} if plan is None else {"plan": plan}
         self.last_step = 0
-        self.comm: list[dict[str, Any]] = []
 
     def on_fit_start(self, result: Any) -> None:
         setup = self.counter.take() if self.counter else []
@@ -113,7 +109,6 @@ class CommObserver(Callback):
                 bytes_per_step=row["bytes"] / steps,
                 seconds_per_step=row["seconds"] / steps,
             )
-        self.comm.extend(rows)
         record["comm_bytes_per_step"] = sum(r["bytes_per_step"] for r in rows)
         self.log.write("record", record=record, comm=rows, **self.tag)
 
@@ -143,20 +138,14 @@ def init_rank(spec: dict[str, Any]) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(spec["timeout_s"]))
     dist.init_process_group(spec["plan"]["backend"], timeout=timeout)
-    check_world(spec, world)
-    return rank, world, device
-
-
-def check_world(spec: dict[str, Any], world: int) -> None:
-    """Every rank learns every rank's node (one all-gather over the plain group, not counted)
-    and raises ``ValueError`` naming the nodes that differ from the run file's layout."""
-    identities: list[Any] = [None] * world
+    identities: list[Any] = [None] * world  # every rank's node: over the plain group, not counted
     dist.all_gather_object(identities, node_identity())
     problems = world_problems(spec_nodes(spec), world, identities)
     if problems:
         raise ValueError(
             "the nodes did not start the run the run file describes: " + "; ".join(problems)
         )
+    return rank, world, device
 
 
 def train_config(spec: dict[str, Any]) -> TrainConfig:
@@ -169,10 +158,9 @@ def make_trainer(
 ) -> Any:
     """The engine's Trainer on this rank's slice of every global batch; ``kw``: ``precision``
     (a dict, default: the run file's), ``train`` (a TrainConfig) and ``workload_info``."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     return Trainer(
         wrapped,
-        RankBatches(batches, rank, world),
+        RankBatches(batches, dist.get_rank(), dist.get_world_size()),
         device=device,
         precision=from_json(PrecisionConfig, kw.get("precision") or spec["precision"]),
         optimizer=from_json(OptimizerConfig, spec["optimizer"]),
@@ -182,19 +170,28 @@ def make_trainer(
     )
 
 
-def memory_probe(trainer: Any, params: list[Any], into: dict[str, Any]) -> None:
-    """Record the gradients' bytes by dtype at the first optimizer step into ``into``."""
+class RankProbes:
+    """What a rank's wrapped model computes with (:func:`observe_compute`) and the gradients'
+    bytes by dtype at the first optimizer step; :meth:`write` logs them with the bytes this rank
+    holds by kind and dtype and its sharding."""
 
-    def first_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
-        into["gradients"] = bytes_by_dtype(p.grad for p in params if p.grad is not None)
-        handle.remove()
+    def __init__(self, wrapped: Any, trainer: Any) -> None:
+        self.trainer = trainer
+        self.params = [p for p in wrapped.parameters() if p.requires_grad]
+        self.memory: dict[str, Any] = {}
+        self.compute: dict[str, Any] = {}
+        observe_compute(wrapped, self.compute)
 
-    handle = trainer.optimizer.register_step_pre_hook(first_step)
+        def first_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+            grads = (p.grad for p in self.params if p.grad is not None)
+            self.memory["gradients"] = bytes_by_dtype(grads)
+            handle.remove()
 
+        handle = trainer.optimizer.register_step_pre_hook(first_step)
 
-def write_memory(log: RankLog, trainer: Any, params: list[Any], memory: dict, **tag: Any) -> None:
-    """Log the bytes this rank holds by kind and dtype, its sharding and what it computed with."""
-    compute = tag.pop("compute", {})
-    memory["parameters"] = bytes_by_dtype(params)
-    memory["optimizer_state"] = bytes_by_dtype(optimizer_state_tensors(trainer.optimizer))
-    log.write("memory", memory=memory, sharding=sharding_summary(params), compute=compute, **tag)
+    def write(self, log: RankLog, **tag: Any) -> None:
+        self.memory["parameters"] = bytes_by_dtype(self.params)
+        states = self.trainer.optimizer.state.values()
+        self.memory["optimizer_state"] = bytes_by_dtype(v for s in states for v in s.values())
+        sharding = sharding_summary(self.params)
+        log.write("memory", memory=self.memory, sharding=sharding, compute=self.compute, **tag)

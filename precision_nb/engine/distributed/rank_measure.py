@@ -34,16 +34,15 @@ import torch
 import torch.distributed as dist
 
 from precision_nb.engine.distributed.counting import CommCounter, counting_group
-from precision_nb.engine.distributed.parallel import observe_compute, wrap_model
+from precision_nb.engine.distributed.parallel import wrap_model
 from precision_nb.engine.distributed.rank import (
     CommObserver,
     RankLog,
+    RankProbes,
     build_model,
     init_rank,
     make_trainer,
-    memory_probe,
     train_config,
-    write_memory,
 )
 from precision_nb.engine.measure import MeasureConfig, WarmupExhausted, measure_plans
 from precision_nb.engine.time_split import SplitConfig, missing, profiler_busy, rank_split
@@ -75,10 +74,7 @@ class _Plan:
         self.counter = CommCounter() if count else None
         # dist.new_group is collective: the plans' groups are made in the same order everywhere
         self.group = counting_group(self.counter) if self.counter else dist.group.WORLD
-        self.memory: dict[str, Any] = {}
-        self.compute: dict[str, Any] = {}
-        self.trainer: Any = None
-        self.params: list[Any] = []
+        self.probes: Any = None  # a RankProbes once its measured session starts
 
 
 def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
@@ -93,6 +89,7 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
     world_group = dist.group.WORLD
     flag_device = device if spec["plan"]["backend"] == "nccl" else torch.device("cpu")
     mcfg = MeasureConfig(**spec["measure"])
+    agree = agree_over(world_group, flag_device)
 
     def make_session(label: str, steps: int, warmup: bool) -> Any:
         p = plans[label]
@@ -105,9 +102,7 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
         )
         if warmup:
             return trainer.start(steps=steps)
-        observe_compute(wrapped, p.compute)
-        p.trainer, p.params = trainer, [q for q in wrapped.parameters() if q.requires_grad]
-        memory_probe(trainer, p.params, p.memory)
+        p.probes = RankProbes(wrapped, trainer)
         observer = CommObserver(log, p.counter, label)
         return trainer.start(steps=steps, callbacks=[observer], stop=stop)
 
@@ -124,22 +119,20 @@ def run_measured(spec: dict[str, Any], log: RankLog, stop: Any) -> None:
     try:
         measurement, sessions, _ = measure_plans(
             list(plans), make_session, train.steps, mcfg, stop, on_warmup,
-            agree=agree_over(world_group, flag_device), fail_fast=True, on_round=on_round,
+            agree=agree, fail_fast=True, on_round=on_round,
         )  # fmt: skip
     except WarmupExhausted:
         if stop.is_set():  # SIGTERM landed in a warm-up step: a stop, not a failure
             raise KeyboardInterrupt("signal SIGTERM") from None
         raise
     for label, session in sessions.items():
-        p = plans[label]
         try:
             result = session.finish()
         finally:
-            write_memory(log, p.trainer, p.params, p.memory, compute=p.compute, plan=label)
+            plans[label].probes.write(log, plan=label)
         log.write("result", plan=label, result=result.to_dict())
     _write_measurement(log, mcfg, measurement)
     if spec.get("time_split") is not None:  # after the timed rounds, never inside them
-        agree = agree_over(world_group, flag_device)
         split_ranks(plans, SplitConfig(**spec["time_split"]), log, agree, stop, measurement)
     dist.destroy_process_group()
 
@@ -165,7 +158,7 @@ def split_ranks(
         if why is not None:
             log.write("time_split", plan=label, **to_json(missing(label, why)))
             continue
-        item = rank_split(p.trainer, label, config)
+        item = rank_split(p.probes.trainer, label, config)
         log.write("time_split", plan=label, **item)
         if not agree(item["split"]["missing"] is None):
             why = f"the profiled steps of {label} failed on a rank, so later plans are not profiled"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,7 @@ class DistributedResult:
 
         The means are over every logged step of the rank, including the intervals in which an op
         was not issued (DDP's one-time bucket rebuild after its first step, say)."""
-        rows: dict[tuple[int, str, str], dict[str, float]] = {}
+        rows: dict[tuple[int, str, str], Counter[str]] = {}
         steps: dict[int, float] = {}
         node = self._node_column()
         for r in self.ranks:
@@ -234,11 +235,9 @@ class DistributedResult:
             steps[r.rank] = sum(intervals.values())
             for row in r.comm:
                 key = (r.rank, row["op"], row["dtype"])
-                acc = rows.setdefault(key, dict.fromkeys(("bytes", "calls", "s", "t"), 0))
+                acc = rows.setdefault(key, Counter())
                 acc["bytes"] += row["bytes_per_step"] * row["steps"]
-                acc["calls"] += row.get("calls", 0)
-                acc["s"] += row.get("seconds", 0.0)
-                acc["t"] += row.get("timed_calls", 0)
+                acc.update({k: row.get(k, 0) for k in ("calls", "seconds", "timed_calls")})
         return [
             {
                 "rank": k[0],
@@ -247,8 +246,8 @@ class DistributedResult:
                 "dtype": k[2],
                 "bytes_per_step": a["bytes"] / steps[k[0]],
                 "calls_per_step": a["calls"] / steps[k[0]],
-                "in_flight_s_per_step": a["s"] / steps[k[0]] if a["t"] else None,
-                "timed_share": a["t"] / a["calls"] if a["calls"] else None,
+                "in_flight_s_per_step": a["seconds"] / steps[k[0]] if a["timed_calls"] else None,
+                "timed_share": a["timed_calls"] / a["calls"] if a["calls"] else None,
             }
             for k, a in sorted(rows.items())
         ]

@@ -30,8 +30,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-_BASE = dist.TCPStore
-
 
 def listening_socket(host: str, port: int) -> int:
     """A socket bound to ``host:port`` and listening; returns its descriptor (the caller owns it).
@@ -53,7 +51,7 @@ def listening_socket(host: str, port: int) -> int:
     return sock.detach()
 
 
-class HostBoundTCPStore(_BASE):  # type: ignore[misc, valid-type]
+class HostBoundTCPStore(dist.TCPStore):  # type: ignore[misc, valid-type]
     """A ``TCPStore`` whose server listens on ``host_name`` only (see the module docstring).
 
     Clients, and servers given their own ``master_listen_fd``, are plain ``TCPStore`` objects.
@@ -91,16 +89,18 @@ class NodeRankError(SystemExit):
 
 def check_node(args: Any) -> tuple[int, int]:
     """(node rank, largest ``--nnodes``) of torchrun's parsed arguments; :class:`NodeRankError`
-    for a node rank out of range."""
+    (its message printed to stderr) for a node rank out of range."""
     from torch.distributed.run import parse_min_max_nnodes
 
     _, max_nodes = parse_min_max_nnodes(str(args.nnodes))
     node = int(args.node_rank)
     if not 0 <= node < max_nodes:
-        raise NodeRankError(
+        message = (
             f"precision_nb torchrun: --node-rank: invalid value {node} with --nnodes="
             f"{args.nnodes}; allowed: 0 to {max_nodes - 1}"
         )
+        print(message, file=sys.stderr)
+        raise NodeRankError(message)
     return node, max_nodes
 
 
@@ -110,10 +110,9 @@ def _announce(args: Any, node: int, nnodes: int) -> None:
 
     os.environ[NODE_RANK_ENV], os.environ[NNODES_ENV] = str(node), str(nnodes)
     script_args = list(args.training_script_args)
-    if args.module and args.training_script == "precision_nb.engine.distributed.worker":
-        spec = Path(script_args[0]) if script_args else None
-        if spec is not None and spec.parent.is_dir():
-            write_marker(spec.parent, node, nnodes, str(args.nproc_per_node))
+    worker = args.module and args.training_script == "precision_nb.engine.distributed.worker"
+    if worker and script_args and Path(script_args[0]).parent.is_dir():
+        write_marker(Path(script_args[0]).parent, node, nnodes, str(args.nproc_per_node))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,11 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = run.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        node, nnodes = check_node(args)
-    except NodeRankError as exc:
-        print(exc.message, file=sys.stderr)
-        raise
+    node, nnodes = check_node(args)
     _announce(args, node, nnodes)
     if args.rdzv_backend != "static":
         args.node_rank = 0  # a label here (see the module docstring), not torchrun's business

@@ -7,9 +7,8 @@ FSDP2, and appends what it records to ``rank<R>.jsonl`` in the run folder, one J
 ``start`` (with the rank's node and host), ``fit_start``, every ``record`` as it is logged (with
 the collective bytes since the previous one), then ``result`` or ``error``. After joining the
 process group every rank checks that the nodes started what the run file describes
-(:func:`~precision_nb.engine.distributed.rank.check_world`). The launcher reads those lines, live
-and at the end,
-so a rank that dies keeps every line it wrote.
+(:func:`~precision_nb.engine.distributed.rank.init_rank`). The launcher reads those lines, live
+and at the end, so a rank that dies keeps every line it wrote.
 
 A spec with ``plans`` (a distributed profile) runs every plan in this one launch and measures
 them together: :mod:`precision_nb.engine.distributed.rank_measure`; its lines carry a ``plan``.
@@ -30,21 +29,20 @@ import torch.distributed as dist
 
 from precision_nb.engine.distributed.counting import CommCounter, counting_group
 from precision_nb.engine.distributed.nodes import node_identity
-from precision_nb.engine.distributed.parallel import observe_compute, wrap_model
+from precision_nb.engine.distributed.parallel import wrap_model
 from precision_nb.engine.distributed.rank import (
     CommObserver,
     RankLog,
+    RankProbes,
     build_model,
     init_rank,
     make_trainer,
-    memory_probe,
     train_config,
-    write_memory,
 )
 from precision_nb.engine.distributed.rank_measure import run_measured
 from precision_nb.engine.results import partial_result
 
-__all__ = ["RankLog", "init_rank", "main", "make_trainer", "run"]
+__all__ = ["main", "run"]
 
 
 def run(spec: dict[str, Any], log: RankLog) -> None:
@@ -59,17 +57,12 @@ def run(spec: dict[str, Any], log: RankLog) -> None:
     model, batches, info = build_model(spec, device, train.seed)
     info = dict(info, rank=rank, nproc=world)
     wrapped = wrap_model(model, plan, group, device)
-    compute: dict[str, Any] = {}
-    observe_compute(wrapped, compute)
     trainer = make_trainer(wrapped, batches, device, spec, train=train, workload_info=info)
-    memory: dict[str, Any] = {}
-    params = [p for p in wrapped.parameters() if p.requires_grad]
-    memory_probe(trainer, params, memory)
-    observer = CommObserver(log, counter)
+    probes = RankProbes(wrapped, trainer)
     try:
-        result = trainer.fit(callbacks=[observer])
+        result = trainer.fit(callbacks=[CommObserver(log, counter)])
     finally:
-        write_memory(log, trainer, params, memory, compute=compute)
+        probes.write(log)
     log.write("result", result=result.to_dict())
     dist.destroy_process_group()
 

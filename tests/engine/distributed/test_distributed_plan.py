@@ -157,7 +157,7 @@ Root Cause (first observed failure):
 
 
 def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
-    from precision_nb.engine.distributed.launcher import exit_codes, root_cause
+    from precision_nb.engine.distributed.failure import exit_codes, root_cause
 
     codes = exit_codes(TORCHRUN_REPORT)
     assert codes == {0: -15, 1: -9}
@@ -171,7 +171,7 @@ def test_root_cause_prefers_a_killed_rank_then_the_earliest_error() -> None:
 
 
 def test_a_rank_the_agent_stopped_is_not_the_cause_beside_a_rank_that_raised() -> None:
-    from precision_nb.engine.distributed.launcher import root_cause
+    from precision_nb.engine.distributed.failure import root_cause
 
     raised = RankResult(1, error={"type": "ArithmeticError", "message": "boom", "t": 1.0})
     stopped = RankResult(0)  # no result, no error: the agent's SIGINT came before its handler
@@ -198,7 +198,7 @@ def test_fsdp2_shards_the_outermost_blocks_once() -> None:
 
 
 def test_a_rank_interrupted_by_a_requested_stop_is_stopped_not_failed() -> None:
-    from precision_nb.engine.distributed.launcher import _stopped_not_failed
+    from precision_nb.engine.distributed.process import stopped_not_failed as _stopped_not_failed
     from precision_nb.engine.distributed.results import RankResult
 
     interrupted = RankResult(1, error={"type": "KeyboardInterrupt", "message": "signal SIGTERM"})

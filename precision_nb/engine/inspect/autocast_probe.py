@@ -87,17 +87,8 @@ def overloads_by_name(device_type: str) -> dict[str, tuple[str, ...]]:
     """``{"pow": ("aten::pow.Scalar", ...)}``: registered overloads grouped by op name."""
     out: dict[str, list[str]] = {}
     for qualified in registrations(device_type):
-        out.setdefault(_base(qualified), []).append(qualified)
+        out.setdefault(qualified.split("::", 1)[1].split(".", 1)[0], []).append(qualified)
     return {name: tuple(ops) for name, ops in out.items()}
-
-
-def _base(qualified: str) -> str:
-    return qualified.split("::", 1)[1].split(".", 1)[0]
-
-
-def _overload(qualified: str) -> Any:
-    base, _, overload = qualified.split("::", 1)[1].partition(".")
-    return getattr(getattr(torch.ops.aten, base), overload or "default")
 
 
 def _argument(arg: Any, make: Any) -> tuple[bool, Any]:
@@ -159,19 +150,15 @@ class _Recorder(TorchDispatchMode):
         raise _Stop
 
 
-@dataclass(frozen=True)
-class _Seen:
-    casts: tuple[tuple[int, torch.dtype, torch.dtype], ...]
-    dtype_argument: Any
-    error: str | None
-
-
 def _observe(
     qualified: str, device_type: str, dtypes: tuple[torch.dtype, ...], enabled: bool, low: Any
-) -> _Seen:
+) -> tuple[list[tuple[int, torch.dtype, torch.dtype]], Any, str | None]:
+    """One probe call of ``qualified``: the casts of its arguments, the ``dtype`` argument the
+    op got, and the error it raised (None when it ran)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    op = _overload(qualified)
+    base, _, overload = qualified.split("::", 1)[1].partition(".")
+    op = getattr(getattr(torch.ops.aten, base), overload or "default")
     mode = FakeTensorMode()
     made: list[torch.Tensor] = []
 
@@ -190,10 +177,15 @@ def _observe(
     keep = list(made)
     recorder = _Recorder({id(t): i for i, t in enumerate(made)}, keep)
     was = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+    # FakeTensorMode logs (ERROR) every meta kernel that rejects its arguments; a probe's
+    # arguments are placeholders, so such a rejection is expected and is not the user's error
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    was_disabled = fake_log.disabled
     error = None
-    with _disable_current_modes(), _fake_tensor_errors_muted():
+    with _disable_current_modes():
         torch.set_autocast_enabled(device_type, enabled)
         torch.set_autocast_dtype(device_type, low)
+        fake_log.disabled = True
         try:
             with mode, recorder:
                 op(**kwargs)
@@ -202,28 +194,25 @@ def _observe(
         except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as exc:
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
+            fake_log.disabled = was_disabled
             torch.set_autocast_enabled(device_type, was[0])
             torch.set_autocast_dtype(device_type, was[1])
-    return _Seen(tuple(recorder.casts), recorder.dtype_argument, error)
+    return recorder.casts, recorder.dtype_argument, error
 
 
-@dataclass(frozen=True)
-class _Effect:
-    cast_to: frozenset[torch.dtype]
-    dtype_argument: Any
-    refused: str | None
-
-
-def _effect(qualified: str, device_type: str, dtypes: tuple[torch.dtype, ...], low: Any) -> _Effect:
-    """What autocast changed for one set of argument dtypes, against the call without it."""
-    on = _observe(qualified, device_type, dtypes, True, low)
-    if not on.casts and on.dtype_argument is None and on.error is None:
-        return _Effect(frozenset(), None, None)
-    off = _observe(qualified, device_type, dtypes, False, low)
-    extra = Counter(on.casts) - Counter(off.casts)
-    dtype_argument = on.dtype_argument if on.dtype_argument != off.dtype_argument else None
-    refused = on.error if on.error and on.error != off.error and not on.casts else None
-    return _Effect(frozenset(to for _i, _f, to in extra), dtype_argument, refused)
+def _effect(
+    qualified: str, device_type: str, dtypes: tuple[torch.dtype, ...], low: Any
+) -> tuple[set[torch.dtype], Any, str | None]:
+    """What autocast changed for one set of argument dtypes, against the call without it: the
+    dtypes it cast arguments to, the ``dtype`` argument it handed over, and its refusal."""
+    casts, dtype_argument, error = _observe(qualified, device_type, dtypes, True, low)
+    if not casts and dtype_argument is None and error is None:
+        return set(), None, None
+    off_casts, off_dtype_argument, off_error = _observe(qualified, device_type, dtypes, False, low)
+    extra = Counter(casts) - Counter(off_casts)
+    refused = error if error and error != off_error and not casts else None
+    handed = dtype_argument if dtype_argument != off_dtype_argument else None
+    return {to for _i, _f, to in extra}, handed, refused
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -239,28 +228,22 @@ def measure(device_type: str, qualified: str, low: torch.dtype) -> Measured:
     meanwhile goes to the DEBUG log instead of the user's stderr.
     """
     _check(device_type)
-    with cpp_output_to_debug_log():
-        return _classify(device_type, qualified, low)
-
-
-def _classify(device_type: str, qualified: str, low: torch.dtype) -> Measured:
     fp32 = torch.float32
     try:
-        lo = _effect(qualified, device_type, (fp32,), low)
-        if lo.refused:
-            return Measured(qualified, REFUSED, f"raises under autocast: {lo.refused}")
-        if low in lo.cast_to:
-            return Measured(qualified, LOW, f"float32 arguments cast to {_name(low)}")
-        hi = _effect(qualified, device_type, (low,), low)
-        if fp32 in hi.cast_to:
-            return Measured(qualified, FP32, f"{_name(low)} arguments cast to float32")
-        if hi.dtype_argument == fp32:
-            return Measured(qualified, FP32, "dtype=float32 handed to the op")
-        mixed = _effect(qualified, device_type, (low, fp32), low)
-        if fp32 in mixed.cast_to:
-            return Measured(
-                qualified, PROMOTE, f"a {_name(low)} argument cast to float32 beside a float32 one"
-            )
+        with cpp_output_to_debug_log():
+            cast_to, _, refused = _effect(qualified, device_type, (fp32,), low)
+            if refused:
+                return Measured(qualified, REFUSED, f"raises under autocast: {refused}")
+            if low in cast_to:
+                return Measured(qualified, LOW, f"float32 arguments cast to {_name(low)}")
+            cast_to, handed, _ = _effect(qualified, device_type, (low,), low)
+            if fp32 in cast_to:
+                return Measured(qualified, FP32, f"{_name(low)} arguments cast to float32")
+            if handed == fp32:
+                return Measured(qualified, FP32, "dtype=float32 handed to the op")
+            if fp32 in _effect(qualified, device_type, (low, fp32), low)[0]:
+                text = f"a {_name(low)} argument cast to float32 beside a float32 one"
+                return Measured(qualified, PROMOTE, text)
     except (TypeError, AttributeError, RuntimeError) as exc:
         return Measured(qualified, None, f"not measured: {type(exc).__name__}: {exc}")
     return Measured(
@@ -290,8 +273,7 @@ def measure_name(device_type: str, name: str, low: torch.dtype) -> Measured | No
     votes = Counter(m.policy for m in known)
     policy = votes.most_common(1)[0][0]
     if len(votes) == 1:
-        first = next(m for m in known if m.policy == policy)
-        evidence = first.evidence
+        evidence = known[0].evidence
     else:
         evidence = "; ".join(f"{m.op}: {m.policy} ({m.evidence})" for m in found)
     return Measured(f"aten::{name}", policy, evidence)
@@ -301,24 +283,6 @@ def device_table(device_type: str, dtype: Any = None) -> list[Measured]:
     """Every registered overload of ``device_type`` with its measured policy (one call each)."""
     low = probe_dtype(device_type, dtype)
     return [measure(device_type, q, low) for q in registrations(device_type)]
-
-
-class _DropFakeTensorErrors(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return False
-
-
-@contextlib.contextmanager
-def _fake_tensor_errors_muted() -> Iterator[None]:
-    """FakeTensorMode logs (ERROR) every meta kernel that rejects its arguments; a probe's
-    arguments are placeholders, so such a rejection is expected and is not the user's error."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    quiet = _DropFakeTensorErrors()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager

@@ -50,20 +50,16 @@ _CPU_PROMOTE = "stack cat index_copy"
 
 DOCUMENTED: Mapping[str, Mapping[str, frozenset[str]]] = MappingProxyType(
     {
-        "cuda": MappingProxyType(
+        device: MappingProxyType(
             {
-                LOW: frozenset(_CUDA_LOW.split()),
-                FP32: frozenset(_CUDA_FP32.split()),
-                PROMOTE: frozenset(_CUDA_PROMOTE.split()),
+                policy: frozenset(names.split())
+                for policy, names in zip((LOW, FP32, PROMOTE), lists, strict=True)
             }
-        ),
-        "cpu": MappingProxyType(
-            {
-                LOW: frozenset(_CPU_LOW.split()),
-                FP32: frozenset(_CPU_FP32.split()),
-                PROMOTE: frozenset(_CPU_PROMOTE.split()),
-            }
-        ),
+        )
+        for device, lists in (
+            ("cuda", (_CUDA_LOW, _CUDA_FP32, _CUDA_PROMOTE)),
+            ("cpu", (_CPU_LOW, _CPU_FP32, _CPU_PROMOTE)),
+        )
     }
 )
 

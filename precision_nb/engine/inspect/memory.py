@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
-from precision_nb.engine.inspect.op_trace import short, storage_key
+from precision_nb.engine.inspect.op_trace import short
 from precision_nb.engine.memory_probe import host_rss
 
 PARAMS = "parameters"
@@ -133,21 +134,14 @@ def gradient_rows(model: nn.Module) -> list[dict[str, Any]]:
     )
 
 
-def step_dtype() -> torch.dtype:
-    """AdamW's ``step`` counter dtype (torch: float64 when that is the default dtype, else fp32)."""
-    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
 def adamw_expected(params: list[nn.Parameter], steps: bool = True) -> dict[Any, int]:
     """AdamW's state by hand: 2 x each parameter's bytes, plus one scalar ``step`` per tensor
     (``steps=False``: an optimizer that keeps its step count elsewhere, as torch-optimi does)."""
-    expected: dict[Any, int] = defaultdict(int)
-    for d, n in numel_bytes(params).items():
-        expected[d] += 2 * n
-    if steps:
-        size = torch.empty((), dtype=step_dtype()).element_size()
-        expected[step_dtype()] += len(params) * size
-    return dict(expected)
+    expected = {d: 2 * n for d, n in numel_bytes(params).items()}
+    if steps:  # the ``step`` counter: float64 when that is torch's default dtype, else fp32
+        step = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        expected[step] = expected.get(step, 0) + len(params) * step.itemsize
+    return expected
 
 
 def expected_rows(model: nn.Module, plan: Any, method: str) -> list[dict[str, Any]]:
@@ -263,8 +257,8 @@ def scaler_rows(tensors: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
     )
 
 
-class SavedTensors:
-    """``torch.autograd.graph.saved_tensors_hooks`` that note each saved storage once, by kind.
+class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks that note each saved storage once, by kind.
 
     A saved storage that is a parameter or a live autocast weight copy is already counted under
     that kind; one that belongs to the batch, or is a cast of it, is an input; every other one is
@@ -272,20 +266,13 @@ class SavedTensors:
     """
 
     def __init__(self, param_storages: set[int], input_storages: set[int], tracer: Any) -> None:
+        super().__init__(self._pack, lambda t: t)
         self.param_storages = param_storages
         self.input_storages = input_storages
         self.tracer = tracer
-        #: each saved storage (by identity, see :func:`~.op_trace.storage_key`) -> its kind
+        #: each saved storage (by identity, as :mod:`.op_trace` keys it) -> its kind
         self.seen: dict[Any, tuple[str, torch.dtype, int]] = {}
         self.unattributed: dict[str, int] = defaultdict(int)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-
-    def __enter__(self) -> SavedTensors:
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._hooks.__exit__(*exc)
 
     def _pack(self, t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta:
@@ -298,7 +285,7 @@ class SavedTensors:
         except (RuntimeError, NotImplementedError) as exc:
             self.unattributed[f"saved {type(t).__name__}: {type(exc).__name__}"] += 1
             return t
-        key = storage_key(storage)
+        key = StorageWeakRef(storage)
         if key in self.seen:
             return t
         cast = self.tracer.copy_of(storage) if self.tracer is not None else None
@@ -311,10 +298,6 @@ class SavedTensors:
         else:
             kind = ACTS
         self.seen[key] = (kind, t.dtype, nbytes)
-        return t
-
-    @staticmethod
-    def _unpack(t: Any) -> Any:
         return t
 
     def rows(self) -> list[dict[str, Any]]:

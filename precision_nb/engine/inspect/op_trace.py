@@ -12,11 +12,12 @@
 
 Casts of a parameter's storage (``_to_copy`` of a weight) are kept by a weak reference to their
 output storage so the memory breakdown can count autocast's weight copies: each distinct storage
-once. The key is the storage itself, never its data address: a copy freed before the next cast
-(autocast without its weight cache frees each copy after its op) leaves its address to the
-allocator, which may hand it to the next copy, and the two are still two copies. Nothing here
-changes what an op computes; an op the tracer cannot describe is recorded in
-:attr:`OpTracer.unattributed` with the reason, never raised.
+once. The key is the storage itself (a ``StorageWeakRef``), never its data address: a copy freed
+before the next cast (autocast without its weight cache frees each copy after its op) leaves its
+address to the allocator, which may hand it to the next copy, and the two are still two copies;
+the weak reference pins the freed storage's record, not its memory, so no later storage gets its
+identity. Nothing here changes what an op computes; an op the tracer cannot describe is recorded
+in :attr:`OpTracer.unattributed` with the reason, never raised.
 """
 
 from __future__ import annotations
@@ -55,27 +56,12 @@ SHORT = {
 CAST_OPS = frozenset({"_to_copy", "to", "_copy_from", "copy_", "convert_element_type"})
 #: ATen ops that do the heavy arithmetic of a training step (matmuls, convolutions, attention).
 MATMUL_OPS = frozenset(
-    {
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "addbmm",
-        "matmul",
-        "linear",
-        "convolution",
-        "_convolution",
-        "convolution_backward",
-        "mkldnn_convolution",
-        "cudnn_convolution",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
-        "_scaled_dot_product_flash_attention_backward",
-        "_scaled_dot_product_efficient_attention_backward",
-    }
+    """mm addmm bmm baddbmm addbmm matmul linear convolution _convolution convolution_backward
+    mkldnn_convolution cudnn_convolution _scaled_dot_product_flash_attention
+    _scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention_for_cpu
+    _scaled_dot_product_cudnn_attention _scaled_dot_product_flash_attention_for_cpu_backward
+    _scaled_dot_product_flash_attention_backward _scaled_dot_product_efficient_attention_backward
+    """.split()
 )
 _NO_API = ("__get__", "__set__", "__delete__")
 #: ATen ops that alias their input without being marked as views in their schema.
@@ -83,10 +69,9 @@ ALIAS_OPS = frozenset({"_unsafe_view", "_reshape_alias", "alias", "detach", "lif
 #: ATen ops that copy or fill memory without arithmetic (a same-dtype ``_to_copy`` too; ops with
 #: no tensor input, such as ``ones`` or ``arange``, count as such as well).
 COPY_OPS = frozenset(
-    {"clone", "contiguous", "copy", "copy_", "lift_fresh_copy", "_to_copy", "empty_like",
-     "zeros_like", "ones_like", "full_like", "new_empty", "new_zeros", "new_ones", "new_full",
-     "fill", "fill_", "zero_"}
-)  # fmt: skip
+    """clone contiguous copy copy_ lift_fresh_copy _to_copy empty_like zeros_like ones_like
+    full_like new_empty new_zeros new_ones new_full fill fill_ zero_""".split()
+)
 
 # verdicts, one per trace row
 RAN_LOW = "ran in {dtype}"
@@ -106,13 +91,6 @@ def short(dtype: Any) -> str:
     return SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def storage_key(storage: torch.UntypedStorage) -> StorageWeakRef:
-    """A weak reference that names ``storage`` itself: equal for the same storage, and unequal for
-    a later storage that reuses a freed one's address (it pins the freed storage's record, not its
-    memory, so no other storage gets its identity)."""
-    return StorageWeakRef(storage)
-
-
 @dataclass(frozen=True)
 class Flag:
     """Something in a trace a user would want to know: ``kind``, readable ``message``, ``data``."""
@@ -125,12 +103,16 @@ class Flag:
         return {"kind": self.kind, "message": self.message, "data": dict(self.data)}
 
 
-class _ApiMode(TorchFunctionMode):
-    """Remembers the outermost torch-level call (nested calls are not seen: the mode is off)."""
+class _TracerMode:
+    """A torch mode that reports to its :class:`OpTracer`."""
 
     def __init__(self, tracer: OpTracer) -> None:
         super().__init__()
         self.tracer = tracer
+
+
+class _ApiMode(_TracerMode, TorchFunctionMode):
+    """Remembers the outermost torch-level call (nested calls are not seen: the mode is off)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = getattr(func, "__name__", None)
@@ -143,11 +125,7 @@ class _ApiMode(TorchFunctionMode):
             self.tracer.api = outer
 
 
-class _DispatchRecorder(TorchDispatchMode):
-    def __init__(self, tracer: OpTracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
+class _DispatchRecorder(_TracerMode, TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -201,7 +179,7 @@ class OpTracer:
 
     def copy_of(self, storage: torch.UntypedStorage) -> str | None:
         """``"parameter"`` or ``"input"`` when ``storage`` is the output of a cast of one."""
-        key = storage_key(storage)
+        key = StorageWeakRef(storage)
         if key in self.weight_copies:
             return "parameter"
         return "input" if key in self.input_copies else None
@@ -251,7 +229,7 @@ class OpTracer:
             nbytes = outs[0].numel() * outs[0].element_size()
             self.cast_bytes[key] += nbytes
             src = ins[0].untyped_storage().data_ptr()
-            key = storage_key(outs[0].untyped_storage())
+            key = StorageWeakRef(outs[0].untyped_storage())
             if src in self.param_storages:
                 self.weight_copies[key] = (outs[0].dtype, nbytes)
                 source = ins[0]
@@ -327,13 +305,7 @@ def verdict(phase: str, kind: str, out: str, listed: str | None, autocast: bool)
         return BACKWARD_FP32
     if not autocast:
         return NO_AUTOCAST
-    if listed == FP32:
-        return KEPT_FP32
-    if listed == PROMOTE:
-        return PROMOTED_FP32
-    if listed == LOW:
-        return FP32_LISTED_LOW
-    return NOT_LISTED
+    return {FP32: KEPT_FP32, PROMOTE: PROMOTED_FP32, LOW: FP32_LISTED_LOW}.get(listed, NOT_LISTED)
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

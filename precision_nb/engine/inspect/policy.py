@@ -2,9 +2,8 @@
 ATen op, whether autocast runs it in low precision, in fp32, at the widest input type, or leaves
 it alone.
 
-Read from torch, not kept as a table (:mod:`.autocast_probe`): the dispatcher says which ops have
-an autocast kernel on a device type, and each kernel's cast is measured on fake tensors of that
-device type, so a simulated GPU gets the policy of the torch installed here. Where a device runs,
+Read from torch, not kept as a table (:mod:`.autocast_probe` measures each autocast kernel on fake
+tensors), so a simulated GPU gets the policy of the torch installed here. Where a device runs,
 the op trace says what really ran and the policy names *why* (an op autocast keeps in fp32).
 torch's documented op lists (:mod:`.documented_policy`) are only a cross-check, shown beside.
 
@@ -36,31 +35,21 @@ from precision_nb.engine.inspect.autocast_probe import (
 )
 from precision_nb.engine.inspect.documented_policy import DOCUMENTED, documented_policy_of
 
-__all__ = [
-    "FP32",
-    "autocast_policy",
-    "LOW",
-    "PROMOTE",
-    "REFUSED",
-    "SOURCE",
-    "cross_device_difference",
-    "disagreements",
-    "lookup",
-    "policy_of",
-    "policy_rows",
-    "spellings",
-]
-
 SOURCE = f"autocast's policy, not a trace: {METHOD}; torch {torch.__version__.split('+')[0]}"
 
 
-def lookup(
+def autocast_policy(
     device_type: str, call: str | None, op: str | None = None, dtype: Any = None
 ) -> Measured | None:
-    """The measured policy autocast applies to a torch ``call`` whose ATen ``op`` ran.
+    """What autocast does to a torch ``call`` (``"layer_norm"``) on ``device_type`` (``"cpu"``,
+    ``"cuda"`` or ``"mps"``) in the installed torch, read from its dispatcher (no GPU needed).
 
-    None when neither has an autocast kernel on ``device_type`` (the op runs in the dtype it
-    receives). Raises ``ValueError`` for a device type without an autocast dispatch key.
+    ``op``: the ATen op the call ran, where known (``interpolate`` runs ``upsample_nearest2d``).
+    Returns a ``Measured`` (``op``: the ATen overload whose kernel applies, ``policy``: ``"lower
+    precision"``, ``"float32"``, ``"widest input type"`` or ``"refused under autocast"``,
+    ``evidence``: what the measurement saw), or None when autocast leaves the call alone (it runs
+    in the dtype it receives). Raises ``ValueError`` for a device type without an autocast
+    dispatch key.
     """
     if device_type not in DISPATCH_KEYS:
         raise ValueError(
@@ -74,28 +63,18 @@ def lookup(
     return None
 
 
-def autocast_policy(
-    device_type: str, call: str | None, op: str | None = None, dtype: Any = None
-) -> Measured | None:
-    """What autocast does to a torch ``call`` (``"layer_norm"``) on ``device_type`` (``"cpu"``,
-    ``"cuda"`` or ``"mps"``) in the installed torch, read from its dispatcher (no GPU needed).
-
-    ``op``: the ATen op the call ran, where known (``interpolate`` runs ``upsample_nearest2d``).
-    Returns a ``Measured`` (``op``: the ATen overload whose kernel applies, ``policy``: ``"lower
-    precision"``, ``"float32"``, ``"widest input type"`` or ``"refused under autocast"``,
-    ``evidence``: what the measurement saw), or None when autocast leaves the call alone.
-    """
-    return lookup(device_type, call, op, dtype)
+#: The module's earlier name for :func:`autocast_policy`.
+lookup = autocast_policy
 
 
 def policy_of(
     device_type: str, call: str | None, op: str | None = None, dtype: Any = None
 ) -> str | None:
-    """``LOW``, ``FP32``, ``PROMOTE``, ``REFUSED`` or None (see :func:`lookup`); None also for a
-    device type without autocast."""
+    """``LOW``, ``FP32``, ``PROMOTE``, ``REFUSED`` or None (see :func:`autocast_policy`); None
+    also for a device type without autocast."""
     if device_type not in DISPATCH_KEYS:
         return None
-    found = lookup(device_type, call, op, dtype)
+    found = autocast_policy(device_type, call, op, dtype)
     return found.policy if found is not None else None
 
 
@@ -143,9 +122,7 @@ def cross_device_difference(
     if device_type not in DISPATCH_KEYS or not (call or op):
         return None
     here = policy_of(device_type, call, op)
-    for other in ("cuda", "cpu"):
-        if other == device_type:
-            continue
+    for other in [d for d in ("cuda", "cpu") if d != device_type]:
         there = policy_of(other, call, op)
         if there != here and FP32 in (here, there):
             return f"{other}: {there or 'no autocast kernel'}"
@@ -165,7 +142,7 @@ def disagreements(device_type: str, dtype: Any = None) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     for policy in (LOW, FP32, PROMOTE):
         for name in sorted(DOCUMENTED[device_type][policy]):
-            found = lookup(device_type, name, None, dtype)
+            found = autocast_policy(device_type, name, None, dtype)
             measured = found.policy if found is not None else None
             if measured != policy:
                 rows[name] = {

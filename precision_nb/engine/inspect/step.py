@@ -16,7 +16,7 @@ import copy
 import gc
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -64,21 +64,13 @@ class InspectionData:
         return sum(r["bytes"] or 0 for r in self.memory if r["counted"])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "plan": self.plan.to_dict(),
-            "device": self.device,
-            "simulated": self.simulated,
-            "memory": [dict(r) for r in self.memory],
-            "ops": [dict(r) for r in self.ops],
-            "summary": [dict(r) for r in self.summary],
-            "policy": [dict(r) for r in self.policy],
-            "flags": [f.to_dict() for f in self.flags],
-            "unattributed": [dict(r) for r in self.unattributed],
-            "events": [e.to_dict() for e in self.events],
-            "seconds": self.seconds,
-            "loss": self.loss,
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key in ("memory", "ops", "summary", "policy", "unattributed"):
+            out[key] = [dict(r) for r in out[key]]
+        out["plan"] = self.plan.to_dict()
+        for key in ("flags", "events"):
+            out[key] = [item.to_dict() for item in out[key]]
+        return out
 
 
 def _storages(tensors: Any) -> set[int]:
@@ -108,31 +100,17 @@ def resolve(
 ) -> tuple[PrecisionPlan, torch.device, str, list[Event]]:
     """The plan, device, label and resolution events for a plan, config or mode string."""
     if isinstance(precision, PrecisionPlan):
-        dev = torch.device(plan_device(precision, device))
+        dev = torch.device(precision.device_type if device in (None, "auto") else str(device))
         return precision, dev, run_label(precision.label, False), []
     explanation = explain_precision(
         precision if precision is not None else "auto", device, capabilities, optimizer
     )
     events = [
-        Event(
-            "fallback",
-            f"{d.field}: {d.reason}",
-            {"field": d.field, "used": d.outcome},
-        )
+        Event("fallback", f"{d.field}: {d.reason}", {"field": d.field, "used": d.outcome})
         for d in explanation.fallbacks
     ]
     label = run_label(explanation.plan.label, lab_applies(explanation))
     return explanation.plan, torch.device(explanation.device), label, events
-
-
-def _device_type(device: Any) -> str:
-    if device in (None, "auto"):
-        return "cpu"
-    return torch.device(device).type if not isinstance(device, torch.device) else device.type
-
-
-def plan_device(plan: PrecisionPlan, device: Any) -> str:
-    return plan.device_type if device in (None, "auto") else str(device)
 
 
 def simulated_inspection(
@@ -197,7 +175,8 @@ def run_inspection(
     """
     if isinstance(model, (str, Workload)):
         with torch.random.fork_rng(devices=[]):
-            target = "cpu" if not _runnable_here(_device_type(device)) else device
+            auto = device in (None, "auto")
+            target = device if auto or _runnable_here(torch.device(device).type) else "cpu"
             model, batches, _info = prepare(model, batches, preset, target, 0)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
@@ -224,8 +203,61 @@ def run_inspection(
             batch = to_device(source.get(0), dev)
             if plan.true_weights:
                 batch = cast_floating(batch, plan.dtype)
-            return _instrumented_step(
-                work, batch, plan, dev, label, events, loss_fn, optimizer, base
+            t0 = time.perf_counter()
+            opt = build_plan_optimizer(work, optimizer or OptimizerConfig(), dev, plan)
+            work.zero_grad(set_to_none=True)
+            amp = Precision.for_plan(plan, dev)
+            amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
+            param_ptrs = _storages(work.parameters())
+            input_ptrs = _storages(_batch_tensors(batch))
+            tracer = OpTracer(param_ptrs, input_ptrs)
+            saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
+            args, kwargs, labels = split_batch(batch, work, loss_fn)
+            with tracer, saved:
+                with amp.forward_context():
+                    out = work(*args, **kwargs)
+                    loss, _task = output_to_loss(out, labels, loss_fn)
+                del out
+                tracer.phase = "backward"
+                amp.backward(loss)
+            rows = mem.parameter_rows(work) + mem.gradient_rows(work)
+            amp.step(opt)
+            rows += mem.optimizer_rows(work, opt)
+            rows += mem.weight_copy_rows(
+                work, tracer.weight_copy_sizes(), plan, tracer.parameter_casts()
+            )
+            rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
+            rows += mem.device_rows(dev, rows, base)
+            ops = tracer.rows(plan)
+            unattributed = tracer.unattributed_rows() + [
+                {"what": "saved tensor", "reason": reason, "count": n}
+                for reason, n in saved.unattributed.items()
+            ]
+            found = flags(ops, plan)
+            if unattributed:
+                n = sum(u["count"] for u in unattributed)
+                found.append(
+                    Flag(
+                        "unattributed",
+                        f"{n} ops or saved tensors could not be fully "
+                        "attributed (see .unattributed for the reasons)",
+                        {"count": n},
+                    )
+                )
+            loss_value = float(loss.detach().float())
+            return InspectionData(
+                label,
+                plan,
+                str(dev),
+                False,
+                memory=rows,
+                ops=ops,
+                summary=summarise(ops),
+                flags=found,
+                unattributed=unattributed,
+                events=events,
+                seconds=time.perf_counter() - t0,
+                loss=loss_value,
             )
         except torch.OutOfMemoryError as exc:
             work = None
@@ -240,72 +272,3 @@ def _copy(model: nn.Module) -> nn.Module:
             f"model {type(model).__name__} cannot be copied for inspection (copy.deepcopy "
             f"raised {type(exc).__name__}: {exc}); inspection never trains the model itself"
         ) from exc
-
-
-def _instrumented_step(
-    work: nn.Module,
-    batch: Any,
-    plan: PrecisionPlan,
-    dev: torch.device,
-    label: str,
-    events: list[Event],
-    loss_fn: Any,
-    optimizer: OptimizerConfig | None,
-    base: int,
-) -> InspectionData:
-    """One step of ``work`` through the plan's :class:`Precision`, traced; ``base``: what the
-    allocator held when the peak window opened."""
-    t0 = time.perf_counter()
-    opt = build_plan_optimizer(work, optimizer or OptimizerConfig(), dev, plan)
-    work.zero_grad(set_to_none=True)
-    amp = Precision.for_plan(plan, dev)
-    amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
-    param_ptrs = _storages(work.parameters())
-    input_ptrs = _storages(_batch_tensors(batch))
-    tracer = OpTracer(param_ptrs, input_ptrs)
-    saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
-    args, kwargs, labels = split_batch(batch, work, loss_fn)
-    with tracer, saved:
-        with amp.forward_context():
-            out = work(*args, **kwargs)
-            loss, _task = output_to_loss(out, labels, loss_fn)
-        del out
-        tracer.phase = "backward"
-        amp.backward(loss)
-    rows = mem.parameter_rows(work) + mem.gradient_rows(work)
-    amp.step(opt)
-    rows += mem.optimizer_rows(work, opt)
-    rows += mem.weight_copy_rows(work, tracer.weight_copy_sizes(), plan, tracer.parameter_casts())
-    rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
-    rows += mem.device_rows(dev, rows, base)
-    ops = tracer.rows(plan)
-    unattributed = tracer.unattributed_rows() + [
-        {"what": "saved tensor", "reason": reason, "count": n}
-        for reason, n in saved.unattributed.items()
-    ]
-    found = flags(ops, plan)
-    if unattributed:
-        n = sum(u["count"] for u in unattributed)
-        found.append(
-            Flag(
-                "unattributed",
-                f"{n} ops or saved tensors could not be fully "
-                "attributed (see .unattributed for the reasons)",
-                {"count": n},
-            )
-        )
-    loss_value = float(loss.detach().float())
-    return InspectionData(
-        label,
-        plan,
-        str(dev),
-        False,
-        memory=rows,
-        ops=ops,
-        summary=summarise(ops),
-        flags=found,
-        unattributed=unattributed,
-        events=events,
-        seconds=time.perf_counter() - t0,
-        loss=loss_value,
-    )

@@ -5,12 +5,8 @@
 caller's random stream continues as if nothing ran. Results are plain rows (lists of dicts); the
 views turn them into DataFrames and figures.
 
-Memory: besides the deep copy (parameters, their gradients, optimizer state), the analysis holds
-at most one extra copy of the gradients at a time: the weights before the optimizer step (the
-same size), kept to measure the update, and freed right after. Every other statistic is computed
-one tensor at a time (a few temporaries the size of that tensor) and kept only as counts. Last,
-one forward of the copy under fp16 autocast is traced (what a real fp16 step holds in fp16); its
-activations live until it returns.
+Memory: :data:`MEMORY_NOTE`; every other statistic is computed one tensor at a time (a few
+temporaries the size of that tensor) and kept only as counts.
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ from precision_nb.engine.numerics.collect import (
 )
 from precision_nb.engine.numerics.formats import overflow_behaviour
 from precision_nb.engine.numerics.fp8 import hardware_note
-from precision_nb.engine.numerics.fp16_run import Fp16Trace, counted_in_fp16, trace_fp16
+from precision_nb.engine.numerics.fp16_run import Fp16Trace, trace_fp16
 from precision_nb.engine.numerics.scale_window import DEFAULT_THRESHOLD, sweep_rows, window
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS, lost_updates
 from precision_nb.engine.precision import Precision
@@ -107,12 +103,12 @@ def analyze(
     """
     if isinstance(formats, (str, torch.dtype)):
         formats = (formats,)
-    names, block = resolve_formats(formats)
-    if not names and not block:
+    formats, block = resolve_formats(formats)
+    if not formats and not block:
         raise ValueError("formats: invalid value () (tuple); allowed: at least one format")
     if block:
         torchao_api()  # ImportError naming the extra before anything runs
-    scale_v = DEFAULT_SCALE if scale is None else number("scale", scale, minimum=0.0, strict=True)
+    scale = DEFAULT_SCALE if scale is None else number("scale", scale, minimum=0.0, strict=True)
     threshold = number("threshold", threshold, minimum=0.0, maximum=1.0)
     if optimizer is not None and not isinstance(
         optimizer, (torch.optim.Optimizer, OptimizerConfig)
@@ -121,17 +117,93 @@ def analyze(
             f"optimizer has type {type(optimizer).__name__}; allowed: a torch.optim.Optimizer, "
             "an OptimizerConfig or None"
         )
-    with torch.random.fork_rng(devices=_rng_devices()):
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
         model, batches, workload = prepare(model, batches, preset, device, seed)
         if not isinstance(model, nn.Module):
             raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
-        return _run(
-            model, batches, loss_fn, names, device, scale_v, threshold, optimizer, workload, block
+        twin, opt, where = _copy(model, optimizer, device)
+        twin.zero_grad(set_to_none=True)
+        batch = to_device(BatchSource(batches).get(0), where)
+        # the step runs through the fp32 precision a run of this plan uses
+        amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
+        collector = ActivationCollector(formats, scale)
+        collector.attach(twin)
+        blocks = BlockCollector(twin, block) if block else None
+        try:
+            args, kwargs, labels = split_batch(batch, twin, loss_fn)
+            # fp32 even inside a caller's autocast region
+            with torch.autocast(where.type, enabled=False), amp.forward_context():
+                with blocks.tracer if blocks is not None else contextlib.nullcontext():
+                    out = twin(*args, **kwargs)
+                loss, _task = output_to_loss(out, labels, loss_fn)
+            loss = loss.float()
+            amp.backward(loss)
+        finally:
+            collector.detach()
+        params = list(twin.named_parameters())
+        with torch.no_grad():
+            host = to_host(
+                {
+                    "loss": loss.detach(),
+                    "params": {
+                        n: {
+                            "value": value_stats(p, formats),
+                            "grad": gradient_stats(p.grad, formats, scale),
+                        }
+                        for n, p in params
+                        if p.grad is not None
+                    },
+                    "stagnation": _stagnation(params, opt, amp),
+                    "blocks": blocks.stats if blocks is not None else {},
+                    "outputs": {
+                        k: {"value": o.value, "grad": o.grad} for k, o in collector.outputs.items()
+                    },
+                }
+            )
+        trace = trace_fp16(twin, args, kwargs, where)
+        held_p = {n: trace.params.get(n) for n, _ in params}
+        held_a = {k: trace.outputs.get(k) for k in collector.outputs}
+        result = NumericsResult()
+        result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
+        result.activations = R.activation_rows(
+            collector.outputs, host["outputs"], formats, scale, held_a
         )
-
-
-def _rng_devices() -> list[int]:
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
+        result.stagnation = R.stagnation_rows(params, host["stagnation"])
+        if blocks is not None:
+            result.blocks, result.gemms, result.blocks_info = block_result(
+                blocks, host["blocks"], twin
+            )
+        p_in, p_all = R.sweep_totals(host["params"], held_p, trace.error is None)
+        a_in, a_all = R.sweep_totals(host["outputs"], held_a, trace.error is None)
+        result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
+        result.window = window(result.scale_window, threshold)
+        counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
+        result.window.update(_basis(trace, counted, every))
+        if not trace.error and counted == 0 and every:
+            result.window["reason"] = (
+                "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
+                "a loss scale has nothing to protect"
+            )
+        loss_value = float(host["loss"])
+        result.findings = R.findings(result, loss_value, scale, trace.error)
+        result.info = {
+            "model": type(model).__name__,
+            "workload": workload,
+            "device": str(where),
+            "loss": loss_value if math.isfinite(loss_value) else None,
+            "formats": formats + block,
+            "scale": scale,
+            "threshold": threshold,
+            "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},
+            "optimizer": _optimizer_text(optimizer, opt),
+            "coverage": COVERAGE,
+            "fp8": hardware_note(),
+            "fp16_run": {"source": trace.source, "error": trace.error},
+            "memory": MEMORY_NOTE,
+        }
+        return result
 
 
 def _copy(model: nn.Module, optimizer: Any, device: Any) -> tuple[nn.Module, Any, torch.device]:
@@ -147,122 +219,6 @@ def _copy(model: nn.Module, optimizer: Any, device: Any) -> tuple[nn.Module, Any
         params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
     )
     return twin, opt, where
-
-
-def _run(
-    model: nn.Module,
-    batches: Any,
-    loss_fn: Any,
-    formats: list[str],
-    device: Any,
-    scale: float,
-    threshold: float,
-    optimizer: Any,
-    workload: dict[str, Any],
-    block: list[str],
-) -> NumericsResult:
-    twin, opt, where = _copy(model, optimizer, device)
-    twin.zero_grad(set_to_none=True)
-    batch = to_device(BatchSource(batches).get(0), where)
-    # the step runs through the fp32 precision a run of this plan uses
-    amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
-    collector = ActivationCollector(formats, scale)
-    collector.attach(twin)
-    blocks = BlockCollector(twin, block) if block else None
-    try:
-        args, kwargs, labels = split_batch(batch, twin, loss_fn)
-        # fp32 even inside a caller's autocast region
-        with torch.autocast(where.type, enabled=False), amp.forward_context():
-            with blocks.tracer if blocks is not None else contextlib.nullcontext():
-                out = twin(*args, **kwargs)
-            loss, _task = output_to_loss(out, labels, loss_fn)
-        loss = loss.float()
-        amp.backward(loss)
-    finally:
-        collector.detach()
-    params = list(twin.named_parameters())
-    with torch.no_grad():
-        device_stats = {
-            "loss": loss.detach(),
-            "params": {
-                n: {
-                    "value": value_stats(p, formats),
-                    "grad": gradient_stats(p.grad, formats, scale),
-                }
-                for n, p in params
-                if p.grad is not None
-            },
-            "stagnation": _stagnation(params, opt, amp),
-            "blocks": blocks.stats if blocks is not None else {},
-        }
-    host = to_host(
-        {
-            **device_stats,
-            "outputs": {
-                k: {"value": o.value, "grad": o.grad} for k, o in collector.outputs.items()
-            },
-        }
-    )
-    trace = trace_fp16(twin, args, kwargs, where)
-    held_p = {n: trace.param(n) for n, _ in params}
-    held_a = {k: trace.output(k) for k in collector.outputs}
-    result = NumericsResult()
-    result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
-    result.activations = R.activation_rows(
-        collector.outputs, host["outputs"], formats, scale, held_a
-    )
-    result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
-    result.stagnation = R.stagnation_rows(params, host["stagnation"])
-    if blocks is not None:
-        done = block_result(blocks, host["blocks"], twin)
-        result.blocks, result.gemms = done["blocks"], done["gemms"]
-        result.blocks_info = done["info"]
-    traced = trace.error is None
-    in_fp16 = lambda n: counted_in_fp16(held_p.get(n), traced)  # noqa: E731
-    p_in, p_all = R.sweep_totals({n: v["grad"] for n, v in host["params"].items()}, in_fp16)
-    in_fp16_a = lambda k: counted_in_fp16(held_a.get(k), traced)  # noqa: E731
-    a_in, a_all = R.sweep_totals({k: v["grad"] for k, v in host["outputs"].items()}, in_fp16_a)
-    result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
-    result.window = window(result.scale_window, threshold)
-    counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
-    result.window.update(_basis(trace, counted, every))
-    if not trace.error and counted == 0 and every:
-        result.window["reason"] = (
-            "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
-            "a loss scale has nothing to protect"
-        )
-    loss_value = float(host["loss"])
-    result.findings = R.findings(result, loss_value, scale)
-    if blocks is not None and done["info"]["reason"]:
-        result.findings.append(
-            Event("warning", f"Block formats: {done['info']['reason']}.", {"finding": "no_gemm"})
-        )
-    if trace.error:
-        result.findings.append(
-            Event(
-                "warning",
-                f"Which gradients a real fp16 step holds in fp16 could not be traced "
-                f"({trace.error}): the window counts every gradient, also those autocast would "
-                "keep in fp32.",
-                {"finding": "fp16_trace_failed", "error": trace.error},
-            )
-        )
-    result.info = {
-        "model": type(model).__name__,
-        "workload": workload,
-        "device": str(where),
-        "loss": loss_value if math.isfinite(loss_value) else None,
-        "formats": formats + block,
-        "scale": scale,
-        "threshold": threshold,
-        "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},
-        "optimizer": _optimizer_text(optimizer, opt),
-        "coverage": COVERAGE,
-        "fp8": hardware_note(),
-        "fp16_run": {"source": trace.source, "error": trace.error},
-        "memory": MEMORY_NOTE,
-    }
-    return result
 
 
 def _basis(trace: Fp16Trace, counted: int, every: int) -> dict[str, Any]:
@@ -292,12 +248,10 @@ def _stagnation(params: list[tuple[str, nn.Parameter]], opt: Any, amp: Precision
     stepped = [(n, p) for n, p in params if p.grad is not None]
     before = [p.detach().clone() for _, p in stepped]  # the one extra gradient-sized copy
     amp.step(opt)
-    out = {
+    return {
         n: {f: lost_updates(old, p, f) for f in WEIGHT_FORMATS}
         for (n, p), old in zip(stepped, before, strict=True)
     }
-    del before
-    return out
 
 
 def _optimizer_text(requested: Any, opt: Any) -> str:

@@ -40,15 +40,19 @@ from precision_nb.engine.numerics.block_stats import (
     reference_stats,
     relative,
 )
-from precision_nb.engine.numerics.blocks import BLOCK_FORMATS
+from precision_nb.engine.numerics.blocks import BLOCK_FORMATS, torchao_api, torchao_notes
 from precision_nb.engine.numerics.formats import magnitudes
 from precision_nb.engine.numerics.fp8 import merge, relative_error, scaled_error
 from precision_nb.engine.numerics.gemm_shapes import (
+    RULE_TEXT,
     SHAPE_RULES,
     Gemm,
     GemmTracer,
     Operands,
     family_of,
+    qualifying_share,
+    shape_rows,
+    untraced_layers,
 )
 
 #: (tensor, GEMM, dimension the blocks run along) of every cast of a linear layer's step.
@@ -78,10 +82,6 @@ KEEP_RULE = (
 )
 
 
-def _transposed(t: torch.Tensor) -> torch.Tensor:
-    return t.t().contiguous()
-
-
 def operand_views(ops: Operands, tensor: str, along: str) -> torch.Tensor:
     """The 2-D matrix whose rows are blocked for one cast of :data:`CASTS` (last dimension =
     the dimension the blocks run along)."""
@@ -90,7 +90,7 @@ def operand_views(ops: Operands, tensor: str, along: str) -> torch.Tensor:
         if matrix is None:
             matrix = ops.out.reshape(-1, ops.out.shape[-1])
         natural = "N" if tensor == "output_grad" else "K"  # X: M x K, W: N x K, dY: M x N
-        return matrix.contiguous() if along == natural else _transposed(matrix)
+        return (matrix if along == natural else matrix.t()).contiguous()
     return _conv_view(ops, tensor, along)
 
 
@@ -114,22 +114,14 @@ def _conv_view(ops: Operands, tensor: str, along: str) -> torch.Tensor:
 class BlockCollector:
     """Traces the forward's GEMMs and collects block statistics of their operands.
 
-    ``tracer()`` is the mode to run the forward under; ``stats`` (layer -> device tensors) is
+    ``tracer`` is the mode to run the forward under; ``stats`` (layer -> device tensors) is
     what :func:`block_rows` turns into rows after one host transfer."""
 
     def __init__(self, model: torch.nn.Module, formats: Sequence[str]) -> None:
         self.formats = list(formats)
         self.refs = sorted({BLOCK_FORMATS[f].fp8_reference for f in self.formats})
         self.stats: dict[str, dict[str, Any]] = {}
-        self._tracer = GemmTracer(model, self._on_gemm)
-
-    @property
-    def tracer(self) -> GemmTracer:
-        return self._tracer
-
-    @property
-    def gemms(self) -> dict[str, Gemm]:
-        return self._tracer.gemms
+        self.tracer = GemmTracer(model, self._on_gemm)
 
     def _add(self, layer: dict[str, Any], key: str, value: torch.Tensor) -> None:
         old = layer.get(key)
@@ -186,14 +178,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def block_rows(
     gemms: Mapping[str, Gemm], host: Mapping[str, Mapping[str, Any]], formats: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """One row per GEMM layer, cast and format (plus the weight gradient's "not cast" row)."""
+    """One row per GEMM layer, cast and format, and the weight gradient's "not cast" row."""
     rows = []
     for g in sorted(gemms.values(), key=lambda g: g.order):
         stats = host.get(g.layer, {})
         for f in formats:
             fmt = BLOCK_FORMATS[f]
-            for tensor, gemm_name, along in CASTS:
-                values = stats.get(f"{tensor}|{along}|{f}")
+            for tensor, gemm_name, along in (*CASTS, ("weight_grad", "weight_grad", None)):
                 base = {
                     "layer": g.layer,
                     "tensor": tensor,
@@ -203,9 +194,13 @@ def block_rows(
                     "block": fmt.block,
                     "scale_format": fmt.scale,
                 }
+                values = stats.get(f"{tensor}|{along}|{f}")
+                if along is None:
+                    rows.append({**base, "status": "not cast", "note": WEIGHT_GRAD_NOTE})
+                    continue
                 if values is None:  # e.g. an output the loss does not reach: no gradient
-                    rows.append({**base, "status": "no gradient" if tensor == "output_grad"
-                                 else "not seen"})  # fmt: skip
+                    status = "no gradient" if tensor == "output_grad" else "not seen"
+                    rows.append({**base, "status": status})
                     continue
                 est = estimate(values)
                 bf16 = stats.get(f"{tensor}|bf16")
@@ -225,19 +220,6 @@ def block_rows(
                         "vs_fp8": _ratio(rel, fp8_rel),
                     }
                 )
-            rows.append(
-                {
-                    "layer": g.layer,
-                    "tensor": "weight_grad",
-                    "gemm": "weight_grad",
-                    "blocks_along": None,
-                    "format": f,
-                    "block": fmt.block,
-                    "scale_format": fmt.scale,
-                    "status": "not cast",
-                    "note": WEIGHT_GRAD_NOTE,
-                }
-            )
     return rows
 
 
@@ -292,20 +274,13 @@ NO_GEMM_REASON = (
 
 def block_result(
     collector: BlockCollector, host: Mapping[str, Any], model: torch.nn.Module
-) -> dict[str, Any]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """Rows and summary of a :class:`BlockCollector` after the step (``host``: its ``stats``
-    brought to the host): ``blocks`` and ``gemms`` rows, ``keep`` (per format, see
-    :func:`keep_in_bf16`), the qualifying FLOP share per shape rule, and what was not traced."""
-    from precision_nb.engine.numerics.blocks import torchao_api, torchao_notes
-    from precision_nb.engine.numerics.gemm_shapes import (
-        RULE_TEXT,
-        qualifying_share,
-        shape_rows,
-        untraced_layers,
-    )
-
-    shapes = shape_rows(collector.gemms)
-    rows = block_rows(collector.gemms, host, collector.formats)
+    brought to the host): the ``blocks`` and ``gemms`` rows, and the info: ``keep`` (per format,
+    see :func:`keep_in_bf16`), the qualifying FLOP share per shape rule, what was not traced."""
+    gemms = collector.tracer.gemms
+    shapes = shape_rows(gemms)
+    rows = block_rows(gemms, host, collector.formats)
     for r in rows:
         if r.get("padded"):
             r["note"] = (
@@ -316,9 +291,9 @@ def block_result(
         "keep": keep_in_bf16(rows, shapes, collector.formats),
         "qualifying_share": {f: qualifying_share(shapes, f) for f in SHAPE_RULES},
         "shape_rules": dict(RULE_TEXT),
-        "untraced": untraced_layers(model, collector.gemms),
+        "untraced": untraced_layers(model, gemms),
         "skipped_calls": list(collector.tracer.skipped),
         "torchao": {"version": torchao_api().version, "import_notes": torchao_notes()},
         "reason": None if shapes else NO_GEMM_REASON,
     }
-    return {"blocks": rows, "gemms": shapes, "info": info}
+    return rows, shapes, info

@@ -49,7 +49,6 @@ class BlockFormat:
     element_max: float  # the largest element magnitude
     family: str  # "mx" (OCP MX, E8M0 scales) or "nvfp4"
     fp8_reference: str  # the per-tensor fp8 format its error is compared with
-    torchao_call: str
 
     @property
     def dtype(self) -> torch.dtype:
@@ -61,21 +60,20 @@ BLOCK_FORMATS: Mapping[str, BlockFormat] = MappingProxyType(
     {
         "mxfp8_e4m3": BlockFormat(
             "mxfp8_e4m3", "float8_e4m3fn", 32, "E8M0 (a power of two) per 32 elements", 448.0,
-            "mx", "fp8_e4m3", "MXTensor.to_mx(x, float8_e4m3fn, 32, RCEIL)",
+            "mx", "fp8_e4m3",
         ),
         "mxfp8_e5m2": BlockFormat(
             "mxfp8_e5m2", "float8_e5m2", 32, "E8M0 (a power of two) per 32 elements", 57344.0,
-            "mx", "fp8_e5m2", "MXTensor.to_mx(x, float8_e5m2, 32, RCEIL)",
+            "mx", "fp8_e5m2",
         ),
         "mxfp4": BlockFormat(
             "mxfp4", "float4_e2m1fn_x2", 32, "E8M0 (a power of two) per 32 elements", 6.0,
-            "mx", "fp8_e4m3", "MXTensor.to_mx(x, float4_e2m1fn_x2, 32, RCEIL)",
+            "mx", "fp8_e4m3",
         ),
         "nvfp4": BlockFormat(
             "nvfp4", "float4_e2m1fn_x2", 16,
             "E4M3 per 16 elements times one fp32 per-tensor scale (amax / (448 * 6))", 6.0,
             "nvfp4", "fp8_e4m3",
-            "NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(amax))",
         ),
     }
 )  # fmt: skip
@@ -147,15 +145,14 @@ def _import() -> tuple[Any, str | None]:
             log.info("torchao import (kept out of the output): %s", note)
     import torchao
 
-    api = SimpleNamespace(
+    return SimpleNamespace(
         MXTensor=MXTensor,
         ScaleCalculationMode=ScaleCalculationMode,
         get_fp_scale=get_fp_scale,
         NVFP4Tensor=NVFP4Tensor,
         per_tensor_amax_to_scale=per_tensor_amax_to_scale,
         version=getattr(torchao, "__version__", "unknown"),
-    )
-    return api, None
+    ), None
 
 
 def torchao_api() -> Any:

@@ -15,13 +15,15 @@ module's output), the model's inputs, and outputs a module modifies in place lat
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
 
 from precision_nb.engine.numerics.formats import count_casts, magnitudes
 from precision_nb.engine.numerics.fp8 import FP8_FORMATS, merge, scaled_error
@@ -49,18 +51,15 @@ def variants(formats: Sequence[str], scale: float) -> list[tuple[str, str, float
     return out
 
 
-def gradient_stats(
-    g: torch.Tensor, formats: Sequence[str], scale: float, sweep: bool = True
-) -> dict[str, Any]:
+def gradient_stats(g: torch.Tensor, formats: Sequence[str], scale: float) -> dict[str, Any]:
     """Cast counts per variant, the scale sweep and the fp8 scaled error of one gradient."""
     m = magnitudes(g)
     specs = variants(formats, scale)
     counts = count_casts(m, [(name, s) for _, name, s in specs])
     out: dict[str, Any] = {"counts": {label: counts[i] for i, (label, _, _) in enumerate(specs)}}
-    if sweep:
-        out["sweep"] = sweep_counts(m)
-        out["sweep_error"] = subnormal_error_sums(m)
-        out["live"] = m.elements - m.dead
+    out["sweep"] = sweep_counts(m)
+    out["sweep_error"] = subnormal_error_sums(m)
+    out["live"] = m.elements - m.dead
     out["fp8"] = {f: scaled_error(m, f) for f in formats if f in FP8_FORMATS}
     return out
 
@@ -115,30 +114,23 @@ class ActivationCollector:
     _handles: list[Any] = field(default_factory=list)
 
     def attach(self, model: nn.Module) -> None:
-        for name, module in model.named_modules():
-            self._handles.append(
-                module.register_forward_hook(self._forward_hook(name or "(model)"))
-            )
+        self._handles = hook_outputs(model, _SEEN, self._on_output)
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
 
-    def _forward_hook(self, name: str) -> Any:
-        def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
-            for key, tensor in new_outputs(name, output, _SEEN):
-                stats = self.outputs.get(key)
-                if stats is None:
-                    stats = OutputStats(key, type(module).__name__, tuple(tensor.shape))
-                    self.outputs[key] = stats
-                stats.calls += 1
-                stats.elements += tensor.numel()
-                with torch.no_grad():
-                    stats.value = _add(stats.value, value_stats(tensor, self.formats))
-                tensor.register_hook(self._grad_hook(stats))
-
-        return hook
+    def _on_output(self, module: nn.Module, key: str, tensor: torch.Tensor) -> None:
+        stats = self.outputs.get(key)
+        if stats is None:
+            stats = OutputStats(key, type(module).__name__, tuple(tensor.shape))
+            self.outputs[key] = stats
+        stats.calls += 1
+        stats.elements += tensor.numel()
+        with torch.no_grad():
+            stats.value = _add(stats.value, value_stats(tensor, self.formats))
+        tensor.register_hook(self._grad_hook(stats))
 
     def _grad_hook(self, stats: OutputStats) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -149,14 +141,23 @@ class ActivationCollector:
         return hook
 
 
-def new_outputs(name: str, output: Any, mark: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(key, tensor)`` for each floating-point tensor of a module's output that requires grad
-    and that no module (an inner one, whose hook ran first) has claimed under ``mark`` yet."""
-    for suffix, tensor in _tensors(output):
-        if getattr(tensor, mark, False):
-            continue
-        setattr(tensor, mark, True)
-        yield name + suffix, tensor
+def hook_outputs(
+    model: nn.Module, mark: str, on_output: Callable[[nn.Module, str, torch.Tensor], None]
+) -> list[Any]:
+    """Forward hooks on every module of ``model`` (their handles): each calls ``on_output(module,
+    key, tensor)`` for each floating-point tensor of the module's output that requires grad and
+    that no module (an inner one, whose hook ran first) has claimed under ``mark`` yet."""
+
+    def hook_for(name: str) -> Any:
+        def hook(module: nn.Module, _inputs: Any, output: Any) -> None:
+            for suffix, tensor in _tensors(output):
+                if not getattr(tensor, mark, False):
+                    setattr(tensor, mark, True)
+                    on_output(module, name + suffix, tensor)
+
+        return hook
+
+    return [m.register_forward_hook(hook_for(n or "(model)")) for n, m in model.named_modules()]
 
 
 def _tensors(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -174,40 +175,21 @@ def _tensors(output: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def to_host(tree: Any) -> Any:
-    """The same tree with every tensor replaced by Python floats (0-dim), a list (1-dim) or a list
-    of rows (2-dim), in one transfer (tensors must share a device)."""
-    flat: list[torch.Tensor] = []
-
-    def gather(node: Any) -> None:
-        if isinstance(node, torch.Tensor):
-            flat.append(node.detach().double().flatten())
-        elif isinstance(node, Mapping):
-            for v in node.values():
-                gather(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                gather(v)
-
-    gather(tree)
-    values = torch.cat(flat).tolist() if flat else []
-    pos = 0
+    """The same tree (dicts) with every tensor replaced by Python floats (0-dim), a list (1-dim)
+    or a list of rows (2-dim), in one transfer (tensors must share a device)."""
+    leaves = [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    values = iter(
+        torch.cat([t.detach().double().flatten() for t in leaves]).tolist() if leaves else []
+    )
 
     def rebuild(node: Any) -> Any:
-        nonlocal pos
-        if isinstance(node, torch.Tensor):
-            n = node.numel()
-            out = values[pos : pos + n]
-            pos += n
-            if node.dim() == 0:
-                return out[0]
-            if node.dim() == 2:
-                width = node.shape[1]
-                return [out[i : i + width] for i in range(0, n, width)]
-            return out
-        if isinstance(node, Mapping):
-            return {k: rebuild(v) for k, v in node.items()}
-        if isinstance(node, (list, tuple)):
-            return [rebuild(v) for v in node]
-        return node
+        if not isinstance(node, torch.Tensor):
+            return node
+        out = list(itertools.islice(values, node.numel()))
+        if node.dim() == 0:
+            return out[0]
+        if node.dim() == 2:
+            return [out[i : i + node.shape[1]] for i in range(0, len(out), node.shape[1])]
+        return out
 
-    return rebuild(tree)
+    return tree_map(rebuild, tree)

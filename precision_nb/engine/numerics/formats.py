@@ -57,14 +57,9 @@ class FormatInfo:
 def _info(name: str, dtype: torch.dtype, has_inf: bool) -> FormatInfo:
     fi = torch.finfo(dtype)
     mantissa = round(-math.log2(fi.eps))
+    normal = float(fi.smallest_normal)
     return FormatInfo(
-        name=name,
-        dtype=dtype,
-        max=float(fi.max),
-        smallest_normal=float(fi.smallest_normal),
-        smallest_subnormal=float(fi.smallest_normal) * 2.0**-mantissa,
-        mantissa_bits=mantissa,
-        has_inf=has_inf,
+        name, dtype, float(fi.max), normal, normal * 2.0**-mantissa, mantissa, has_inf
     )
 
 
@@ -113,11 +108,7 @@ def overflow_behaviour(name: str) -> str:
     ``"inf"``, ``"nan"`` or ``"saturates"`` (to +-max)."""
     info = FORMATS[format_name(name)]
     out = float(torch.tensor([info.max * 4.0]).to(info.dtype).float()[0])
-    if math.isinf(out):
-        return "inf"
-    if math.isnan(out):
-        return "nan"
-    return "saturates"
+    return "inf" if math.isinf(out) else "nan" if math.isnan(out) else "saturates"
 
 
 @dataclass(frozen=True)

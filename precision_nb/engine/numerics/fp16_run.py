@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from precision_nb.engine.inspect.op_trace import OpTracer, short
-from precision_nb.engine.numerics.collect import new_outputs
+from precision_nb.engine.numerics.collect import hook_outputs
 
 _SEEN = "_precision_nb_fp16_trace_seen"
 
@@ -52,12 +52,6 @@ class Fp16Trace:
     source: str = ""
     error: str | None = None
 
-    def param(self, name: str) -> str | None:
-        return self.params.get(name)
-
-    def output(self, key: str) -> str | None:
-        return self.outputs.get(key)
-
 
 def trace_fp16(
     model: nn.Module, args: Any, kwargs: Mapping[str, Any], device: torch.device
@@ -74,14 +68,10 @@ def trace_fp16(
     tracer = OpTracer(set(names))
     outputs: dict[str, str] = {}
 
-    def hook_for(module_name: str) -> Any:
-        def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-            for key, tensor in new_outputs(module_name, output, _SEEN):
-                outputs.setdefault(key, short(tensor.dtype))
+    def note(_module: nn.Module, key: str, tensor: torch.Tensor) -> None:
+        outputs.setdefault(key, short(tensor.dtype))
 
-        return hook
-
-    handles = [m.register_forward_hook(hook_for(n or "(model)")) for n, m in model.named_modules()]
+    handles = hook_outputs(model, _SEEN, note)
     try:
         with torch.enable_grad(), torch.autocast(device.type, dtype=torch.float16):
             if not torch.is_autocast_enabled(device.type):

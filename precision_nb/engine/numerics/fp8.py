@@ -93,14 +93,13 @@ def relative_error(values: list[float]) -> float | None:
 
 def hardware_note() -> dict[str, object]:
     """Which hardware runs fp8 matmuls, from the capability presets, and whether this one does."""
-    presets = []
-    for name in PRESETS:
-        if name == "this-machine":
-            continue
-        caps = get_capabilities(name)
-        if caps.fp8_matmul:
-            cc = ".".join(map(str, caps.compute_capability or ()))
-            presets.append(f"{name} ({caps.device_name}, compute capability {cc})")
+    known = {name: get_capabilities(name) for name in PRESETS if name != "this-machine"}
+    presets = [
+        f"{name} ({caps.device_name}, compute capability "
+        f"{'.'.join(map(str, caps.compute_capability or ()))})"
+        for name, caps in known.items()
+        if caps.fp8_matmul
+    ]
     here = get_capabilities(None)
     minimum = ".".join(map(str, FP8_MIN_COMPUTE_CAPABILITY))
     return {

@@ -91,10 +91,6 @@ def _param_index(model: nn.Module) -> dict[Any, tuple[str, nn.Parameter]]:
     return index
 
 
-def _layer_name(param: str) -> str:
-    return param.removesuffix(".weight") or param
-
-
 class GemmTracer(TorchFunctionMode):
     """Records the model's GEMMs during a forward (``gemms``: layer -> :class:`Gemm`);
     ``on_gemm(gemm, operands)`` (optional) gets each call's tensors to analyse (the mode is off
@@ -156,7 +152,7 @@ class GemmTracer(TorchFunctionMode):
         return None
 
     def _record(self, hit: tuple[str, nn.Parameter], op: str, ops: Operands) -> None:
-        name = _layer_name(hit[0])
+        name = hit[0].removesuffix(".weight") or hit[0]
         if ops.conv:
             groups = ops.x.shape[1] // ops.w.shape[1]
             m = ops.out.shape[0] * math.prod(ops.out.shape[2:])

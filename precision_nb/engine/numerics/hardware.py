@@ -16,8 +16,7 @@ The roofline model (:func:`layer_estimate`) follows torchao's float8/MX roofline
 three GEMMs (forward M x K x N, input gradient M x N x K, weight gradient K x M x N), each taking
 the longer of its FLOPs at the datasheet peak and its bytes (inputs in the format, 1-byte scales
 per block for MX / NVFP4, a bf16 output) at the datasheet bandwidth, at least a kernel launch
-(2 us); casting adds memory-bound kernels per cast tensor (per-tensor fp8: an amax pass and the
-casts; MX / NVFP4: two casts, along each dimension, of the input, weight and output gradient).
+(2 us); casting adds memory-bound kernels per cast tensor (:func:`cast_s`).
 Assumed: the datasheet peaks are reached (torchao additionally scales by achievable fractions,
 0.78 of the FLOP peak and 0.92 of the bandwidth, measured on an H100, which changes both sides),
 nothing is fused, the rest of the step (attention, norms, the optimizer) is not counted.
@@ -35,7 +34,7 @@ import torch
 from precision_nb.core.capabilities import FP8_MIN_COMPUTE_CAPABILITY
 from precision_nb.core.validate import short_repr
 from precision_nb.engine.metrics import GPU_MEMORY_TB_PER_S, GPU_PEAK_TFLOPS, gpu_table_key
-from precision_nb.engine.numerics.gemm_shapes import family_of, padding
+from precision_nb.engine.numerics.gemm_shapes import SHAPE_RULES, family_of, padding
 
 #: Block-scaled GEMMs (MXFP8, MXFP4, NVFP4): Blackwell's block-scaled MMA, compute capability 10.0.
 BLOCK_MIN_COMPUTE_CAPABILITY = (10, 0)
@@ -149,11 +148,8 @@ def step_gemm_s(
     m: int, k: int, n: int, peak: float, bw: float, in_bytes: float = 2, block: int = 0
 ) -> float:
     """Seconds of the forward, input-gradient and weight-gradient GEMMs of one layer."""
-    return (
-        _gemm_s(m, k, n, peak, bw, in_bytes, block)
-        + _gemm_s(m, n, k, peak, bw, in_bytes, block)
-        + _gemm_s(k, m, n, peak, bw, in_bytes, block)
-    )
+    gemms = ((m, k, n), (m, n, k), (k, m, n))
+    return sum(_gemm_s(*mkn, peak, bw, in_bytes, block) for mkn in gemms)
 
 
 def cast_s(m: int, k: int, n: int, fmt: str, bw: float) -> float:
@@ -188,7 +184,7 @@ def layer_estimate(m: int, k: int, n: int, fmt: str, gpu: WhatIfGpu) -> dict[str
         reason = "emulated: no such GEMM on this GPU (dequantised to bf16, not faster)"
         return out | {"runs": "emulated", "speedup_estimate": None, "note": reason}
     family = family_of(fmt)
-    b = {"fp8": 16, "mx": 32, "nvfp4": 16}[family]
+    b = SHAPE_RULES[family]
     mp, kp, np_ = m + padding(m, b), k + padding(k, b), n + padding(n, b)
     in_bytes = 0.5 if fmt in ("mxfp4", "nvfp4") else 1.0
     block = 0 if family == "fp8" else b

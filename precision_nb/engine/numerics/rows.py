@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -11,6 +11,7 @@ from precision_nb.core.events import Event
 from precision_nb.engine.numerics.collect import OutputStats, variants
 from precision_nb.engine.numerics.formats import COUNT_FIELDS, counts_row
 from precision_nb.engine.numerics.fp8 import FP8_FORMATS, recipe_role, relative_error
+from precision_nb.engine.numerics.fp16_run import counted_in_fp16
 from precision_nb.engine.numerics.scale_window import SweepTotal
 from precision_nb.engine.numerics.stagnation import WEIGHT_FORMATS
 
@@ -42,12 +43,11 @@ def gradient_rows(
     host: Mapping[str, Any],
     formats,
     scale,
-    held: Mapping[str, str | None] | None = None,
+    held: Mapping[str, str | None],
 ) -> list[dict[str, Any]]:
     """One row per parameter tensor and format variant; status ok / no gradient / frozen;
     ``fp16_run``: the dtype a real fp16 autocast step holds the gradient in (``held``)."""
     rows = []
-    held = held or {}
     for name, p in params:
         stats = host.get(name)
         base = {
@@ -67,12 +67,11 @@ def activation_rows(
     host: Mapping[str, Any],
     formats,
     scale,
-    held: Mapping[str, str | None] | None = None,
+    held: Mapping[str, str | None],
 ) -> list[dict[str, Any]]:
     """One row per module output and format variant (status "no gradient" when backward never
     reached it, e.g. an output the loss does not use); ``fp16_run`` as for parameters."""
     rows = []
-    held = held or {}
     for key, out in outputs.items():
         grad = host[key]["grad"]
         base = {
@@ -147,17 +146,17 @@ def stagnation_rows(
 
 
 def sweep_totals(
-    grads: Mapping[str, Any], counted: Callable[[str], bool]
+    host: Mapping[str, Any], held: Mapping[str, str | None], traced: bool
 ) -> tuple[SweepTotal, SweepTotal]:
-    """Host sweeps of ``grads`` (name -> stats or ``None``) summed: those ``counted`` accepts,
-    and every one."""
+    """Host gradient sweeps of ``host`` (name -> ``{"grad": stats or None}``) summed: those
+    :func:`counted_in_fp16` counts (``held``: the fp16 trace's dtypes), and every one."""
     inside, every = SweepTotal(), SweepTotal()
-    for name, grad in grads.items():
-        if grad is None:
+    for name, stats in host.items():
+        if stats["grad"] is None:
             continue
-        every.add(grad)
-        if counted(name):
-            inside.add(grad)
+        every.add(stats["grad"])
+        if counted_in_fp16(held.get(name), traced):
+            inside.add(stats["grad"])
     return inside, every
 
 
@@ -165,50 +164,47 @@ def _layers(rows: Iterable[Mapping[str, Any]], test: Any) -> list[str]:
     return list(dict.fromkeys(r["layer"] for r in rows if test(r)))
 
 
-def findings(result: Any, loss: float, scale: float) -> list[Event]:
-    """What a user should know: non-finite values, missing gradients, no window, overflow."""
+def _first_five(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+
+def findings(result: Any, loss: float, scale: float, trace_error: str | None) -> list[Event]:
+    """What a user should know: non-finite values, missing gradients, no window, overflow, no
+    GEMM for the block formats, a failed fp16 trace."""
     out: list[Event] = []
+
+    def warn(text: str, data: dict[str, Any]) -> None:
+        out.append(Event("warning", text, data))
+
     if not loss == loss or loss in (float("inf"), float("-inf")):
-        out.append(
-            Event(
-                "warning",
-                f"The fp32 loss is {loss}: every gradient below follows from it.",
-                {"finding": "nonfinite_loss", "loss": str(loss)},
-            )
+        warn(
+            f"The fp32 loss is {loss}: every gradient below follows from it.",
+            {"finding": "nonfinite_loss", "loss": str(loss)},
         )
     for kind, rows in (("parameter", result.gradients), ("activation", result.activations)):
         bad = _layers(rows, lambda r: (r.get("nonfinite") or 0) > 0)
         if bad:
-            out.append(
-                Event(
-                    "warning",
-                    f"Non-finite fp32 {kind} gradients (inf/NaN before any cast) in "
-                    f"{len(bad)} tensor(s): {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}; "
-                    "they are left out of the fractions and the window.",
-                    {"finding": "nonfinite_gradients", "kind": kind, "layers": bad},
-                )
+            warn(
+                f"Non-finite fp32 {kind} gradients (inf/NaN before any cast) in "
+                f"{len(bad)} tensor(s): {_first_five(bad)}; "
+                "they are left out of the fractions and the window.",
+                {"finding": "nonfinite_gradients", "kind": kind, "layers": bad},
             )
-    for status in ("no gradient", "frozen"):
+    for status, what in (
+        ("no gradient", "got no gradient (unused in the loss)"),
+        ("frozen", "are frozen"),
+    ):
         names = _layers(result.gradients, lambda r, s=status: r["status"] == s)
         if names:
-            what = (
-                "got no gradient (unused in the loss)" if status == "no gradient" else "are frozen"
-            )
-            out.append(
-                Event(
-                    "warning",
-                    f"{len(names)} parameter tensor(s) {what}: {', '.join(names[:5])}"
-                    f"{' ...' if len(names) > 5 else ''}; shown as such, not as underflow.",
-                    {"finding": status.replace(" ", "_"), "layers": names},
-                )
+            warn(
+                f"{len(names)} parameter tensor(s) {what}: {_first_five(names)}; shown as such, "
+                "not as underflow.",
+                {"finding": status.replace(" ", "_"), "layers": names},
             )
     if result.window.get("lo") is None:
-        out.append(
-            Event(
-                "warning",
-                f"No safe fp16 loss-scale window: {result.window.get('reason')}.",
-                {"finding": "no_window", **result.window},
-            )
+        warn(
+            f"No safe fp16 loss-scale window: {result.window.get('reason')}.",
+            {"finding": "no_window", **result.window},
         )
     over = _layers(
         result.gradients + result.activations,
@@ -220,12 +216,17 @@ def findings(result: Any, loss: float, scale: float) -> list[Event]:
         ),
     )
     if over:
-        out.append(
-            Event(
-                "warning",
-                f"At loss scale {scale:g}, fp16 gradients overflow in {len(over)} tensor(s): "
-                f"{', '.join(over[:5])}{' ...' if len(over) > 5 else ''}.",
-                {"finding": "overflow_at_scale", "scale": scale, "layers": over},
-            )
+        warn(
+            f"At loss scale {scale:g}, fp16 gradients overflow in {len(over)} tensor(s): "
+            f"{_first_five(over)}.",
+            {"finding": "overflow_at_scale", "scale": scale, "layers": over},
+        )
+    if result.blocks_info.get("reason"):
+        warn(f"Block formats: {result.blocks_info['reason']}.", {"finding": "no_gemm"})
+    if trace_error:
+        warn(
+            f"Which gradients a real fp16 step holds in fp16 could not be traced ({trace_error}): "
+            "the window counts every gradient, also those autocast would keep in fp32.",
+            {"finding": "fp16_trace_failed", "error": trace_error},
         )
     return out

@@ -73,19 +73,17 @@ def _ladder(limit: float, exps: Sequence[int], below: bool) -> torch.Tensor:
     return torch.nextafter(out, torch.zeros(())) if below else out
 
 
-def sweep_counts(
-    x: torch.Tensor | Magnitudes, exponents: Sequence[int] = SCALE_EXPONENTS
-) -> torch.Tensor:
-    """``(len(exponents), 3)`` int64 device tensor: per scale ``2^k``, the finite non-zero elements
-    of ``x`` whose fp16 cast of ``x * 2^k`` is zero, subnormal (non-zero, below the smallest
-    normal) and inf (order :data:`SWEEP_FIELDS`).
+def sweep_counts(x: torch.Tensor | Magnitudes) -> torch.Tensor:
+    """``(25, 3)`` int64 device tensor: per scale ``2^k`` of :data:`SCALE_EXPONENTS`, the finite
+    non-zero elements of ``x`` whose fp16 cast of ``x * 2^k`` is zero, subnormal (non-zero, below
+    the smallest normal) and inf (order :data:`SWEEP_FIELDS`).
 
     One ``torch.bucketize`` against three limit ladders: ``|x| <= U * 2^-k`` (zero), ``|x| <=
     below(N * 2^-k)`` (zero or subnormal) and ``|x| <= below(O * 2^-k)`` (finite), ``below`` being
     the next fp32 value down and ``N`` :func:`~precision_nb.engine.numerics.formats.normal_limit`.
     Every limit is an exact fp32 value (a power of two times U, N or O).
     """
-    exps = _exponents(exponents)
+    exps = SCALE_EXPONENTS
     m = magnitudes(x)
     u, o = cast_limits("fp16")
     n = len(exps)
@@ -130,7 +128,11 @@ def subnormal_error_sums(
     decide the two ends: ``y = 0.5`` rounds to 0, ``y >= 1023.5`` to the smallest normal. One pass
     per dropped-bit count (11) over the elements that are subnormal at some scale of the sweep.
     """
-    exps = _exponents(exponents)
+    exps = [int(k) for k in exponents]
+    if exps != sorted(exps):
+        raise ValueError(
+            f"exponents: invalid value {short_repr(exps)}; allowed: ascending integers"
+        )
     m = magnitudes(x)
     dev = m.a.device
     if not exps:
@@ -160,15 +162,6 @@ def subnormal_error_sums(
         sums += torch.bincount(first - s, weights=rel.double(), minlength=width)[:width]
     picked = sums[torch.tensor(exps, device=dev) - (k_lo - 10)]
     return picked * (candidates / a.numel()) if a.numel() else picked
-
-
-def _exponents(exponents: Sequence[int]) -> list[int]:
-    exps = [int(k) for k in exponents]
-    if exps != sorted(exps):
-        raise ValueError(
-            f"exponents: invalid value {short_repr(exps)}; allowed: ascending integers"
-        )
-    return exps
 
 
 @dataclass
@@ -207,7 +200,6 @@ def sweep_rows(
     params: SweepTotal,
     activations: SweepTotal,
     threshold: float = DEFAULT_THRESHOLD,
-    exponents: Sequence[int] = SCALE_EXPONENTS,
     *,
     every: SweepTotal | None = None,
 ) -> list[dict[str, Any]]:
@@ -221,7 +213,7 @@ def sweep_rows(
     held = params + activations
     every = held if every is None else every
     rows = []
-    for i, k in enumerate(exponents):
+    for i, k in enumerate(SCALE_EXPONENTS):
         under, sub, over = held.counts[i]
         frac = _fraction(under, held.live)
         rows.append(

@@ -46,14 +46,11 @@ def grad_underflow_stats(
         device = scale.device if isinstance(scale, torch.Tensor) else torch.device("cpu")
     zero_f = torch.zeros((), device=device)
     absent = torch.full((), -1.0, device=device)  # never the worst
-    if scale is None:
-        u_s: torch.Tensor | float = u
-        o_s: torch.Tensor | float = o
-    elif isinstance(scale, torch.Tensor):
-        s = scale.detach().float().reshape(())
-        u_s, o_s = u / s, o / s
+    if isinstance(scale, torch.Tensor):
+        s: torch.Tensor | float = scale.detach().float().reshape(())
     else:
-        u_s, o_s = u / float(scale), o / float(scale)
+        s = 1.0 if scale is None else float(scale)
+    u_s, o_s = u / s, o / s
     fractions: list[torch.Tensor] = []
     under_total = live_total = over_total = zero_f
     for g in grads:

@@ -1,16 +1,14 @@
-"""``precision-nb gather RUN_DIR --out DIR``: the report of a distributed run from its folder.
+"""``precision-nb gather RUN_DIR --out DIR``: the report of a distributed run from its folder
+(:func:`precision_nb.views.report.gather.gather_report`; what it holds: the ``--help`` text).
 
-Reads the run file and every rank's log the nodes wrote into RUN_DIR (a shared folder; see
-``precision-nb nodes``) and writes the report folder a distributed run gets on one machine
-(:func:`precision_nb.views.report.gather.gather_report`). Only argparse is imported at module
-level. Exit codes: 0 written, 1 the run failed or is incomplete (the node and rank named),
-2 bad input (no run file, no rank log, an output path that is a file).
+Only argparse is imported at module level. Exit codes: 0 written, 1 the run failed or is
+incomplete (the node and rank named), 2 bad input (no run file, no rank log, an output path that
+is a file).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 DEFAULT_OUT = "gather-out"
@@ -50,12 +48,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return error("gather", exc)
     print(repr(report))
-    result = next(iter(report.distributed.values()))
-    for row in result.node_table():
+    for row in next(iter(report.distributed.values())).node_table():
         print(
             f"  node {row['node']} ({row['host']}): ranks {row['ranks']}, "
             f"{row['steps_logged']} step(s) logged, final loss {row['final_loss']:.6g}"
         )
     print(f"wrote {len(report.files)} files into {args.out}/ (open report.html)")
-    sys.stdout.flush()
     return 0

@@ -70,11 +70,10 @@ def check_flags(args: argparse.Namespace) -> None:
     """Check the flag values and ``--out`` without importing torch (``ValueError`` naming the
     flag)."""
     from precision_nb.core.names import device_string, precision_list
+    from precision_nb.core.remedies import check_flag
     from precision_nb.views.report.folder import check_output_folder
 
     check_source(args)
-    from precision_nb.core.remedies import check_flag
-
     check_flag(precision_list(args.precision, "--precision"), "--precision")
     device_string(args.device, "--device")
     check_output_folder(Path(args.out).expanduser(), "--out")
@@ -87,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return error("inspect", err)
     from precision_nb.core.device import resolve_device
     from precision_nb.core.plan import PrecisionConfig
+    from precision_nb.views.report.folder import ReportWriteError
     from precision_nb.views.report.inspection import inspect, write_inspection
 
     try:
@@ -96,17 +96,11 @@ def run(args: argparse.Namespace) -> int:
         requests = [PrecisionConfig(m, loss_scale_lab=args.loss_scale_lab) for m in modes]
     except (ValueError, RuntimeError) as err:
         return error("inspect", err)
+    options = {"device": args.device, "preset": preset, "capabilities": args.simulate}
     results = {}
     try:
         for request in requests:
-            item = inspect(
-                model,
-                batches,
-                request,
-                device=args.device,
-                preset=preset,
-                capabilities=args.simulate,
-            )
+            item = inspect(model, batches, request, **options)
             label = item.label if item.label not in results else f"{item.label} ({request.mode})"
             if any(r.plan == item.plan for r in results.values()):
                 print(f"{request.mode}: same plan as an earlier request, inspected once")
@@ -119,13 +113,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except Exception as err:  # noqa: BLE001 - your model's own error: its type, message, line
         return run_failed("inspect", err)
-    from precision_nb.views.report.folder import ReportWriteError
-
     try:  # staged and moved in when complete: a failed write leaves --out as it was
         files = write_inspection(results, Path(args.out).expanduser())
     except ReportWriteError as err:
-        print(f"precision-nb inspect: error: {err.strerror}", file=sys.stderr)
-        return 1
+        return error("inspect", err.strerror, 1)
     for label, item in results.items():
         print(repr(item))
         for flag in item.flags:

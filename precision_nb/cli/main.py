@@ -12,6 +12,7 @@ Exit codes: 0 success, 1 a failed run, 2 bad input or usage (one line on stderr)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import html
 import importlib
 import os
@@ -89,9 +90,7 @@ def _raised_at(exc: BaseException) -> str:
 
     import torch
 
-    import precision_nb
-
-    inside = (str(Path(torch.__file__).parent), str(Path(precision_nb.__file__).parent))
+    inside = (str(Path(torch.__file__).parent), str(Path(__file__).parents[1]))  # precision_nb
     frames = [
         f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(inside)
     ]
@@ -145,18 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name in SUBCOMMANDS:
-        module = importlib.import_module(f"precision_nb.cli.{name}")
-        module.add_parser(sub)
+        importlib.import_module(f"precision_nb.cli.{name}").add_parser(sub)
     return parser
-
-
-def _quiet_stdout() -> None:
-    """After a broken pipe: point stdout at /dev/null so the exit flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # stdout is no real file (a test's capture)
-        return
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,8 +157,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"precision-nb {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        _quiet_stdout()
+    except BrokenPipeError:  # stdout to /dev/null, so the exit flush cannot fail again
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no real file (a test's)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
     return code
 

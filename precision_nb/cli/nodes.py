@@ -8,7 +8,6 @@ Only argparse is imported at module level. Exit codes: 0 printed, 2 bad input (n
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -83,5 +82,4 @@ def run(args: argparse.Namespace) -> int:
         for command in commands:
             print(f"# node {command.node}")
             print(command.shell())
-    sys.stdout.flush()
     return 0

@@ -11,7 +11,6 @@ analysis or write, 130 interrupted.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +84,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        default=None,
         help="also write the tables (CSV) and numerics.html into this folder; default: none",
     )
     parser.set_defaults(run=run)
@@ -135,15 +133,12 @@ def _text(analysis: Any, hardware: list[str]) -> str:
         frame = analysis.hardware(hardware)
         lines.append(f"What-if GPUs ({frame.attrs['assumptions']}):")
         for r in frame.to_dict("records"):
-            peak = (
-                f", datasheet {fmt(r['datasheet_tflops'])} TFLOP/s" if r["runs"] == "native" else ""
-            )
+            native = r["runs"] == "native"
+            peak = f", datasheet {fmt(r['datasheet_tflops'])} TFLOP/s" if native else ""
             speed = r["speedup_estimate"]
-            est = (
-                f"; estimated GEMM speedup over bf16 {times_text(speed)}"
-                if speed == speed and speed
-                else ""
-            )
+            est = ""
+            if speed == speed and speed:  # not NaN, not 0
+                est = f"; estimated GEMM speedup over bf16 {times_text(speed)}"
             lines.append(f"  {r['hardware']} {r['format']}: {r['runs']}{peak}{est}")
     return "\n".join(lines)
 
@@ -152,13 +147,13 @@ def _write(analysis: Any, hardware: list[str], out: Path) -> list[str]:
     from precision_nb.views.report.markup import page
 
     out.mkdir(parents=True, exist_ok=True)
-    frame = analysis.hardware(hardware) if analysis.result.blocks_info else None
     tables = {
         "numerics.csv": analysis.gradients,
         "numerics_blocks.csv": analysis.blocks,
         "numerics_gemms.csv": analysis.gemms,
     }
-    if frame is not None:
+    if analysis.result.blocks_info:
+        frame = analysis.hardware(hardware)
         tables["numerics_hardware.csv"] = frame
         tables["numerics_hardware_layers.csv"] = frame.attrs["per_layer"]
     for name, table in tables.items():
@@ -190,5 +185,5 @@ def run(args: argparse.Namespace) -> int:
             files = _write(result, args.hardware, Path(args.out).expanduser())
         except OSError as err:
             return error("numerics", f"cannot write {args.out!r}: {err}", EXIT_FAILED)
-        print(f"wrote {len(files)} files into {args.out}/ (open numerics.html)", file=sys.stdout)
+        print(f"wrote {len(files)} files into {args.out}/ (open numerics.html)")
     return 0

@@ -151,13 +151,8 @@ def _explain(args: argparse.Namespace, config_data: Any) -> Any:
 
     cfg = load_config(config_data) if config_data is not None else RunConfig()
     precision = cfg.precision
-    overrides: dict[str, Any] = {}
-    if args.mode is not None:
-        overrides["mode"] = args.mode
-    if args.dtype is not None:
-        overrides["dtype"] = args.dtype
-    if args.loss_scale_lab is not None:
-        overrides["loss_scale_lab"] = args.loss_scale_lab
+    flags = ("mode", "dtype", "loss_scale_lab")
+    overrides = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     if overrides:
         precision = PrecisionConfig(**{**precision.to_dict(), **overrides})
     optimizer = cfg.optimizer
@@ -165,9 +160,7 @@ def _explain(args: argparse.Namespace, config_data: Any) -> Any:
         optimizer = replace(optimizer, fused=FUSED[args.fused])
     device = args.device if args.device is not None else cfg.device
     caps = get_capabilities(args.simulate)
-    return explain_precision(
-        precision, device, capabilities=caps, optimizer=optimizer, compile=args.compile
-    )
+    return explain_precision(precision, device, caps, optimizer=optimizer, compile=args.compile)
 
 
 def _verify(explanation: Any) -> Any:
@@ -196,12 +189,9 @@ def run(args: argparse.Namespace) -> int:
         if code is not None:
             data["code"] = {"framework": args.as_framework, "text": code}
         print(json.dumps(data, indent=2))
-    elif code is not None:
-        print(code, end="")
+    else:  # the script (a check below it is a comment) or the explanation
+        print(cli_text(str(explanation)) + "\n" if code is None else code, end="")
         if check is not None:
-            print(f"# Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
-    else:
-        print(cli_text(str(explanation)))
-        if check is not None:
-            print(f"Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
+            comment = "" if code is None else "# "
+            print(f"{comment}Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
     return EXIT_OK if check is None or check.ok else EXIT_FAILED

@@ -27,6 +27,7 @@ from precision_nb.cli.main import (
     paragraphs,
     run_failed,
 )
+from precision_nb.cli.user_model import user_model
 from precision_nb.core.defaults import (
     ALLOCATOR_POLICIES,
     CONFIDENCE,
@@ -69,14 +70,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model",
-        default=None,
         metavar="MODULE:FACTORY",
         help="profile your own model: package.module:factory, a callable returning an "
         "nn.Module (the current folder is importable); replaces --workload; default: none",
     )
     parser.add_argument(
         "--batches",
-        default=None,
         metavar="MODULE:NAME",
         help="batches for --model: a list, a DataLoader, a callable of the microbatch index, or "
         "a callable without arguments returning one of those; default: the name `batches` in "
@@ -85,14 +84,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=None,
         help=f"interleaved rounds the measured steps are split over, in each process; more than "
         f"--steps are refused (default: {DEFAULT_ROUNDS}, or one per step when fewer steps are "
         "measured)",
     )
     parser.add_argument(
         "--processes",
-        default=None,
         metavar="N",
         help="processes that measure the plans: 1 (this one only) or N (this one and N-1 fresh "
         "ones); default: fresh ones are added until --target or --budget",
@@ -164,25 +161,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="allow fp16 with a CPU GradScaler to watch loss scaling without a GPU",
     )
-    parser.add_argument(
-        "--no-inspect",
-        action="store_true",
-        help="leave out the memory-by-kind and op dtype inspection of each plan",
-    )
-    parser.add_argument(
-        "--no-numerics",
-        action="store_true",
-        help="leave out the gradient underflow analysis and the fp16 scale window",
-    )
-    parser.add_argument(
-        "--no-time-split",
-        action="store_true",
-        help="leave out the profiled steps that split each plan's step time by op family",
-    )
+    for flag, part in (
+        ("--no-inspect", "the memory-by-kind and op dtype inspection of each plan"),
+        ("--no-numerics", "the gradient underflow analysis and the fp16 scale window"),
+        ("--no-time-split", "the profiled steps that split each plan's step time by op family"),
+    ):
+        parser.add_argument(flag, action="store_true", help=f"leave out {part}")
     parser.add_argument(
         "--nproc",
         type=int,
-        default=None,
         help="measure the plans on N processes, all in one torchrun launch, by the same "
         "interleaved method (the slowest rank's time per step; docs/distributed.md); "
         "default: one process",
@@ -190,13 +177,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--strategy",
         choices=STRATEGIES,
-        default=None,
         help="with --nproc: ddp (full replicas) or fsdp2 (sharded); default: ddp",
     )
     parser.add_argument(
         "--comm-hook",
         choices=COMM_HOOKS,
-        default=None,
         help="with --nproc and ddp: gradient compression of the all-reduce; default: none",
     )
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
@@ -212,20 +197,18 @@ def check_flags(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from precision_nb.core.names import compile_list, device_string, precision_list
+    from precision_nb.core.remedies import check_flag
     from precision_nb.core.validate import MAX_STEPS, choice, positive_int
+    from precision_nb.engine.measure_config import check_options, check_rounds
     from precision_nb.views.report.folder import check_output_folder
 
     choice("--workload", str(args.workload).strip().lower(), WORKLOAD_NAMES)
     choice("--preset", str(args.preset).strip().lower(), PRESET_NAMES)
-    from precision_nb.core.remedies import check_flag
-
     check_flag(precision_list(args.compare, "--compare"), "--compare")
     compile_list(args.compile, "--compile")
     device_string(args.device, "--device")
     positive_int("--steps", args.steps, MAX_STEPS)
     positive_int("--accumulation", args.accumulation)
-    from precision_nb.engine.measure_config import check_options, check_rounds
-
     if args.rounds is not None:
         positive_int("--rounds", args.rounds)
         check_rounds(args.rounds, args.steps, ("--rounds", "--steps"))
@@ -233,7 +216,8 @@ def check_flags(args: argparse.Namespace) -> None:
     args.processes = _optional_number("--processes", args.processes, int)
     args.target = _optional_number("--target", args.target, float)
     args.budget = budget_of(args.budget)
-    check_options(args.processes, args.target, args.budget, None, FLAG_NAMES)
+    flags = ("--processes", "--target", "--budget", "--model")  # how its errors name them
+    check_options(args.processes, args.target, args.budget, None, flags)
     if args.nproc is not None:
         positive_int("--nproc", args.nproc)
     for flag, value in (("--strategy", args.strategy), ("--comm-hook", args.comm_hook)):
@@ -288,6 +272,8 @@ def _run(args: argparse.Namespace) -> int:
         check_flags(args)
     except (ValueError, OSError) as err:
         return error("profile", err)
+    from precision_nb.engine.measure_config import block_sizes
+    from precision_nb.engine.results import partial_result
     from precision_nb.views.report.profile import (
         ReportWriteError,
         output_folder,
@@ -296,7 +282,9 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     try:
-        model, batches = _user_model(args)
+        if args.model is not None and args.workload != DEFAULT_WORKLOAD:
+            raise ValueError("--model and --workload: give one of them")
+        model, batches = user_model(args.model, args.batches)
         request = profile_request(
             args.workload if model is None else model, batches, None, args.compare,
             rounds=args.rounds, preset=args.preset, device=args.device, steps=args.steps,
@@ -311,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
         out = output_folder(args.out)
     except (ValueError, RuntimeError) as err:
         return error("profile", err)
-    rounds = len(_blocks(request))
+    rounds = len(block_sizes(request.train.steps, request.measure.rounds))
     if rounds < MIN_ROUNDS and args.processes == 1:
         print(
             f"precision-nb profile: {rounds} rounds in one process are below the {MIN_ROUNDS} "
@@ -321,21 +309,13 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     command = "precision-nb " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else ""
-    stop = threading.Event()
+    settings, stop = {"command": command.strip()}, threading.Event()
     try:
         with _ctrl_c_stops(stop):
-            output = run_profile(
-                request,
-                out=out,
-                settings={"command": command.strip()},
-                stop=stop,
-                wording=cli_text,
-            )
+            output = run_profile(request, out=out, settings=settings, stop=stop, wording=cli_text)
     except ReportWriteError as err:
         return error("profile", err.strerror, EXIT_FAILED)
     except Exception as err:  # noqa: BLE001 - a failed run or a bad value is said; others raise
-        from precision_nb.engine.results import partial_result
-
         if partial_result(err) is not None or isinstance(err, (RuntimeError, OSError)):
             return run_failed("profile", err)  # raised in a run (your code's error included)
         if isinstance(err, ValueError):
@@ -350,9 +330,6 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_FAILED if failures else EXIT_OK
-
-
-FLAG_NAMES = ("--processes", "--target", "--budget", "--model")
 
 
 def budget_of(value: Any) -> float | None:
@@ -374,19 +351,11 @@ def _optional_number(flag: str, value: Any, kind: type) -> Any:
         raise ValueError(f"{flag}: invalid value {value!r}; allowed: {allowed} or none") from None
 
 
-def _blocks(request: Any) -> list[int]:
-    """The steps of each round a request measures (one entry per round)."""
-    from precision_nb.engine.measure_config import block_sizes
-
-    return block_sizes(request.train.steps, request.measure.rounds)
-
-
 def _rebuild(args: argparse.Namespace) -> tuple[str, str] | None:
     """The import paths fresh measuring processes rebuild ``--model`` and its batches from."""
     if args.model is None:
         return None
-    module = args.model.partition(":")[0]
-    return args.model, args.batches or f"{module}:batches"
+    return args.model, args.batches or f"{args.model.partition(':')[0]}:batches"
 
 
 def _distributed(args: argparse.Namespace) -> Any:
@@ -398,15 +367,6 @@ def _distributed(args: argparse.Namespace) -> Any:
     return Distributed(
         strategy=args.strategy or "ddp", nproc=args.nproc, comm_hook=args.comm_hook or "none"
     )
-
-
-def _user_model(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(model, batches) for ``--model`` / ``--batches``; (None, None) for a built-in workload."""
-    from precision_nb.cli.user_model import user_model
-
-    if args.model is not None and args.workload != DEFAULT_WORKLOAD:
-        raise ValueError("--model and --workload: give one of them")
-    return user_model(args.model, args.batches)
 
 
 def _print_outcome(output: Any) -> None:

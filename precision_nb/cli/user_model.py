@@ -118,7 +118,6 @@ def add_source_flags(parser: Any, batches_help: str) -> None:
     )
     parser.add_argument(
         "--preset",
-        default=None,
         help="size preset: tiny, small, medium, large; default: small for the default workload, "
         "tiny for a --workload or --model",
     )
@@ -140,6 +139,5 @@ def target(args: Any) -> tuple[Any, Any, str]:
     model, batches = user_model(args.model, args.batches)
     if model is not None:
         return model, batches, args.preset or "tiny"
-    name = args.workload or DEFAULT_WORKLOAD
     preset = args.preset or (DEFAULT_PRESET if args.workload is None else "tiny")
-    return name, None, preset
+    return args.workload or DEFAULT_WORKLOAD, None, preset

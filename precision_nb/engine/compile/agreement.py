@@ -89,19 +89,16 @@ class Agreement:
         return dict(self.__dict__)
 
 
-def _eps(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).eps)
-
-
 def tolerance(
     eager: Sequence[float],
     dtype: torch.dtype,
     fp32_eager: Sequence[float] | None = None,
     steps: Sequence[int] | None = None,
 ) -> list[float]:
-    """``tol(t)`` for every loss of ``eager`` (see the module docstring); ``steps``: the 0-based
-    step of each loss (default: one loss per step)."""
-    eps = _eps(dtype)
+    """``tol(t)`` for every loss of ``eager`` (see the module docstring); ``fp32_eager``: the eager
+    fp32 run's losses at the same steps, for a mixed plan's own drift ``D(t)``; ``steps``: the
+    0-based step of each loss (default: one loss per step)."""
+    eps = float(torch.finfo(dtype).eps)
     drift = 0.0
     out: list[float] = []
     for i, loss in enumerate(eager):
@@ -127,10 +124,8 @@ def agreement(
 ) -> Agreement:
     """Compare per-step losses of a compiled run with its eager twin (same weights, same data).
 
-    ``fp32_eager``: the eager fp32 run's losses at the same steps, for a mixed plan's own drift
-    ``D(t)``. ``steps``: the 0-based step of each loss (default: one loss per step).
-    ``random_ops``: the model's random ops (from the graph breaks report), named when they
-    explain a departure.
+    ``fp32_eager``, ``steps``: as :func:`tolerance` takes them. ``random_ops``: the model's random
+    ops (from the graph breaks report), named when they explain a departure.
     """
     n = min(len(compiled), len(eager))
     tol = tolerance(list(eager[:n]), dtype, fp32_eager, steps)

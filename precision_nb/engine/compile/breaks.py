@@ -72,9 +72,8 @@ class BreakReport:
 
     ``graphs``: graphs captured; ``ops``: ops in them; ``breaks``: every break with its reason.
     ``error``: explain itself failed (the region raised); the message is kept.
-    ``random_ops``: the captured ops that draw random numbers (dropout, ``rand``...): compiled
-    code draws them from inductor's own generator, so its steps differ from eager's by more than
-    rounding (unless ``torch._inductor.config.fallback_random`` is set).
+    ``random_ops``: the captured ops that draw random numbers (dropout, ``rand``...; why they
+    matter: :meth:`~precision_nb.engine.compile.agreement.Agreement.message`).
     """
 
     region: str
@@ -88,10 +87,6 @@ class BreakReport:
     def traceable(self) -> bool:
         """True when dynamo captured at least one op (and explain ran)."""
         return self.error is None and self.ops > 0
-
-    @property
-    def first_reason(self) -> str | None:
-        return self.breaks[0].reason if self.breaks else None
 
     def message(self) -> str:
         """One sentence that stays true whatever the counts are."""
@@ -110,17 +105,6 @@ class BreakReport:
             f"{self.region}: {len(self.breaks)} graph break(s); {self.ops} op(s) in {graphs}; "
             f"first: {self.breaks[0].text()}"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "region": self.region,
-            "graphs": self.graphs,
-            "ops": self.ops,
-            "traceable": self.traceable,
-            "error": self.error,
-            "random_ops": list(self.random_ops),
-            "breaks": [b.__dict__ for b in self.breaks],
-        }
 
 
 @dataclass(frozen=True)
@@ -142,28 +126,14 @@ class GraphBreaks:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per break (region, reason, where, cause), for tables and CSVs."""
-        rows = []
-        for report in (self.forward, *(p.report for p in self.probes)):
-            for b in report.breaks:
-                rows.append(
-                    {
-                        "plan": self.plan,
-                        "region": report.region,
-                        "reason": b.reason,
-                        "where": b.where,
-                        "cause": b.cause,
-                    }
-                )
-        return rows
+        return [
+            dict(plan=self.plan, region=r.region, reason=b.reason, where=b.where, cause=b.cause)
+            for r in (self.forward, *(p.report for p in self.probes))
+            for b in r.breaks
+        ]
 
     def lines(self) -> list[str]:
-        out = [self.forward.message()]
-        out += [f"{p.name}: {p.finding}" for p in self.probes]
-        return out
-
-
-def _dynamo() -> Any:
-    return importlib.import_module("torch._dynamo")
+        return [self.forward.message(), *(f"{p.name}: {p.finding}" for p in self.probes)]
 
 
 def _break_counts() -> dict[str, int]:
@@ -173,10 +143,7 @@ def _break_counts() -> dict[str, int]:
 
 def _cause(*texts: str) -> str:
     low = " ".join(texts).lower()
-    for cause, words in _CAUSES:
-        if any(w in low for w in words):
-            return cause
-    return "model"
+    return next((cause for cause, words in _CAUSES if any(w in low for w in words)), "model")
 
 
 def _split(reason: str) -> tuple[str, str]:
@@ -200,26 +167,22 @@ def explain(region: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> B
     before = _break_counts()
     try:
         with profiler_ranges_unsaid():
-            out = _dynamo().explain(fn)(*args, **kwargs)
+            out = importlib.import_module("torch._dynamo").explain(fn)(*args, **kwargs)
     except (RuntimeError, ValueError, TypeError, AttributeError, AssertionError) as exc:
         return BreakReport(region, error=f"{type(exc).__name__}: {exc}")
     breaks: list[GraphBreak] = []
-    seen: set[str] = set()
     for item in out.break_reasons:
         reason, detail = _split(item.reason)
         where, files = _frame(item.user_stack)
-        if reason in seen and any(b.reason == reason and b.where == where for b in breaks):
+        if any(b.reason == reason and b.where == where for b in breaks):
             continue  # the same site seen again from an enclosing frame
         breaks.append(GraphBreak(reason, detail, where, _cause(item.reason, files)))
-        seen.add(reason)
-    after = _break_counts()
-    for text, count in after.items():
+    for text, count in _break_counts().items():
         if count <= before.get(text, 0):
             continue
         reason, detail = _split(text)
-        if reason not in seen:  # a break before any op of its graph: no frame recorded
+        if all(b.reason != reason for b in breaks):  # a break before any op: no frame recorded
             breaks.append(GraphBreak(reason, detail, "", _cause(text)))
-            seen.add(reason)
     names = [getattr(op, "__name__", str(op)) for ops in out.ops_per_graph for op in ops]
     random = tuple(dict.fromkeys(n for n in names if n in _RANDOM or "dropout" in n.lower()))
     return BreakReport(
@@ -231,12 +194,12 @@ _WHAT = {"autocast": "autocast", "scaler": "the GradScaler"}
 
 
 def _probe(
-    name: str, region: str, fn: Callable[..., Any], cause: str, outside: BreakReport,
-    args: tuple, kwargs: dict,
-) -> PrecisionProbe:  # fmt: skip
-    """Explain ``fn`` (a precision component moved inside the compiled region) and say what the
-    component changes against ``outside`` (the region the engine compiles)."""
-    report = explain(region, fn, *args, **kwargs)
+    name: str, region: str, fn: Callable[..., Any], cause: str, outside: BreakReport, batch: tuple
+) -> PrecisionProbe:
+    """Explain ``fn`` on ``batch`` (args, kwargs) -- a precision component moved inside the
+    compiled region -- and say what the component changes against ``outside`` (the region the
+    engine compiles)."""
+    report = explain(region, fn, *batch[0], **batch[1])
     caused = [b for b in report.breaks if b.cause == cause]
     what = _WHAT[cause]
     engine = f"with it outside, as the engine runs it: {len(outside.breaks)} break(s)"
@@ -297,7 +260,6 @@ def graph_breaks(
     args, kwargs, labels = split_batch(batch, model, loss_fn)
     args, kwargs = tuple(args), dict(kwargs)
     work = copy.deepcopy(model).train()
-    name = label or plan.mode
     where = f"{type(model).__name__}.forward"
     region = f"{where} under {plan.mode} autocast" if plan.autocast_enabled else where
     with autocast_context(plan):
@@ -306,23 +268,11 @@ def graph_breaks(
     if probes and forward.traceable and plan.autocast_enabled:
         inside = _autocast_inside(copy.deepcopy(model).train(), plan)
         region = f"{where} with {plan.mode} autocast inside the compiled function"
-        found.append(
-            _probe(
-                "autocast inside the compiled region",
-                region,
-                inside,
-                "autocast",
-                forward,
-                args,
-                kwargs,
-            )  # fmt: skip
-        )
+        name = "autocast inside the compiled region"
+        found.append(_probe(name, region, inside, "autocast", forward, (args, kwargs)))
     if probes and forward.traceable and plan.use_scaler:
         step = _whole_step(copy.deepcopy(model).train(), plan, labels, loss_fn)
         region = "a whole training step with its GradScaler, compiled"
-        found.append(
-            _probe(
-                "GradScaler inside the compiled step", region, step, "scaler", forward, args, kwargs
-            )  # fmt: skip
-        )
-    return GraphBreaks(name, forward, tuple(found))
+        name = "GradScaler inside the compiled step"
+        found.append(_probe(name, region, step, "scaler", forward, (args, kwargs)))
+    return GraphBreaks(label or plan.mode, forward, tuple(found))

@@ -2,12 +2,11 @@
 plans dynamo cannot trace left out (their eager twins still measured), and the compile reports.
 
 :func:`check_breaks` runs before the measurement (``torch._dynamo.explain`` resets dynamo, so it
-must not run between a plan's compile and its measured steps). A compiled plan whose forward
-dynamo captures no op of is dropped with a ``compile`` event naming the first break's reason:
-compiling it would only add overhead. :func:`collect` builds one
-:class:`~precision_nb.engine.compile.report.CompiledPlanReport` per compiled plan from the
-trainers' compile logs (the warm-up trainer compiled; the measured one recompiles only if a guard
-failed), the measurement and the runs' losses.
+must not run between a plan's compile and its measured steps). A compiled plan whose forward dynamo
+captures no op of is dropped with a ``compile`` event naming the first break's reason: compiling it
+would only add overhead. :func:`collect` builds one
+:class:`~precision_nb.engine.compile.report.CompiledPlanReport` per compiled plan from the trainers'
+compile logs, the measurement and the runs' losses.
 """
 
 from __future__ import annotations
@@ -59,10 +58,10 @@ def check_breaks(
     if not compiled:
         return {}, []
     first = next(iter(compiled.values()))
-    batch = to_device(BatchSource(batches).get(0), torch.device(first.device))
+    device = torch.device(first.device)
+    batch = to_device(BatchSource(batches).get(0), device)
     found: dict[str, GraphBreaks] = {}
     by_plan: dict[Any, GraphBreaks] = {}
-    device = torch.device(first.device)
     work = copy.deepcopy(model).to(device)
     cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):  # explain runs the model: training draws the same
@@ -91,18 +90,14 @@ def check_breaks(
 
 def _record(label: str, warm: Any, run: Any) -> CompileRecord | None:
     """The compile record of ``label``: the warm-up trainer's (it compiled), with the measured
-    trainer's compilations after it; the measured trainer's alone without a warm-up."""
+    trainer's compilations after it (it recompiles only if a guard failed); the measured
+    trainer's alone without a warm-up."""
     if warm is not None and warm.compile_log.compiled:
         record = warm.compile_log.record()
         return record.merged(run.compile_log.record(), "measured") if run is not None else record
     if run is not None:
         return run.compile_log.record()
     return None
-
-
-def _losses(result: Any) -> tuple[list[float], list[int]]:
-    records = getattr(result, "records", None) or []
-    return [float(r["loss"]) for r in records], [int(r["step"]) - 1 for r in records]
 
 
 def collect(
@@ -122,7 +117,9 @@ def collect(
             records[label] = record
     losses, steps = {}, {}
     for label, result in results.items():
-        losses[label], steps[label] = _losses(result)
+        logged = getattr(result, "records", None) or []
+        losses[label] = [float(r["loss"]) for r in logged]
+        steps[label] = [int(r["step"]) - 1 for r in logged]
     fp32 = next(
         (lab for lab, e in explanations.items() if e.plan.mode == "fp32" and not e.compile.enabled),
         None,

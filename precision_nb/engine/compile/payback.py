@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from precision_nb.core.defaults import CONFIDENCE
 from precision_nb.core.text import confidence_text, interval_text, times_text
@@ -43,9 +42,6 @@ class PayBack:
     saving_s: float | None
     text: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 def _steps(compile_s: float, saving: float) -> int | None:
     if saving <= 0 or not math.isfinite(saving):
@@ -64,7 +60,6 @@ def pay_back(
     speedup: float,
     speedup_low: float | None = None,
     speedup_high: float | None = None,
-    confidence: float = CONFIDENCE,
 ) -> PayBack:
     """Pay-back steps of a compiled plan against its eager twin (see the module docstring).
 
@@ -82,7 +77,7 @@ def pay_back(
     ci = ""
     if speedup_low is not None and speedup_high is not None:
         ends = interval_text(speedup_low, speedup_high, speedup)
-        ci = f" ({confidence_text(confidence)} interval {ends})"
+        ci = f" ({confidence_text(CONFIDENCE)} interval {ends})"
     ratio = f"the compiled plan runs at {times_text(speedup)} its eager speed{ci}"
     cost = f"compiling cost {compile_s:.2f} s (one measurement)"
     steps = _steps(compile_s, saving)

@@ -30,9 +30,10 @@ import importlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 from torch import nn
 
 from precision_nb.core.compile_mode import CompilePlan
@@ -50,8 +51,6 @@ def compile_model(model: nn.Module, plan: CompilePlan) -> nn.Module:
     """
     if not plan.enabled:
         return model
-    import torch
-
     return torch.compile(model, **plan.torch_kwargs())
 
 
@@ -106,10 +105,8 @@ class CompileRecord:
     @property
     def cudagraph_skips(self) -> tuple[str, ...]:
         """Inductor's reasons for skipping CUDA graphs (logged on CUDA devices only)."""
-        skips = list(self.first.cudagraph_skips)
-        for _, seen in self.later:
-            skips += list(seen.cudagraph_skips)
-        return tuple(dict.fromkeys(skips))
+        watched = (self.first, *(seen for _, seen in self.later))
+        return tuple(dict.fromkeys(skip for w in watched for skip in w.cudagraph_skips))
 
     @property
     def cudagraph_skip_count(self) -> int:
@@ -163,8 +160,7 @@ class CompileRecord:
             )
         else:
             out.append(f"{self.label}: no recompilation during training")
-        for skip in self.cudagraph_skips:
-            out.append(f"{self.label}: CUDA graphs not used: {skip}")
+        out += [f"{self.label}: CUDA graphs not used: {skip}" for skip in self.cudagraph_skips]
         if self.cudagraph_skip_count and not self.cudagraph_skips:
             out.append(
                 f"{self.label}: CUDA graphs not used: inductor skipped them for "
@@ -194,15 +190,8 @@ class CompileRecord:
         extra = list(later.later)
         if later.first.entries or later.first.cudagraph_skip_count:
             extra.insert(0, ("compile step", later.first))
-        return CompileRecord(
-            label=self.label,
-            mode=self.mode,
-            device_type=self.device_type,
-            compile_s=self.compile_s,
-            first=self.first,
-            later=self.later + tuple((f"{where} {w}", seen) for w, seen in extra),
-            failure=self.failure or later.failure,
-        )
+        added = tuple((f"{where} {w}", seen) for w, seen in extra)
+        return replace(self, later=self.later + added, failure=self.failure or later.failure)
 
 
 class CompileLog:

@@ -2,8 +2,7 @@
 eager twin (the same paired interval as every other speedup), pay-back, agreement, graph breaks.
 
 A compiled plan's *eager twin* is the plan of the same precision without compiling (``bf16`` for
-``bf16+compile``), measured in the same rounds. Without a twin, speed, pay-back and agreement are
-"not measured" and the sentence says what would measure them.
+``bf16+compile``), measured in the same rounds.
 """
 
 from __future__ import annotations
@@ -98,7 +97,7 @@ class CompiledPlanReport:
             "record": self.record.to_dict(),
             "pay_back_text": self.pay_back.text if self.pay_back else None,
             "agreement": self.agreement.to_dict() if self.agreement else None,
-            "breaks": [r for r in self.breaks.rows()] if self.breaks else [],
+            "breaks": self.breaks.rows() if self.breaks else [],
             "lines": self.lines(),
         }
 
@@ -146,8 +145,7 @@ def compile_reports(
         timing = measurement.plans.get(label)
         steady = timing.spread.median if timing is not None and timing.spread.n else None
         eager = eager_labels.get(label)
-        if eager is not None and eager not in measurement.plans:
-            eager = None
+        eager = eager if eager in measurement.plans else None  # a twin that was not measured: none
         speed = verdict = pb = agree = None
         if eager is not None and record.failure is None and timing is not None:
             speed = measurement.speedup(label, eager)

@@ -8,9 +8,6 @@ it compiled without the CUDA graphs its mode asked for (``counters["inductor"]["
 and, on a CUDA device, logs why on the ``cudagraphs`` artifact logger (off CUDA it counts the skip
 and logs nothing). These are private structures of torch; this module is the only one that reads
 them, and a test pins their layout against the installed torch.
-
-:class:`TorchWatch` is a context manager: entries that started inside it, the CUDA-graph skips
-counted inside it and the skip messages logged inside it become a :class:`TorchCompilations`.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ class TorchCompilation:
     ``kind``: "forward" (a frame dynamo compiled) or "backward" (AOTAutograd's backward graph).
     ``seconds``: its duration. ``recompile_reason``: the guard that failed (None for a first
     compile). ``cache_hits`` / ``cache_misses``: local FX-graph plus AOTAutograd cache lookups.
-    ``failure``: "<type>: <reason>" when it failed.
     """
 
     compile_id: str
@@ -45,8 +41,6 @@ class TorchCompilation:
     graph_breaks: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
-    failure: str | None = None
-    function: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,10 +68,6 @@ class TorchCompilations:
             return "hit"
         return "miss" if hits == 0 else "partial"
 
-    @property
-    def failures(self) -> tuple[str, ...]:
-        return tuple(e.failure for e in self.entries if e.failure)
-
 
 def _metrics_module() -> Any:
     return importlib.import_module("torch._dynamo.utils")
@@ -88,14 +78,7 @@ def _cudagraph_skip_count() -> int:
 
 
 def _entry(metrics: Any) -> TorchCompilation:
-    if metrics.is_forward:
-        kind = "forward"
-    else:
-        kind = "backward" if metrics.backward_cumulative_compile_time_us else "other"
-    duration = metrics.duration_us or 0
-    fail = None
-    if metrics.fail_type:
-        fail = f"{metrics.fail_type}: {metrics.fail_reason or ''}".strip()
+    backward = "backward" if metrics.backward_cumulative_compile_time_us else "other"
     hits = (metrics.inductor_fx_local_cache_hit_count or 0) + (
         metrics.aotautograd_local_cache_hit_count or 0
     )
@@ -104,14 +87,12 @@ def _entry(metrics: Any) -> TorchCompilation:
     )
     return TorchCompilation(
         compile_id=str(metrics.compile_id or ""),
-        kind=kind,
-        seconds=duration / 1e6,
+        kind="forward" if metrics.is_forward else backward,
+        seconds=(metrics.duration_us or 0) / 1e6,
         recompile_reason=metrics.recompile_reason or None,
         graph_breaks=int(metrics.num_graph_breaks or 0),
         cache_hits=int(hits),
         cache_misses=int(misses),
-        failure=fail,
-        function=str(metrics.co_name or ""),
     )
 
 
@@ -125,7 +106,8 @@ class _Collect(logging.Handler):
 
 
 class TorchWatch:
-    """Collect what torch records about compilations made inside the ``with`` block.
+    """Collect what torch records about compilations made inside the ``with`` block (entries that
+    started in it, the CUDA-graph skips counted and the skip messages logged in it).
 
     ``with TorchWatch() as watch: ...`` then ``watch.result`` (a :class:`TorchCompilations`).
     Entries are told apart by their start time, so compilations before the block (or in other

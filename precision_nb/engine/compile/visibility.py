@@ -8,12 +8,8 @@ compiled plan traces the eager step of the same precision instead and says so (a
 torch behaviour). Inside the compiled graph, inductor's fused kernels are generated code, not ATen
 ops: no dispatch mode sees them, nor the casts and intermediates they fuse away.
 
-The memory inspection reads tensors themselves: parameters, gradients and optimizer state are
-the same tensors compiled or eager, so those rows hold for the compiled plan. Saved activations
-and autocast's weight copies are not: AOTAutograd's partitioner chooses what a compiled graph
-saves for backward (it may recompute instead), and inductor may fuse a cast into the kernel that
-uses it; those rows describe the eager step. The allocator peak and host memory of the measured
-steps are measured on the compiled plan itself.
+The memory inspection reads tensors themselves: which of its rows hold for the compiled plan,
+and which describe the eager step, is the "memory" caveat of :func:`inspection_caveats`.
 """
 
 from __future__ import annotations
@@ -42,22 +38,19 @@ class Caveat:
         return f"{self.part}: {self.sees}; {self.cannot}"
 
 
-def _language(plan: CompilePlan) -> str:
-    """What inductor writes for the plan's device ("C++", "Triton", "Metal"), or "generated"."""
-    return plan.codegen.split(" ", 1)[0] if plan.codegen else "generated"
-
-
 def inspection_caveats(plan: CompilePlan, precision: str) -> tuple[Caveat, ...]:
     """The caveats an inspection of a plan compiled as ``plan`` carries (none for eager)."""
     if not plan.enabled:
         return ()
+    # what inductor writes for the plan's device ("C++", "Triton", "Metal"), or "generated"
+    language = plan.codegen.split(" ", 1)[0] if plan.codegen else "generated"
     return (
         Caveat(
             "ops",
             f"the op trace is of the EAGER {precision} step: torch.compile does not run while "
             f"the tracer's dispatch mode is active (torch: '{DISPATCH_MODE_SKIP}'), so the "
             "trace records the ops eager runs, labelled as such",
-            f"inside the compiled graph inductor's fused {_language(plan)} kernels "
+            f"inside the compiled graph inductor's fused {language} kernels "
             "are not ATen ops: which casts and intermediates they fuse away is not visible to "
             "any dispatch mode",
         ),

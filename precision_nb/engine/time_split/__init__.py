@@ -43,7 +43,6 @@ __all__ = [
     "STEP_MARK",
     "Advice",
     "PlanDifference",
-    "PlanFacts",
     "SplitConfig",
     "TimeAnalysis",
     "TimeSplit",
@@ -132,32 +131,27 @@ def emulated_bf16(trainer: Any) -> str | None:
         caps = trainer.explanation.capabilities
         if caps is not None and caps.cuda_bf16_native is False:
             return f"{caps.device_name or 'this GPU'}: no native bf16 (capabilities)"
-        return None
-    if trainer.device.type == "cpu":
+    elif trainer.device.type == "cpu":
         cpu = read_cpu_features()
         if cpu.native_bf16 is False:
             return f"this CPU has neither AVX512-BF16 nor AMX-BF16 ({cpu.source})"
     return None
 
 
-def _optimizer_words(trainer: Any) -> str:
-    fused = bool(getattr(trainer.optimizer_outcome, "used", False))
-    first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
-    dtype = str(first.dtype).replace("torch.", "") if first is not None else "?"
-    return f"{'fused' if fused else 'plain'} AdamW on {dtype} weights"
-
-
 def plan_facts(trainer: Any, split: TimeSplit, *, adamw: bool = True) -> PlanFacts:
     """:class:`PlanFacts` of ``trainer`` (its split decides whether AdamW is timed; never with
     ``adamw=False``)."""
     fused = bool(getattr(trainer.optimizer_outcome, "used", False))
+    first = next((p for p in trainer.model.parameters() if p.requires_grad), None)
+    dtype = str(first.dtype).replace("torch.", "") if first is not None else "?"
+    words = f"{'fused' if fused else 'plain'} AdamW on {dtype} weights"
     timing = None
     if adamw and wants_adamw_timing(split, fused):
         # short: 5 paired rounds of at least 10 ms each (its quartiles ride on the advice)
         timing = time_adamw(
             trainer.model, trainer.device, trainer.optimizer_config, rounds=5, seconds=0.01
         )
-    return PlanFacts(_optimizer_words(trainer), emulated_bf16(trainer), fused, timing)
+    return PlanFacts(words, emulated_bf16(trainer), fused, timing)
 
 
 def analyse_splits(
@@ -174,7 +168,7 @@ def analyse_splits(
     speedup of the process the splits ran in, when other processes measured too)."""
     base = splits.get(baseline) if baseline is not None else None
     diffs: dict[str, PlanDifference] = {}
-    advice: dict[str, tuple[Advice, ...]] = {}
+    advice: dict[str, tuple[Advice, ...]] = dict.fromkeys(splits, ())
     for label, split in splits.items():
         fact = facts.get(label)
         if base is not None and label != baseline:
@@ -183,12 +177,10 @@ def analyse_splits(
                 optimizer=fact.optimizer if fact is not None else None,
                 here=(here or {}).get(label),
             )  # fmt: skip
-        if fact is None or not split.available:
-            advice[label] = ()
-            continue
-        advice[label] = advise(
-            split, diffs.get(label), emulated=fact.emulated, fused=fact.fused, adamw=fact.adamw
-        )
+        if fact is not None and split.available:
+            advice[label] = advise(
+                split, diffs.get(label), emulated=fact.emulated, fused=fact.fused, adamw=fact.adamw
+            )
     return TimeAnalysis(splits, diffs, advice, baseline, config, seconds)
 
 
@@ -224,11 +216,9 @@ def analyse_time(
 def this_process(measurement: Any, baseline: str | None) -> dict[str, Any]:
     """Label -> the speedup over ``baseline`` of this process alone, over its rounds, when fresh
     processes measured too ({} when this process is the whole measurement)."""
-    if measurement is None or baseline is None or measurement.process_count < 2:
+    if measurement is None or measurement.process_count < 2 or baseline not in measurement.plans:
         return {}
     plans = measurement.plans
-    if baseline not in plans:
-        return {}
     return {
         label: paired_speedup(plans[baseline].blocks, p.blocks)
         for label, p in plans.items()
@@ -287,9 +277,8 @@ def rank_split(trainer: Any, label: str, config: SplitConfig) -> dict[str, Any]:
     """One plan's split and facts on a rank of a distributed run, as JSON data for the launcher
     (:mod:`~precision_nb.engine.time_split.ranks`); every rank calls it for the same plans in the
     same order, after the timed rounds (the profiled steps' collectives need every rank). The
-    profiler's cost stays in the families: a rank's steps wait on the other ranks' collectives,
-    and its few unprofiled steps, profiling one plan at a time, are no steady measure of the step
-    without the profiler (taken out, they left a 2-rank DDP split with casts only)."""
+    profiler's cost stays in the families, for the reason the note gives (taken out, it left a
+    2-rank DDP split with casts only)."""
     split = split_trainer(trainer, label, config=dataclasses.replace(config, take_out=False))
     if not split.available:
         return ranks.to_json(split)

@@ -93,13 +93,10 @@ def _outside(split: TimeSplit) -> Advice | None:
     share = split.share("other")
     if share < OUTSIDE_SHARE:
         return None
-    gpu = "cuda" in split.device
-    where = "the GPU sat idle between kernels" if gpu else "no op was running"
-    fix = (
-        "CUDA graphs (compile mode 'reduce-overhead') or larger batches launch less often"
-        if gpu
-        else "larger batches or torch.compile (fewer, fused ops) shrink it"
-    )
+    where, fix = "no op was running", "larger batches or torch.compile (fewer, fused ops) shrink it"
+    if "cuda" in split.device:
+        where = "the GPU sat idle between kernels"
+        fix = "CUDA graphs (compile mode 'reduce-overhead') or larger batches launch less often"
     return Advice(
         split.label,
         "outside_ops",
@@ -137,7 +134,7 @@ def _unaligned(split: TimeSplit) -> Advice | None:
     spent = sum(m.seconds for m in bad)
     if not bad or total <= 0 or spent / total < UNALIGNED_SHARE:
         return None
-    shapes = ", ".join(f"{m.op} {_mkn(m)}" for m in bad[:3])
+    shapes = ", ".join(f"{m.op} ({'-' if m.m is None else m.m}, {m.k}, {m.n})" for m in bad[:3])
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     return Advice(
         split.label,
@@ -151,19 +148,13 @@ def _unaligned(split: TimeSplit) -> Advice | None:
     )  # fmt: skip
 
 
-def _mkn(m: Any) -> str:
-    return f"({'-' if m.m is None else m.m}, {m.k}, {m.n})"
-
-
 def _emulated(split: TimeSplit, diff: PlanDifference | None, why: str | None) -> Advice | None:
     c = diff.change("matmul") if diff is not None else None
     if why is None or c is None:
         return None
-    there = (
-        f"{times_text(c.times_faster, '.2g')} the baseline's speed there"
-        if c.times_faster
-        else "no ratio"
-    )
+    there = "no ratio"
+    if c.times_faster:
+        there = f"{times_text(c.times_faster, '.2g')} the baseline's speed there"
     return Advice(
         split.label,
         "emulated_bf16",

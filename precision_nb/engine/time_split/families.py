@@ -86,11 +86,8 @@ def op_name(name: str) -> str:
     return name[6:] if name.startswith("aten::") else name
 
 
-def _floating(dtype: str) -> bool:
-    return dtype in _ITEMSIZE or dtype.startswith("c10::Float8")
-
-
 def _itemsize(dtype: str) -> int:
+    """Bytes per element of a floating dtype, 0 for any other."""
     return _ITEMSIZE.get(dtype, 1 if dtype.startswith("c10::Float8") else 0)
 
 
@@ -101,23 +98,15 @@ def cast_copy(event: Any) -> tuple[str, str, int] | None:
         return None
     dtypes = list(getattr(event, "input_dtypes", None) or [])
     shapes = list(getattr(event, "input_shapes", None) or [])
-    if len(dtypes) < 2 or not (_floating(dtypes[0]) and _floating(dtypes[1])):
-        return None
-    if dtypes[0] == dtypes[1]:
+    if len(dtypes) < 2 or dtypes[0] == dtypes[1] or not all(map(_itemsize, dtypes[:2])):
         return None
     numel = math.prod(shapes[0]) if shapes else 0  # a 0-dim tensor: one element
     return dtypes[1], dtypes[0], numel * _itemsize(dtypes[0])
 
 
 def _cast_inside(event: Any) -> tuple[str, str, int] | None:
-    found = cast_copy(event)
-    if found is not None:
-        return found
-    for child in getattr(event, "cpu_children", ()) or ():
-        found = _cast_inside(child)
-        if found is not None:
-            return found
-    return None
+    children = getattr(event, "cpu_children", ()) or ()
+    return cast_copy(event) or next(filter(None, map(_cast_inside, children)), None)
 
 
 def own_family(name: str) -> str | None:
@@ -142,14 +131,11 @@ def own_family(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Cast:
-    """One cast in a profiled step: dtypes, bytes written, whether autocast issued it (or its
-    backward), where it was issued, and its time (seconds, the family's time view)."""
+    """One cast in a profiled step: bytes written, whether autocast issued it (or its backward),
+    and its time (seconds, the family's time view)."""
 
-    source: str
-    target: str
     nbytes: int
     autocast: bool
-    issued_by: str
     seconds: float
 
 
@@ -198,8 +184,7 @@ def _gemm(event: Any, op: str, seconds: float) -> Matmul | None:
         a, b = _GEMM_ARGS[op]
         if len(shapes) <= b or len(shapes[a]) < 2 or len(shapes[b]) < 2:
             return None
-        m, k = shapes[a][-2], shapes[a][-1]
-        n = shapes[b][-1]
+        (m, k), n = shapes[a][-2:], shapes[b][-1]
         return Matmul(op, int(m), int(k), int(n), dtypes[a] if len(dtypes) > a else "", seconds)
     if op == "convolution" and len(shapes) > 1 and len(shapes[1]) >= 3:
         weight = shapes[1]
@@ -272,7 +257,6 @@ class _Walk:
         seq = getattr(event, "sequence_nr", -1)
         if backward_of is not None and backward_of >= 0:
             autocast = self.forward_casts.get(backward_of, False)
-            issuer = "backward of a cast"
         else:  # under a plan with autocast, a cast another op issued is autocast's
             autocast = (
                 self.autocast and issuer.startswith("aten::") and op_name(issuer) not in CAST_OPS
@@ -280,7 +264,7 @@ class _Walk:
             if seq is not None and seq >= 0:
                 self.forward_casts[seq] = autocast
         total = _subtree_seconds(event, self.seconds)
-        self.split.casts.append(Cast(cast[0], cast[1], cast[2], autocast, issuer, total))
+        self.split.casts.append(Cast(cast[2], autocast, total))
 
 
 def _subtree_seconds(event: Any, seconds: Any) -> float:
@@ -300,14 +284,12 @@ def split_step(
     wall = float(mark.cpu_time_total) / 1e6
     split = StepSplit(wall)
     walk = _Walk(split, device, autocast)
-    roots = [mark, *others]
-    for root in roots:
+    for root in (mark, *others):
         walk.visit(root, None, None, None, False)
     if device:  # the mark's host time is no kernel's: outside ops is what kernels leave
         split.families["other"] = 0.0
         split.ops.pop("other", None)
-    inside = sum(v for k, v in split.families.items() if k != "other")
-    if device:
+        inside = sum(split.families.values())
         split.add("other", "GPU idle (no kernel running)", max(wall - inside, 0.0))
     total = sum(split.families.values())
     split.overlap_s = max(total - wall, 0.0)

@@ -2,15 +2,14 @@
 
 :func:`split_plans` takes the plans' trainers once their timed rounds are over and runs a short fit
 on them together (their own loop, batches and optimizer), in the order
-:func:`~precision_nb.engine.time_split.schedule.schedule` gives: unprofiled blocks, blocks under
-``torch.profiler`` (CPU activities, CUDA kernels too on CUDA), unprofiled blocks, and one step per
-plan whose ops' input shapes are recorded (:mod:`~precision_nb.engine.time_split.shapes`).
-Each profiled step runs inside a ``record_function`` mark of its plan, so the trace says where
-each step begins and ends. Afterwards every trainer's model, optimizer state, counters and RNG
-are restored: the profiled steps change nothing a caller reads. The profiler's own cost is stated
-and taken out (:func:`~precision_nb.engine.time_split.schedule.without_profiler`). A profiler that
-cannot start (another one is recording, a device it cannot see) leaves a split that says why it
-is missing; the speed measurement is not touched either way.
+:func:`~precision_nb.engine.time_split.schedule.schedule` gives, the profiled blocks under
+``torch.profiler`` (CPU activities, CUDA kernels too on CUDA). Each profiled step runs inside a
+``record_function`` mark of its plan, so the trace says where each step begins and ends. Afterwards
+every trainer's model, optimizer state, counters and RNG are restored: the profiled steps change
+nothing a caller reads. The profiler's own cost is stated and taken out
+(:func:`~precision_nb.engine.time_split.schedule.without_profiler`). A profiler that cannot start
+(another one is recording, a device it cannot see) leaves a split that says why it is missing; the
+speed measurement is not touched either way.
 """
 
 from __future__ import annotations
@@ -71,12 +70,10 @@ class TimeSplit:
     ``traced_s``: their sum, the profiled step. ``timer_s``: the median of the same steps by the
     step timer (another clock: ``sum_error`` holds the traced families against it);
     ``unprofiled_s``: the median of the unprofiled steps of the same short fit, interleaved with
-    the profiled ones. ``profiler_s``: the profiler's own cost per step, the traced step less the
-    unprofiled one, its cost per event pooled over the plans profiled together
-    (:func:`without_profiler`; 0 without unprofiled steps), charged to the families by their
-    events (on a GPU, out of the idle time: the host's cost delays kernels, it does not lengthen
-    them): ``families`` and ``step_s`` are what is left, the step without the
-    profiler, which every difference and the reconstructed speedup use.
+    the profiled ones. ``profiler_s``: the profiler's own cost per step, taken out of the families
+    by :func:`without_profiler` (0 without unprofiled steps): ``families`` and ``step_s`` are
+    what is left, the step without the profiler, which every difference and the reconstructed
+    speedup use.
     ``measured_s``: the timed rounds' median step time.
     ``view``: what the seconds are (the host's self time, or the kernels' time on a GPU).
     ``missing``: why there is no split (then the figures are empty).
@@ -220,12 +217,9 @@ def split_trainer(
     measured_s: float | None = None,
     config: SplitConfig | None = None,
 ) -> TimeSplit:
-    """Profile ``config.steps`` steps of ``trainer`` and group their time into families.
-
-    ``measured_s``: the plan's median step time from the timed rounds (the profiler's overhead
-    is stated against it). Returns a split with ``missing`` set when the profiler cannot start
-    or the steps fail; the trainer is restored either way.
-    """
+    """Profile ``config.steps`` steps of ``trainer`` and group their time into families
+    (:func:`split_plans` for one plan). ``measured_s``: the plan's median step time from the
+    timed rounds (the profiler's overhead is stated against it)."""
     label = label if label is not None else trainer.label
     return split_plans({label: trainer}, {label: measured_s}, config=config)[label]
 
@@ -288,10 +282,7 @@ def _split_together(
     finally:
         for label, trainer in trainers.items():
             _restore(trainer, saved[label])
-    out: dict[str, TimeSplit] = {}
-    for label, trainer in trainers.items():
-        out.update(_split_together({label: trainer}, medians, cfg))
-    return out
+    return {k: _split_together({k: t}, medians, cfg)[k] for k, t in trainers.items()}
 
 
 def _profiled(
@@ -324,12 +315,44 @@ def _profiled(
     shaped_events = host_events(shaped_prof) or shaped_prof.events()
     lent = {label: lend_steps(events, shaped_events, marks[label]) for label in labels}
     seconds = (time.perf_counter() - t0) / len(labels)  # the run's cost, shared by its plans
-    splits = {
-        label: _split_of(
-            label, trainers[label], results[label], kinds[label], events, marks[label], cfg,
-            device, (kernels, view, notes + lent[label]), medians.get(label), seconds,
-        ) for label in labels
-    }  # fmt: skip
+    splits = {}
+    for label, trainer in trainers.items():  # each plan's split from the trace and its short fit
+        times, history = list(results[label].step_times_s), list(results[label].scale_history)
+        if len(times) < len(kinds[label]):
+            raise RuntimeError(
+                f"the short fit stopped after {len(times)} of {len(kinds[label])} steps"
+            )
+        profiled = [i for i, kind in enumerate(kinds[label]) if kind == "profiled"]
+        autocast = bool(getattr(trainer.plan, "autocast_enabled", False))
+        steps = steps_of(events, device=kernels, autocast=autocast, mark=marks[label])
+        if len(steps) != cfg.steps:
+            raise RuntimeError(f"the trace holds {len(steps)} step marks for {cfg.steps} steps")
+        unprofiled = [t for t, k in zip(times, kinds[label], strict=False) if k == "unprofiled"]
+        traced = median_families(steps)
+        splits[label] = TimeSplit(
+            label,
+            families=traced,
+            step_s=sum(traced.values()),
+            traced=traced,
+            traced_s=sum(traced.values()),
+            timer_s=statistics.median(times[i] for i in profiled),
+            unprofiled_s=statistics.median(unprofiled) if unprofiled else None,
+            measured_s=medians.get(label),
+            steps=cfg.steps,
+            view=view,
+            device=str(device),
+            casts=cast_summary(steps),
+            matmuls=matmul_shapes(steps),
+            ops=top_ops(steps),
+            overlap_s=statistics.fmean(s.overlap_s for s in steps),
+            events=int(statistics.median(s.events for s in steps)),
+            family_events={
+                f: float(statistics.median(s.family_events[f] for s in steps)) for f in FAMILIES
+            },
+            skipped=sum(1 for i in profiled if i < len(history) and history[i].get("skipped")),
+            notes=notes + lent[label] + _compiled_notes(trainer, steps),
+            seconds=seconds,
+        )
     if not cfg.take_out:
         return splits
     return without_profiler(splits, kernels=kernels)
@@ -364,58 +387,6 @@ def _under_profiler(
         with cpp_output_to_debug_log("stopping torch.profiler"):
             prof.stop()
     return prof
-
-
-def _split_of(
-    label: str,
-    trainer: Any,
-    result: Any,
-    kinds: list[str],
-    events: Any,
-    mark: str,
-    cfg: SplitConfig,
-    device: torch.device,
-    how: tuple[bool, str, tuple[str, ...]],
-    measured_s: float | None,
-    seconds: float,
-) -> TimeSplit:
-    """One plan's split from the interleaved run's trace and its short fit's result."""
-    kernels, view, notes = how
-    times, history = list(result.step_times_s), list(result.scale_history)
-    if len(times) < len(kinds):
-        raise RuntimeError(f"the short fit stopped after {len(times)} of {len(kinds)} steps")
-    profiled = [i for i, kind in enumerate(kinds) if kind == "profiled"]
-    autocast = bool(getattr(trainer.plan, "autocast_enabled", False))
-    split_steps = steps_of(events, device=kernels, autocast=autocast, mark=mark)
-    if len(split_steps) != cfg.steps:
-        raise RuntimeError(f"the trace holds {len(split_steps)} step marks for {cfg.steps} steps")
-    unprofiled = [t for t, kind in zip(times, kinds, strict=False) if kind == "unprofiled"]
-    traced = median_families(split_steps)
-    notes += _compiled_notes(trainer, split_steps)
-    return TimeSplit(
-        label,
-        families=traced,
-        step_s=sum(traced.values()),
-        traced=traced,
-        traced_s=sum(traced.values()),
-        timer_s=statistics.median(times[i] for i in profiled),
-        unprofiled_s=statistics.median(unprofiled) if unprofiled else None,
-        measured_s=measured_s,
-        steps=cfg.steps,
-        view=view,
-        device=str(device),
-        casts=cast_summary(split_steps),
-        matmuls=matmul_shapes(split_steps),
-        ops=top_ops(split_steps),
-        overlap_s=statistics.fmean(s.overlap_s for s in split_steps),
-        events=int(statistics.median(s.events for s in split_steps)),
-        family_events={
-            f: float(statistics.median(s.family_events[f] for s in split_steps)) for f in FAMILIES
-        },
-        skipped=sum(1 for i in profiled if i < len(history) and history[i].get("skipped")),
-        notes=notes,
-        seconds=seconds,
-    )
 
 
 def _compiled_notes(trainer: Any, steps: list[StepSplit]) -> tuple[str, ...]:

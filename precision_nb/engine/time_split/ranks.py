@@ -7,9 +7,7 @@ as one process (collectives land in the communication family). Each rank writes 
 the plan's :class:`~precision_nb.engine.time_split.advice.PlanFacts` as JSON data
 (:func:`to_json`) into its log; the launcher reads them back (:func:`from_json`) and keeps, per
 plan, the split of the rank whose profiled step was the slowest (:func:`slowest`): a distributed
-step takes as long as its slowest rank, as the measured step time does. Every rank's profiled
-step is stated in the kept split's notes. A plan that a rank could not profile has no split, and
-says which rank and why.
+step takes as long as its slowest rank, as the measured step time does.
 """
 
 from __future__ import annotations

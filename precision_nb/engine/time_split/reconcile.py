@@ -19,7 +19,6 @@ a number it does not add up to.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,8 @@ from precision_nb.engine.time_split.profiling import TimeSplit
 
 #: A family's change counts in the sentence from this fraction of the baseline's step on.
 NOTABLE = 0.02
+#: A speedup's estimate and interval, read from whatever carries them (None where absent).
+_ENDS = ("estimate", "low", "high")
 #: Each family in the generated sentence: where time went ("in matmuls") and what was added.
 WHERE = {
     "matmul": "in matmuls",
@@ -42,13 +43,8 @@ WHERE = {
     "other": "outside ops",
 }
 WHAT = {
-    "matmul": "matmuls",
-    "casts": "casts",
-    "elementwise": "normalisation, softmax and elementwise ops",
+    **{family: where.removeprefix("in ") for family, where in WHERE.items()},
     "optimizer": "optimizer step",
-    "data": "data movement",
-    "communication": "communication",
-    "compiled": "compiled kernels",
     "other": "time outside ops",
 }
 
@@ -119,9 +115,6 @@ class PlanDifference:
     def change(self, family: str) -> FamilyChange | None:
         return next((c for c in self.changes if c.family == family), None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 def changes(base: TimeSplit, plan: TimeSplit) -> tuple[FamilyChange, ...]:
     """Per family: both times and the factor the change applies to the running step time."""
@@ -146,9 +139,8 @@ def sentence(
     notable = [c for c in found if step > 0 and abs(c.change_s) >= NOTABLE * step]
     gains = sorted((c for c in notable if c.change_s < 0), key=lambda c: c.change_s)
     losses = sorted((c for c in notable if c.change_s > 0), key=lambda c: -c.change_s)
-    parts = [_gain(c) for c in gains]
-    lost = [_loss(c) for c in losses]
-    parts = lost + parts if speedup < 1 else parts + lost
+    saved, lost = [_gain(c) for c in gains], [_loss(c) for c in losses]
+    parts = lost + saved if speedup < 1 else saved + lost
     opt = next((c for c in found if c.family == "optimizer"), None)
     if opt is not None and opt not in notable and opt.baseline_s >= 5 * NOTABLE * step > 0:
         why = f" ({optimizer})" if optimizer else ""
@@ -156,9 +148,9 @@ def sentence(
     if not parts:
         parts.append(f"moved no family by {NOTABLE:.0%} of the step or more")
     overall = "faster" if speedup > 1 else "slower" if speedup < 1 else "the same"
+    said = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return (
-        f"{label} {_join(parts)}: {times_text(speedup, '.3g')} overall in the profiled steps "
-        f"({overall})."
+        f"{label} {said}: {times_text(speedup, '.3g')} overall in the profiled steps ({overall})."
     )
 
 
@@ -175,10 +167,6 @@ def _loss(c: FamilyChange) -> str:
     ratio = c.times_faster
     slower = f" ({times(1 / ratio)} slower there)" if ratio else ""
     return f"spent {ms(c.change_s)} more {WHERE[c.family]}{slower}"
-
-
-def _join(parts: list[str]) -> str:
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def difference(
@@ -205,12 +193,10 @@ def difference(
     found = changes(base, plan)
     total_b, total_p = sum(base.families.values()), sum(plan.families.values())
     reconstructed = total_b / total_p if total_p > 0 else math.nan
-    est = getattr(calibrated, "estimate", None)
-    low, high = getattr(calibrated, "low", None), getattr(calibrated, "high", None)
+    cal, own = ([getattr(s, k, None) for k in _ENDS] for s in (calibrated, here))
     agrees, words = _reconcile(base, plan, reconstructed, calibrated, here, tolerance)
-    own = (getattr(here, k, None) for k in ("estimate", "low", "high"))
     return PlanDifference(
-        plan.label, base.label, found, reconstructed, est, low, high, tolerance, agrees,
+        plan.label, base.label, found, reconstructed, *cal, tolerance, agrees,
         sentence(plan.label, found, reconstructed, optimizer), words, None, *own,
     )  # fmt: skip
 
@@ -220,10 +206,9 @@ def _against(
 ) -> tuple[float, float, str] | None:
     """The range ``speedup`` gives widened by ``tol``, and its words (``scope``: what its
     interval is over); None without an estimate."""
-    est = getattr(speedup, "estimate", None)
+    est, low, high = (getattr(speedup, k, None) for k in _ENDS)
     if est is None:
         return None
-    low, high = getattr(speedup, "low", None), getattr(speedup, "high", None)
     if low is not None and high is not None:
         words = f"{what} {times_text(est, '.3f')} ({interval_text(low, high, spec='.3f')}{scope})"
         return low / (1 + tol), high * (1 + tol), words
@@ -244,11 +229,9 @@ def _reconcile(
     beside = ""
     if own is not None and cal is not None:
         ratios = getattr(calibrated, "process_ratios", ()) or ()
-        spread = (
-            f", single processes {interval_text(min(ratios), max(ratios), spec='.2f')}"
-            if len(ratios) > 1
-            else ""
-        )
+        spread = ""
+        if len(ratios) > 1:
+            spread = f", single processes {interval_text(min(ratios), max(ratios), spec='.2f')}"
         n = getattr(calibrated, "processes", None)
         beside = f"; {cal[2]} is over {n} processes, this one among them{spread}"
     if lo <= got <= hi:

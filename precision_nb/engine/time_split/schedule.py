@@ -1,12 +1,6 @@
 """The short fit's steps and the profiler's cost: which plan's steps run when around the
-profiler, and what the profiler added, taken out of the splits afterwards.
-
-:func:`schedule` orders a short fit of every plan profiled together: a warm step each, unprofiled
-blocks, profiled blocks, unprofiled blocks, a step each that records shapes, the plans taking
-turns in blocks of :attr:`SplitConfig.block` steps (each after a settling step that is not
-counted), the order rotated each round as in the timed rounds. :func:`without_profiler` takes the
-profiler's cost out of the splits it produced (see
-:class:`~precision_nb.engine.time_split.profiling.TimeSplit`).
+profiler (:func:`schedule`), and what the profiler added, taken out of the splits afterwards
+(:func:`without_profiler`).
 """
 
 from __future__ import annotations
@@ -69,13 +63,10 @@ def schedule(labels: list[str], cfg: SplitConfig) -> list[tuple[str, str]]:
     plan that records the ops' input shapes (:mod:`~precision_nb.engine.time_split.shapes`; its
     time is not used) (kinds "warm", "settle", "unprofiled", "profiled", "shapes")."""
     before, after = (cfg.unprofiled + 1) // 2, cfg.unprofiled // 2
-    b = cfg.block
-    out = [(label, "warm") for label in labels]
-    out += _rounds(labels, before, "unprofiled", b, 0)
-    offset = -(-before // b)
-    out += _rounds(labels, cfg.steps, "profiled", b, offset)
-    offset += -(-cfg.steps // b)
-    out += _rounds(labels, after, "unprofiled", b, offset)
+    out, offset = [(label, "warm") for label in labels], 0
+    for count, kind in ((before, "unprofiled"), (cfg.steps, "profiled"), (after, "unprofiled")):
+        out += _rounds(labels, count, kind, cfg.block, offset)
+        offset += -(-count // cfg.block)  # the rounds so far: the rotation goes on from there
     return out + [(label, "shapes") for label in labels]
 
 
@@ -124,10 +115,11 @@ def without_profiler(splits: dict[str, TimeSplit], *, kernels: bool) -> dict[str
 def _without_profiler(
     traced: dict[str, float], cost: float, events: Mapping[str, float], kernels: bool
 ) -> dict[str, float]:
-    """``traced`` less the profiler's ``cost`` per step: on a GPU out of the idle time ("other"),
-    else charged to the families by their ``events`` (the profiler's cost is per event, so work
-    two plans share, such as the optimizer step, keeps its time in both), none taken below 0:
-    what a family cannot give goes to the others by the same rule."""
+    """``traced`` less the profiler's ``cost`` per step: on a GPU out of the idle time ("other":
+    the host's cost delays kernels, it does not lengthen them), else charged to the families by
+    their ``events`` (the profiler's cost is per event, so work two plans share, such as the
+    optimizer step, keeps its time in both), none taken below 0: what a family cannot give goes
+    to the others by the same rule."""
     out = dict(traced)
     if kernels:
         out["other"] = max(out["other"] - cost, 0.0)

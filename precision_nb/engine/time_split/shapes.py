@@ -23,7 +23,6 @@ from typing import Any
 from precision_nb.engine.time_split.families import SHAPED_OPS, StepSplit, op_name, step_roots
 
 __all__ = [
-    "SHAPED_OPS",
     "CastSummary",
     "MatmulShape",
     "cast_summary",
@@ -73,15 +72,11 @@ def _walk(roots: Sequence[Any]) -> Iterator[Any]:
         stack.extend(reversed(getattr(event, "cpu_children", ()) or ()))
 
 
-def _wanted(name: str) -> bool:
-    return op_name(name) in SHAPED_OPS
-
-
 def recorded(roots: Sequence[Any]) -> dict[str, list[Shapes]]:
     """Name -> the shapes and dtypes of each occurrence of that op in one step (walk order)."""
     out: dict[str, list[Shapes]] = {}
     for event in _walk(roots):
-        if _wanted(event.name):
+        if op_name(event.name) in SHAPED_OPS:
             shapes = list(getattr(event, "input_shapes", None) or [])
             dtypes = list(getattr(event, "input_dtypes", None) or [])
             out.setdefault(event.name, []).append((shapes, dtypes))
@@ -96,14 +91,13 @@ def lend(roots: Sequence[Any], found: dict[str, list[Shapes]]) -> int:
     seen: dict[str, int] = {}
     unmatched = 0
     for event in _walk(roots):
-        if not _wanted(event.name):
+        if op_name(event.name) not in SHAPED_OPS:
             continue
         k = seen.get(event.name, 0)
         seen[event.name] = k + 1
         there = found.get(event.name, ())
-        shapes, dtypes = there[k] if k < len(there) else ([], [])
         unmatched += k >= len(there)
-        event.input_shapes, event.input_dtypes = shapes, dtypes
+        event.input_shapes, event.input_dtypes = there[k] if k < len(there) else ([], [])
     return unmatched + sum(max(len(v) - seen.get(name, 0), 0) for name, v in found.items())
 
 

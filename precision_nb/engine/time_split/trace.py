@@ -122,13 +122,9 @@ def host_events(prof: Any) -> list[TraceEvent] | None:
         if raw.name() in _LEFT_OUT or getattr(raw, "is_hidden_event", lambda: False)():
             continue
         events.append(TraceEvent(raw, start_ns))
-    events.sort(key=_order)
+    events.sort(key=lambda e: (e.time_range.start, -e.time_range.end))
     _nest(events)
     return _without_repeats(events)
-
-
-def _order(event: TraceEvent) -> tuple[float, float]:
-    return event.time_range.start, -event.time_range.end
 
 
 def _nest(events: list[TraceEvent]) -> None:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from precision_nb.core.plan import PrecisionConfig
 from precision_nb.engine import allocator
 from precision_nb.engine.adamw_timing import AdamWTiming
 from precision_nb.engine.time_split import (
@@ -249,6 +250,26 @@ def test_the_trainer_is_left_as_it_was() -> None:
     assert torch.equal(rng, torch.get_rng_state())
     now = vars(trainer.precision)  # the same scaler object, the same settings
     assert set(now) == set(precision) and all(now[k] is v for k, v in precision.items())
+
+
+def test_a_step_the_loss_scale_skips_is_one_more_attempt_under_its_mark() -> None:
+    """The CPU loss-scale lab tries a step again after an overflow: each try has its own mark,
+    time and record, so the split reads every attempt and counts the skipped ones."""
+    torch.manual_seed(0)
+    batch = torch.randn(64, 512)
+    cfg = TrainConfig(steps=8, progress=False, measure_peak=False, init_scale=2.0**40,
+                      growth_interval=1)  # fmt: skip
+    lab = PrecisionConfig(mode="fp16", loss_scale_lab=True)
+    trainer = Trainer(Linear(), lambda i: batch, device="cpu", precision=lab, train=cfg)
+    trainer.fit(2)
+    grows = dataclasses.replace(cfg, init_scale=2.0**6)
+    plain = Trainer(Linear(), lambda i: batch, device="cpu", precision=lab, train=grows)
+    plain.fit(2)
+    attempts = trainer.counters.attempts
+    splits = split_plans({"skips": trainer, "plain": plain}, config=SplitConfig(steps=4))
+    assert trainer.counters.attempts == attempts  # restored as the trainer was
+    assert splits["skips"].available, splits["skips"].missing
+    assert splits["skips"].skipped >= 1 and splits["plain"].available
 
 
 def test_a_busy_profiler_leaves_a_missing_split_that_says_why() -> None:

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -299,16 +299,26 @@ def _profiled(
     kinds = {label: [k for who, k in plan if who == label] for label in labels}
     sessions = {label: _session(t, len(kinds[label])) for label, t in trainers.items()}
     marks = {label: f"{STEP_MARK}#{i}" for i, label in enumerate(labels)}
+    #: The kind of every attempt: a step the loss scale skips is tried again, one more attempt
+    #: (its own time, record and mark) of the same kind.
+    tries: dict[str, list[str]] = {label: [] for label in labels}
+
+    def advance(label: str, kind: str) -> None:
+        before = sessions[label].counters.attempts
+        sessions[label].advance(1)
+        tries[label] += [kind] * (sessions[label].counters.attempts - before)
+
     first = next(i for i, (_, kind) in enumerate(plan) if kind == "profiled")
     last = max(i for i, (_, kind) in enumerate(plan) if kind == "profiled")
-    for label, _ in plan[: first - 1]:  # up to the settling step before the first profiled one
-        sessions[label].advance(1)
-    prof = _under_profiler(plan[first - 1 : last + 1], sessions, marks, device, activities)
+    for step in plan[: first - 1]:  # up to the settling step before the first profiled one
+        advance(*step)
+    prof = _under_profiler(plan[first - 1 : last + 1], sessions, marks, device, activities, advance)
     tail = plan[last + 1 :]
-    for label, _ in (step for step in tail if step[1] != "shapes"):
-        sessions[label].advance(1)
+    for step in (step for step in tail if step[1] != "shapes"):
+        advance(*step)
     shaped = [step for step in tail if step[1] == "shapes"]  # the last steps: see shapes.py
-    shaped_prof = _under_profiler(shaped, sessions, marks, device, [ProfilerActivity.CPU], True)
+    cpu = [ProfilerActivity.CPU]
+    shaped_prof = _under_profiler(shaped, sessions, marks, device, cpu, advance, shapes=True)
     results = {label: session.finish() for label, session in sessions.items()}
     kernels = ProfilerActivity.CUDA in activities
     events = (None if kernels else host_events(prof)) or prof.events()
@@ -318,16 +328,18 @@ def _profiled(
     splits = {}
     for label, trainer in trainers.items():  # each plan's split from the trace and its short fit
         times, history = list(results[label].step_times_s), list(results[label].scale_history)
-        if len(times) < len(kinds[label]):
+        if len(times) < len(tries[label]) or len(kinds[label]) > len(tries[label]):
             raise RuntimeError(
                 f"the short fit stopped after {len(times)} of {len(kinds[label])} steps"
             )
-        profiled = [i for i, kind in enumerate(kinds[label]) if kind == "profiled"]
+        profiled = [i for i, kind in enumerate(tries[label]) if kind == "profiled"]
         autocast = bool(getattr(trainer.plan, "autocast_enabled", False))
         steps = steps_of(events, device=kernels, autocast=autocast, mark=marks[label])
-        if len(steps) != cfg.steps:
-            raise RuntimeError(f"the trace holds {len(steps)} step marks for {cfg.steps} steps")
-        unprofiled = [t for t, k in zip(times, kinds[label], strict=False) if k == "unprofiled"]
+        if len(steps) != len(profiled):
+            raise RuntimeError(
+                f"the trace holds {len(steps)} step marks for {len(profiled)} profiled attempts"
+            )
+        unprofiled = [t for t, k in zip(times, tries[label], strict=False) if k == "unprofiled"]
         traced = median_families(steps)
         splits[label] = TimeSplit(
             label,
@@ -364,11 +376,12 @@ def _under_profiler(
     marks: Mapping[str, str],
     device: torch.device,
     activities: list[ProfilerActivity],
+    advance: Callable[[str, str], None],
     shapes: bool = False,
 ) -> Any:
-    """Run ``steps`` (label, kind) under a profiler (recording input shapes when ``shapes``),
-    each step of kind "profiled" or "shapes" inside its plan's mark; returns the stopped
-    profiler."""
+    """Run ``steps`` (label, kind) with ``advance`` under a profiler (recording input shapes
+    when ``shapes``), each attempt of a step of kind "profiled" or "shapes" inside its plan's
+    mark; returns the stopped profiler."""
     prof = profile(activities=activities, record_shapes=shapes)
     # the profiler's C++ side prints at its start and stop (and once from a thread): not for users
     with cpp_output_to_debug_log("starting torch.profiler"):
@@ -380,7 +393,7 @@ def _under_profiler(
                 if kind in ("profiled", "shapes"):
                     timer.marker = lambda name=marks[label]: _mark(device, name)
                 try:
-                    sessions[label].advance(1)
+                    advance(label, kind)
                 finally:
                     timer.marker = None
     finally:

@@ -105,7 +105,7 @@ def lend_steps(events: Sequence[Any], shaped_events: Sequence[Any], mark: str) -
     """Lend the shapes of the step marked ``mark`` in ``shaped_events`` to every step marked
     ``mark`` in ``events``; returns the note the split keeps when some ops had no match."""
     shaped = step_roots(shaped_events, mark)
-    found = recorded(shaped[0]) if shaped else {}
+    found = recorded(shaped[-1]) if shaped else {}  # the step that counted (after any skipped)
     steps = step_roots(events, mark)
     unmatched = sum(lend(roots, found) for roots in steps)
     if not shaped:

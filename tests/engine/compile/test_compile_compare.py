@@ -66,7 +66,9 @@ def test_the_time_split_says_what_it_cannot_attribute_in_a_compiled_plan(compare
     # a comparison whose allocator is settled faults heap in ahead of the short fit, and says so
     ahead = (HEAP_AHEAD,) if allocator.settle("settled")[0] else ()
     assert eager.families["compiled"] == 0 and eager.notes == ahead
-    assert compiled.families["compiled"] > 0  # the compiled graph's own time
+    # the compiled graph's own time, as traced: the profiler's cost taken out afterwards is an
+    # estimate charged by events, and on a loaded machine it can take a small family down to 0
+    assert compiled.traced["compiled"] > 0 and compiled.families["compiled"] >= 0
     *first, note = compiled.notes
     assert tuple(first) == ahead
     assert "not the fused kernels inside it" in note and "not seen as casts" in note

@@ -328,10 +328,11 @@ def _profiled(
     splits = {}
     for label, trainer in trainers.items():  # each plan's split from the trace and its short fit
         times, history = list(results[label].step_times_s), list(results[label].scale_history)
-        if len(times) < len(tries[label]) or len(kinds[label]) > len(tries[label]):
-            raise RuntimeError(
-                f"the short fit stopped after {len(times)} of {len(kinds[label])} steps"
-            )
+        counted, asked = sessions[label].counted, len(kinds[label])
+        if counted < asked:
+            raise RuntimeError(f"the short fit stopped after {counted} of {asked} steps")
+        if len(times) < len(tries[label]):
+            raise RuntimeError(f"{len(times)} step times for {len(tries[label])} attempts")
         profiled = [i for i, kind in enumerate(tries[label]) if kind == "profiled"]
         autocast = bool(getattr(trainer.plan, "autocast_enabled", False))
         steps = steps_of(events, device=kernels, autocast=autocast, mark=marks[label])

@@ -10,6 +10,7 @@ difference and the relative L2 difference of all trainable parameters.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ from precision_nb.engine.planning import Planning, plan_runs
 from precision_nb.engine.request import RunRequest
 from precision_nb.engine.results import RunResult, attach_result, partial_result
 from precision_nb.engine.time_split import split_comparison
+from precision_nb.engine.time_split.pool import PROCESS_SPLIT
 from precision_nb.engine.train_config import TrainConfig
 from precision_nb.engine.trainer import Trainer
 from precision_nb.engine.workloads import DEFAULT_WORKLOAD, Workload
@@ -136,6 +138,8 @@ def run_comparison(
         train=cfg, optimizer=optimizer, plans=precisions, initial=initial, model_spec=mcfg.rebuild,
         compiles=compiles,
     )  # fmt: skip
+    if rebuild is not None and "time_split" in request.analyses:  # each fresh process splits too
+        rebuild = dataclasses.replace(rebuild, time_split=dataclasses.asdict(PROCESS_SPLIT))
     baseline = planning.baseline
     measurement, sessions, failures = measure_in_processes(
         planning.specs, make_session, cfg.steps, mcfg, rebuild=rebuild,

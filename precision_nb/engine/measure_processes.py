@@ -412,6 +412,6 @@ def _run_worker(
         startup = float(data["started"]) - child.launched
     timing = ProcessTiming(
         index + 1, plans, list(data["sizes"]), [list(o) for o in data["orders"]], seconds,
-        int(data["pid"]), bool(data.get("stopped")), startup,
+        int(data["pid"]), bool(data.get("stopped")), startup, data.get("time_split"),
     )  # fmt: skip
     return timing, "", seconds

@@ -111,6 +111,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     plans = {p["label"]: PrecisionConfig(**p["precision"]) for p in spec["plans"]}
     compiles = {p["label"]: p.get("compile", "off") for p in spec["plans"]}
     optimizer = OptimizerConfig(**spec["optimizer"]) if spec.get("optimizer") else None
+    trainers: dict[str, Any] = {}
     make_session = trainer_sessions(
         copy.deepcopy(model).cpu(),
         batches,
@@ -121,6 +122,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         loss_fn=loss_fn,
         info=info,
         compiles=compiles,
+        trainers=trainers,
     )
     stop = threading.Event()
     if spec.get("deadline") is not None:
@@ -128,7 +130,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         timer.daemon = True
         timer.start()
     started = time.time()
-    measurement, _, _ = measure_plans(
+    measurement, sessions, failures = measure_plans(
         [PlanSpec(label, request, compiles[label]) for label, request in plans.items()],
         make_session,
         int(spec["steps"]),
@@ -136,7 +138,19 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         stop,
         offset=int(spec["index"]),
     )
+    split = None
+    if spec.get("time_split") is not None and not stop.is_set() and not failures:
+        try:
+            split = _time_split(spec, sessions, trainers, measurement)
+        except Exception as exc:  # noqa: BLE001 - the rounds are sent either way, and the
+            # parent says why this process's split is missing
+            from precision_nb.engine.time_split import missing
+            from precision_nb.engine.time_split.ranks import to_json
+
+            why = f"its time split failed: {type(exc).__name__}: {exc}"
+            split = {label: to_json(missing(label, why)) for label in plans}
     return {
+        "time_split": split,
         "pid": os.getpid(),
         "started": started,  # wall clock: the parent knows when it launched this process
         "sizes": measurement.sizes,
@@ -144,6 +158,26 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "stopped": measurement.stopped,
         "plans": {label: t.to_dict() for label, t in measurement.plans.items()},
     }
+
+
+def _time_split(
+    spec: dict[str, Any], sessions: dict[str, Any], trainers: dict[str, Any], measurement: Any
+) -> dict[str, Any]:
+    """Label -> this process's time split of the plan (JSON data), profiled after its rounds as
+    the parent profiles its own (:func:`~precision_nb.engine.time_split.split_plans`), with heap
+    faulted in ahead where the allocator was settled from the start (as the parent does)."""
+    from precision_nb.engine import allocator
+    from precision_nb.engine.time_split import SplitConfig, split_plans
+    from precision_nb.engine.time_split.ranks import to_json
+
+    for session in sessions.values():
+        session.finish()
+    config = SplitConfig(**spec["time_split"])
+    if allocator.settled_from_start(spec["measure"]["allocator"]):
+        config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
+    medians = {label: t.spread.median for label, t in measurement.plans.items() if t.times}
+    found = split_plans(trainers, medians, config=config)
+    return {label: to_json(split) for label, split in found.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

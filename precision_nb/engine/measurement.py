@@ -78,6 +78,8 @@ class ProcessTiming:
     stopped: bool = False
     #: Seconds from the process's start to its first warm-up step (interpreter, torch, model).
     startup_s: float | None = None
+    #: Label -> this process's time split as JSON data (``time_split.ranks.to_json``), or None.
+    time_split: dict[str, Any] | None = None
 
 
 @dataclass

@@ -37,6 +37,9 @@ class WorkerSpec:
     #: The initial model of this process (a ``module:factory`` model): its weights are sent.
     initial: Any = None
     shipped: Mapping[str, Any] | None = None
+    #: The time split each fresh process profiles after its rounds (``SplitConfig`` fields;
+    #: None: none), pooled with this process's (:mod:`~precision_nb.engine.time_split.pool`).
+    time_split: Mapping[str, Any] | None = None
 
     def to_dict(self, index: int, measure: MeasureConfig, deadline: float | None) -> dict:
         one = dataclasses.replace(measure, processes=1, budget_s=None)
@@ -51,6 +54,7 @@ class WorkerSpec:
             "threads": self.threads,
             "measure": dataclasses.asdict(one),
             "deadline": deadline,
+            "time_split": dict(self.time_split) if self.time_split is not None else None,
             "sys_path": [p for p in sys.path if p],  # a notebook's additions included
         }
 

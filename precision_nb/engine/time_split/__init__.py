@@ -24,7 +24,7 @@ from precision_nb.core.events import Event
 from precision_nb.engine import allocator
 from precision_nb.engine.adamw_timing import time_adamw
 from precision_nb.engine.stats import paired_speedup
-from precision_nb.engine.time_split import ranks
+from precision_nb.engine.time_split import pool, ranks
 from precision_nb.engine.time_split.advice import Advice, PlanFacts, advise, wants_adamw_timing
 from precision_nb.engine.time_split.families import FAMILIES, STEP_MARK
 from precision_nb.engine.time_split.profiling import (
@@ -89,6 +89,7 @@ class TimeAnalysis:
                 "baseline": self.baseline,
                 "view": split.view,
                 "profiled_steps": split.steps,
+                "processes": split.processes,
                 "events_per_step": split.events,
                 "step_ms": split.step_s * 1e3,
                 "traced_step_ms": split.traced_s * 1e3,
@@ -162,10 +163,12 @@ def analyse_splits(
     config: SplitConfig,
     seconds: float,
     here: Mapping[str, Any] | None = None,
+    spreads: Mapping[str, tuple[float, ...]] | None = None,
 ) -> TimeAnalysis:
     """Every plan's split against the baseline's, and its advice (``facts``: label -> its
     :class:`PlanFacts`; a plan without facts, one that failed, gets none; ``here``: label -> the
-    speedup of the process the splits ran in, when other processes measured too)."""
+    speedup of the process the splits ran in, when other processes measured too and the splits
+    are not pooled over them; ``spreads``: label -> each pooled process's own reconstruction)."""
     base = splits.get(baseline) if baseline is not None else None
     diffs: dict[str, PlanDifference] = {}
     advice: dict[str, tuple[Advice, ...]] = dict.fromkeys(splits, ())
@@ -175,7 +178,7 @@ def analyse_splits(
             diffs[label] = difference(
                 base, split, speedups.get(label), tolerance=config.tolerance,
                 optimizer=fact.optimizer if fact is not None else None,
-                here=(here or {}).get(label),
+                here=(here or {}).get(label), by_process=(spreads or {}).get(label, ()),
             )  # fmt: skip
         if fact is not None and split.available:
             advice[label] = advise(
@@ -193,6 +196,8 @@ def analyse_time(
     failures: Mapping[str, str] | None = None,
     config: SplitConfig | None = None,
     here: Mapping[str, Any] | None = None,
+    others: Sequence[Mapping[str, pool.Sample]] = (),
+    own: Mapping[str, float] | None = None,
 ) -> TimeAnalysis:
     """Split, compare and advise for every plan (see the module docstring).
 
@@ -200,7 +205,11 @@ def analyse_time(
     the timed rounds' median step time; ``speedups``: label -> its calibrated
     :class:`~precision_nb.engine.stats.Speedup` over ``baseline``; ``failures``: label -> why
     a plan failed (no split for it); ``here``: label -> the speedup of this process over its
-    rounds, when other processes measured too (the splits run here).
+    rounds, when other processes measured too (the splits run here); ``others``: the splits the
+    fresh processes sent (:func:`~precision_nb.engine.time_split.pool.from_processes`) and
+    ``own``: label -> this process's timed median: with both, every plan's split is pooled over
+    this process and the fresh ones that split every plan (:mod:`~.pool`), and held against the
+    calibrated speedup rather than this process's.
     """
     t0 = time.perf_counter()
     cfg = config if config is not None else SplitConfig()
@@ -210,7 +219,17 @@ def analyse_time(
         for label, split in splits.items()
         if label in trainers and split.available
     }
-    return analyse_splits(splits, facts, speedups, baseline, cfg, time.perf_counter() - t0, here)
+    seconds = time.perf_counter() - t0
+    mine = own or {}
+    samples = {k: (s, mine[k]) for k, s in splits.items() if s.available and k in mine}
+    fresh = [o for o in others if samples and all(k in o for k in samples)]
+    spreads: dict[str, tuple[float, ...]] = {}
+    if fresh and baseline in samples:
+        spreads = pool.by_process(samples, others, baseline)
+        splits = {**splits, **pool.pooled(samples, others)}
+        seconds += sum(s.seconds for process in others for s, _ in process.values())
+        here = {k: v for k, v in (here or {}).items() if k not in samples}
+    return analyse_splits(splits, facts, speedups, baseline, cfg, seconds, here, spreads)
 
 
 def this_process(measurement: Any, baseline: str | None) -> dict[str, Any]:
@@ -236,12 +255,19 @@ def split_comparison(
     ``comparison.time_split`` and each outcome's ``time_split``, ``difference`` and ``advice``;
     returns the events to add (the split's cost; a ``warning`` when it was left out, the
     measurement kept either way). Where the measurement settled the allocator, heap is faulted
-    in ahead of the short fit (``SplitConfig.heap_ahead``, :func:`allocator.reserved`)."""
+    in ahead of the short fit (``SplitConfig.heap_ahead``, :func:`allocator.reserved`). Where
+    fresh processes sent splits, this process profiles as many steps as each of them did, without
+    unprofiled steps, and the splits are pooled (:mod:`~precision_nb.engine.time_split.pool`)."""
     outcomes = comparison.outcomes
     config = config if config is not None else SplitConfig()
     measured = comparison.measurement
     if measured is not None and allocator.settle(measured.config.allocator)[0]:
         config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
+    others = pool.from_processes(measured)
+    if any(others):  # pooled: this process profiles as they did, its timed medians its reference
+        config = dataclasses.replace(
+            config, steps=pool.PROCESS_SPLIT.steps, unprofiled=0, block=pool.PROCESS_SPLIT.block
+        )
     medians = {k: o.timing.median if o.timing else None for k, o in outcomes.items()}
     speedups = {k: o.speedup for k, o in outcomes.items()}
     failed = {k: str(v) for k, v in (failures or {}).items()}
@@ -249,24 +275,40 @@ def split_comparison(
         found = analyse_time(
             {k: t for k, t in trainers.items() if k in comparison.results}, medians, speedups,
             comparison.baseline, failures=failed, config=config,
-            here=this_process(comparison.measurement, comparison.baseline),
+            here=this_process(measured, comparison.baseline),
+            others=others, own=_own_medians(measured),
         )  # fmt: skip
     except (RuntimeError, ValueError) as exc:
         message = f"the time split was left out: {type(exc).__name__}: {exc}"
         log.warning(message)
         return [Event("warning", message, {"section": "time_split"})]
     _attach(comparison, found)
-    return _events(found)
+    unsent = [
+        Event("warning", f"time split not pooled from {why}", {"section": "time_split"})
+        for why in pool.unsent(measured)
+    ]
+    return _events(found) + unsent
+
+
+def _own_medians(measurement: Any) -> dict[str, float]:
+    """Label -> this process's timed median step (its rounds only)."""
+    plans = getattr(measurement, "plans", None) or {}
+    return {label: t.spread.median for label, t in plans.items() if t.times}
 
 
 def _events(found: TimeAnalysis) -> list[Event]:
     gone = [f"{k}: {s.missing}" for k, s in found.splits.items() if not s.available]
+    n = max((s.processes for s in found.splits.values() if s.available), default=1)
+    where = "after the timed rounds"
+    if n > 1:
+        each = "the fresh process" if n == 2 else f"each of {n - 1} fresh processes"
+        where += f" here, and {pool.PROCESS_SPLIT.steps} in {each}"
     events = [
         Event(
             "measurement",
-            f"time split: {found.config.steps} profiled steps per plan after the timed rounds, "
+            f"time split: {found.config.steps} profiled steps per plan {where}, "
             f"{found.seconds:.1f} s in all",
-            {"seconds": found.seconds, "steps": found.config.steps},
+            {"seconds": found.seconds, "steps": found.config.steps, "processes": n},
         )
     ]
     events += [Event("warning", f"no time split for {g}", {"section": "time_split"}) for g in gone]

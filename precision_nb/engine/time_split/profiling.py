@@ -106,6 +106,8 @@ class TimeSplit:
     #: Seconds the whole split took (its cost), profiler start and trace reading included.
     seconds: float = 0.0
     missing: str | None = None
+    #: How many processes' splits this one pools (:mod:`~precision_nb.engine.time_split.pool`).
+    processes: int = 1
 
     @property
     def available(self) -> bool:

@@ -7,14 +7,16 @@ against the unprofiled ones interleaved with them, pooled over the plans:
 of per-family changes: starting from the baseline's step, each family's change is applied in
 turn (in :data:`~precision_nb.engine.time_split.families.FAMILIES` order) and multiplies the step
 time by a factor; the product of the factors is the plan's step over the baseline's, and its
-inverse the **reconstructed speedup**. The split's steps run in one process, after its timed
-rounds; so the reconstruction is held against that process's own timed speedup (its interval over
-the process's rounds) widened by a stated tolerance on either side, and the calibrated speedup
-over every process is given beside it with the range of the single processes' speedups (one
-process's speedup can differ from the next by more than the calibrated interval is wide). When
-there was one process, that process's speedup is the calibrated one. When the reconstruction lies
-outside, the difference says so, with both plans' steps, rather than leaving the split to explain
-a number it does not add up to.
+inverse the **reconstructed speedup**. When fresh processes measured and sent their own splits,
+the families are pooled over the processes (:mod:`~precision_nb.engine.time_split.pool`) and the
+reconstruction is held against the calibrated speedup over the same processes, its interval
+widened by a stated tolerance on either side, with the range of the single processes'
+reconstructions. Otherwise the split's steps are one process's, after its timed rounds: the
+reconstruction is held against that process's own timed speedup (its interval over the process's
+rounds) widened by the tolerance, and the calibrated speedup over every process is given beside
+it with the range of the single processes' speedups. When there was one process, that process's
+speedup is the calibrated one. When the reconstruction lies outside, the difference says so, with
+both plans' steps, rather than leaving the split to explain a number it does not add up to.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class PlanDifference:
     process: float | None = None
     process_low: float | None = None
     process_high: float | None = None
+    #: Each pooled process's own reconstruction (this one first) when the splits are pooled
+    #: over processes (:mod:`~precision_nb.engine.time_split.pool`), else empty.
+    by_process: tuple[float, ...] = ()
 
     def change(self, family: str) -> FamilyChange | None:
         return next((c for c in self.changes if c.family == family), None)
@@ -177,12 +182,14 @@ def difference(
     tolerance: float = 0.10,
     optimizer: str | None = None,
     here: Any = None,
+    by_process: tuple[float, ...] = (),
 ) -> PlanDifference:
     """``plan`` against ``base``. ``calibrated``: the plan's
     :class:`~precision_nb.engine.stats.Speedup` over the baseline (``estimate``, ``low``,
     ``high``, ``processes``, ``process_ratios``), or None; ``here``: the speedup of the process
-    the split ran in, over its rounds, when other processes measured too (else None).
-    ``optimizer``: words on the optimizer the plan ran (the sentence gives it where the
+    the split ran in, over its rounds, when other processes measured too and the splits are not
+    pooled over them (else None); ``by_process``: each process's own reconstruction, when they
+    are. ``optimizer``: words on the optimizer the plan ran (the sentence gives it where the
     optimizer step did not move)."""
     for split, who in ((plan, "the plan"), (base, "the baseline")):
         if not split.available:
@@ -194,10 +201,10 @@ def difference(
     total_b, total_p = sum(base.families.values()), sum(plan.families.values())
     reconstructed = total_b / total_p if total_p > 0 else math.nan
     cal, own = ([getattr(s, k, None) for k in _ENDS] for s in (calibrated, here))
-    agrees, words = _reconcile(base, plan, reconstructed, calibrated, here, tolerance)
+    agrees, words = _reconcile(base, plan, reconstructed, calibrated, here, tolerance, by_process)
     return PlanDifference(
         plan.label, base.label, found, reconstructed, *cal, tolerance, agrees,
-        sentence(plan.label, found, reconstructed, optimizer), words, None, *own,
+        sentence(plan.label, found, reconstructed, optimizer), words, None, *own, by_process,
     )  # fmt: skip
 
 
@@ -216,9 +223,21 @@ def _against(
 
 
 def _reconcile(
-    base: TimeSplit, plan: TimeSplit, got: float, calibrated: Any, here: Any, tol: float
+    base: TimeSplit,
+    plan: TimeSplit,
+    got: float,
+    calibrated: Any,
+    here: Any,
+    tol: float,
+    by_process: tuple[float, ...] = (),
 ) -> tuple[bool | None, str]:
     head = f"reconstructed from the families: {times_text(got, '.3f')}"
+    if len(by_process) > 1:
+        low_high = interval_text(min(by_process), max(by_process), spec=".2f")
+        head = (
+            f"reconstructed from the families pooled over {len(by_process)} processes: "
+            f"{times_text(got, '.3f')} (single processes {low_high})"
+        )
     own = _against(here, tol, "this process's timed", " over its rounds")
     cal = _against(calibrated, tol, "the calibrated")
     held = own or cal

@@ -37,7 +37,7 @@ COLUMNS = (
     "change_ms", "times_faster_there", "step_ms", "traced_step_ms", "profiler_ms",
     "measured_median_ms", "profiler_overhead",
     "reconstructed_speedup", "calibrated_speedup", "calibrated_low", "calibrated_high",
-    "tolerance", "agrees", "view", "profiled_steps", "events_per_step", "missing",
+    "tolerance", "agrees", "view", "profiled_steps", "processes", "events_per_step", "missing",
 )  # fmt: skip
 _HEADERS = {"title": "family", "ms": "ms per step", "share": "share", "change": "vs baseline"}
 
@@ -46,8 +46,10 @@ METHOD = (
     "torch.profiler, the plans' steps interleaved in rotated rounds with unprofiled steps before "
     "and after (the trainers are restored afterwards); each op's own time goes to one family, "
     "and what no op covers is 'outside ops'. The profiler's own cost (the profiled steps against "
-    "the unprofiled ones, stated per plan) is taken out of the families; the reconstructed "
-    "speedup is the baseline's step over the plan's, held against the calibrated speedup."
+    "the unprofiled ones, stated per plan) is taken out of the families; where fresh processes "
+    "measured, each profiles a few steps of its own too and the families are their means over "
+    "the processes; the reconstructed speedup is the baseline's step over the plan's, held "
+    "against the calibrated speedup."
 )
 
 

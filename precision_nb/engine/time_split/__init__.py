@@ -264,7 +264,9 @@ def split_comparison(
     if measured is not None and allocator.settle(measured.config.allocator)[0]:
         config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
     others = pool.from_processes(measured)
-    if any(others):  # pooled: this process profiles as they did, its timed medians its reference
+    labels = [k for k in trainers if k in comparison.results and k not in (failures or {})]
+    if any(all(k in o for k in labels) for o in others):  # pooled: this process profiles as
+        # they did, its timed medians its reference
         config = dataclasses.replace(
             config, steps=pool.PROCESS_SPLIT.steps, unprofiled=0, block=pool.PROCESS_SPLIT.block
         )

@@ -105,11 +105,11 @@ def pooled(here: Mapping[str, Sample], others: Sequence[Mapping[str, Sample]]) -
     fresh = processes[1:]
     out = {}
     for k, (own, _) in here.items():
+        each = f", {fresh[0][k][0].steps} in each fresh process" if fresh else ""
         note = (
             f"pooled over {len(processes)} processes: each family is the mean over them of "
-            f"the process's own (a median over its profiled steps: {own.steps} here, "
-            f"{fresh[0][k][0].steps} in each fresh process), the profiler's cost taken out "
-            "against the mean of their timed medians"
+            f"the process's own (a median over its profiled steps: {own.steps} here{each}), the "
+            "profiler's cost taken out against the mean of their timed medians"
         )
         if left:
             who = "1 fresh process is" if left == 1 else f"{left} fresh processes are"

@@ -140,15 +140,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     split = None
     if spec.get("time_split") is not None and not stop.is_set() and not failures:
-        try:
-            split = _time_split(spec, sessions, trainers, measurement)
-        except Exception as exc:  # noqa: BLE001 - the rounds are sent either way, and the
-            # parent says why this process's split is missing
-            from precision_nb.engine.time_split import missing
-            from precision_nb.engine.time_split.ranks import to_json
-
-            why = f"its time split failed: {type(exc).__name__}: {exc}"
-            split = {label: to_json(missing(label, why)) for label in plans}
+        split = _time_split(spec, sessions, trainers, measurement)
     return {
         "time_split": split,
         "pid": os.getpid(),
@@ -165,18 +157,23 @@ def _time_split(
 ) -> dict[str, Any]:
     """Label -> this process's time split of the plan (JSON data), profiled after its rounds as
     the parent profiles its own (:func:`~precision_nb.engine.time_split.split_plans`), with heap
-    faulted in ahead where the allocator was settled from the start (as the parent does)."""
+    faulted in ahead where the allocator was settled from the start (as the parent does). A
+    failure is sent as each plan's missing split, saying why: the rounds are sent either way."""
     from precision_nb.engine import allocator
-    from precision_nb.engine.time_split import SplitConfig, split_plans
+    from precision_nb.engine.time_split import SplitConfig, missing, split_plans
     from precision_nb.engine.time_split.ranks import to_json
 
-    for session in sessions.values():
-        session.finish()
-    config = SplitConfig(**spec["time_split"])
-    if allocator.settled_from_start(spec["measure"]["allocator"]):
-        config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
-    medians = {label: t.spread.median for label, t in measurement.plans.items() if t.times}
-    found = split_plans(trainers, medians, config=config)
+    try:
+        for session in sessions.values():
+            session.finish()
+        config = SplitConfig(**spec["time_split"])
+        if allocator.settled_from_start(spec["measure"]["allocator"]):
+            config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
+        medians = {label: t.spread.median for label, t in measurement.plans.items() if t.times}
+        found = split_plans(trainers, medians, config=config)
+    except Exception as exc:  # noqa: BLE001 - the parent says why this process's split is missing
+        why = f"its time split failed: {type(exc).__name__}: {exc}"
+        found = {label: missing(label, why) for label in trainers}
     return {label: to_json(split) for label, split in found.items()}
 
 

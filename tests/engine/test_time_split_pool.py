@@ -17,7 +17,6 @@ from precision_nb.engine.time_split.pool import (
     by_process,
     from_processes,
     pooled,
-    unsent,
 )
 from precision_nb.engine.time_split.profiling import CastSummary
 from precision_nb.engine.time_split.ranks import to_json
@@ -95,13 +94,13 @@ def test_the_fresh_processes_splits_are_read_with_their_timed_medians() -> None:
             process(4, gone, [[1.0]]),
         ]
     )  # fmt: skip
-    found = from_processes(measurement)
+    found, unsent = from_processes(measurement)
     # bf16 was not timed in the first process, the second sent nothing, the third a missing split
     assert [set(f) for f in found] == [{"fp32"}, set(), set()]
     split, median = found[0]["fp32"]
     assert median == 3.0 and split.traced == FRESH["fp32"][0].traced
     # a split a process could not make is said, with its reason (the comparison's warnings)
-    assert unsent(measurement) == ["fresh process 4, fp32: the profiled steps failed"]
+    assert unsent == ["fresh process 4, fp32: the profiled steps failed"]
 
 
 @dataclass

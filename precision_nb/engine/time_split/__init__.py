@@ -222,7 +222,7 @@ def analyse_time(
     seconds = time.perf_counter() - t0
     mine = own or {}
     samples = {k: (s, mine[k]) for k, s in splits.items() if s.available and k in mine}
-    fresh = [o for o in others if samples and all(k in o for k in samples)]
+    fresh = pool.complete(samples, others) if samples else []
     spreads: dict[str, tuple[float, ...]] = {}
     if fresh and baseline in samples:
         spreads = pool.by_process(samples, others, baseline)
@@ -263,9 +263,9 @@ def split_comparison(
     measured = comparison.measurement
     if measured is not None and allocator.settle(measured.config.allocator)[0]:
         config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
-    others = pool.from_processes(measured)
+    others, unsent = pool.from_processes(measured)
     labels = [k for k in trainers if k in comparison.results and k not in (failures or {})]
-    if any(all(k in o for k in labels) for o in others):  # pooled: this process profiles as
+    if pool.complete(labels, others):  # pooled: this process profiles as
         # they did, its timed medians its reference
         config = dataclasses.replace(
             config, steps=pool.PROCESS_SPLIT.steps, unprofiled=0, block=pool.PROCESS_SPLIT.block
@@ -285,11 +285,10 @@ def split_comparison(
         log.warning(message)
         return [Event("warning", message, {"section": "time_split"})]
     _attach(comparison, found)
-    unsent = [
+    return _events(found) + [
         Event("warning", f"time split not pooled from {why}", {"section": "time_split"})
-        for why in pool.unsent(measured)
+        for why in unsent
     ]
-    return _events(found) + unsent
 
 
 def _own_medians(measurement: Any) -> dict[str, float]:

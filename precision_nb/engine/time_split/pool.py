@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from precision_nb.engine.time_split.families import FAMILIES
@@ -27,7 +27,7 @@ from precision_nb.engine.time_split.profiling import TimeSplit
 from precision_nb.engine.time_split.ranks import from_json
 from precision_nb.engine.time_split.schedule import SplitConfig, without_profiler
 
-__all__ = ["PROCESS_SPLIT", "Sample", "by_process", "from_processes", "pooled", "unsent"]
+__all__ = ["PROCESS_SPLIT", "Sample", "by_process", "complete", "from_processes", "pooled"]
 
 #: What each fresh process profiles after its rounds: six steps per plan in one block (after its
 #: settling step), no unprofiled steps (its timed rounds are the reference), the profiler's cost
@@ -38,30 +38,22 @@ PROCESS_SPLIT = SplitConfig(steps=6, unprofiled=0, block=6, take_out=False)
 Sample = tuple[TimeSplit, float]
 
 
-def from_processes(measurement: Any) -> list[dict[str, Sample]]:
+def from_processes(measurement: Any) -> tuple[list[dict[str, Sample]], list[str]]:
     """Per fresh process of ``measurement``: label -> (its split, its timed median) of every
-    plan it split and timed (empty for a process that sent no split)."""
-    out = []
+    plan it split and timed (empty for a process that sent no split); and why a process has no
+    split of a plan it sent one for, one line per plan."""
+    out, unsent = [], []
     for process in getattr(measurement, "processes", ()) or ():
         found = {}
         for label, item in (process.time_split or {}).items():
             split, _ = from_json(item)
             timing = process.plans.get(label)
-            if split.available and timing is not None and timing.times:
+            if not split.available:
+                unsent.append(f"fresh process {process.index}, {label}: {split.missing}")
+            elif timing is not None and timing.times:
                 found[label] = (split, timing.spread.median)
         out.append(found)
-    return out
-
-
-def unsent(measurement: Any) -> list[str]:
-    """Why a fresh process of ``measurement`` has no split of a plan, one line per plan."""
-    out = []
-    for process in getattr(measurement, "processes", ()) or ():
-        for label, item in (process.time_split or {}).items():
-            split, _ = from_json(item)
-            if not split.available:
-                out.append(f"fresh process {process.index}, {label}: {split.missing}")
-    return out
+    return out, unsent
 
 
 def _mean(samples: Sequence[Sample], label: str) -> TimeSplit:
@@ -82,10 +74,16 @@ def _mean(samples: Sequence[Sample], label: str) -> TimeSplit:
     )  # fmt: skip
 
 
+def complete(labels: Iterable[str], others: Sequence[Mapping[str, Sample]]) -> list:
+    """The fresh processes that sent a split of every plan of ``labels`` (the plans' pooled
+    splits then come from the same processes)."""
+    wanted = list(labels)
+    return [o for o in others if all(k in o for k in wanted)]
+
+
 def _complete(here: Mapping[str, Sample], others: Sequence[Mapping[str, Sample]]) -> list:
-    """This process and every fresh process that sent a split of each of its plans (the plans'
-    pooled splits then come from the same processes)."""
-    return [here, *(o for o in others if all(k in o for k in here))]
+    """This process and every fresh process that sent a split of each of its plans."""
+    return [here, *complete(here, others)]
 
 
 def _kernels(split: TimeSplit) -> bool:

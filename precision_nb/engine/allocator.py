@@ -23,17 +23,7 @@ from contextlib import contextmanager
 
 from precision_nb.core.defaults import ALLOCATOR_POLICIES as POLICIES
 
-__all__ = [
-    "ENV",
-    "POLICIES",
-    "RESERVE",
-    "describe",
-    "glibc",
-    "reserved",
-    "settle",
-    "settled_from_start",
-    "worker_env",
-]
+__all__ = ["ENV", "POLICIES", "RESERVE", "describe", "glibc", "reserved", "settle", "worker_env"]
 
 #: glibc's ceiling for its dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``).
 MMAP_THRESHOLD = 32 * 2**20
@@ -95,12 +85,6 @@ def settle(policy: str) -> tuple[bool, str]:
     if not done:
         return False, "host allocator left as it is: glibc's mallopt refused the thresholds"
     return True, sentence
-
-
-def settled_from_start(policy: str) -> bool:
-    """Whether this process's allocator was settled for ``policy`` from its start: glibc, and
-    the environment :func:`worker_env` gives a fresh process (``ENV``, exactly)."""
-    return policy == "settled" and glibc() is not None and _from_environment(os.environ) == ENV
 
 
 @contextmanager

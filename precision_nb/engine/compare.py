@@ -21,6 +21,7 @@ from torch import nn
 from precision_nb.core import validate
 from precision_nb.core.events import Event
 from precision_nb.core.optim import OptimizerConfig
+from precision_nb.engine import allocator
 from precision_nb.engine.callbacks import Callbacks
 from precision_nb.engine.comparison import Comparison, Drift, plan_outcomes
 from precision_nb.engine.compile import comparing
@@ -138,8 +139,11 @@ def run_comparison(
         train=cfg, optimizer=optimizer, plans=precisions, initial=initial, model_spec=mcfg.rebuild,
         compiles=compiles,
     )  # fmt: skip
-    if rebuild is not None and "time_split" in request.analyses:  # each fresh process splits too
-        rebuild = dataclasses.replace(rebuild, time_split=dataclasses.asdict(PROCESS_SPLIT))
+    if rebuild is not None and "time_split" in request.analyses:  # each fresh process splits too,
+        # with heap faulted in ahead where the allocator is settled (as this process's split)
+        heap = allocator.RESERVE if allocator.settle(mcfg.allocator)[0] else 0
+        split = dataclasses.replace(PROCESS_SPLIT, heap_ahead=heap)
+        rebuild = dataclasses.replace(rebuild, time_split=dataclasses.asdict(split))
     baseline = planning.baseline
     measurement, sessions, failures = measure_in_processes(
         planning.specs, make_session, cfg.steps, mcfg, rebuild=rebuild,

@@ -157,9 +157,8 @@ def _time_split(
 ) -> dict[str, Any]:
     """Label -> this process's time split of the plan (JSON data), profiled after its rounds as
     the parent profiles its own (:func:`~precision_nb.engine.time_split.split_plans`), with heap
-    faulted in ahead where the allocator was settled from the start (as the parent does). A
-    failure is sent as each plan's missing split, saying why: the rounds are sent either way."""
-    from precision_nb.engine import allocator
+    faulted in ahead as the parent's settled allocator asked (``heap_ahead``). A failure is sent
+    as each plan's missing split, saying why: the rounds are sent either way."""
     from precision_nb.engine.time_split import SplitConfig, missing, split_plans
     from precision_nb.engine.time_split.ranks import to_json
 
@@ -167,8 +166,6 @@ def _time_split(
         for session in sessions.values():
             session.finish()
         config = SplitConfig(**spec["time_split"])
-        if allocator.settled_from_start(spec["measure"]["allocator"]):
-            config = dataclasses.replace(config, heap_ahead=allocator.RESERVE)
         medians = {label: t.spread.median for label, t in measurement.plans.items() if t.times}
         found = split_plans(trainers, medians, config=config)
     except Exception as exc:  # noqa: BLE001 - the parent says why this process's split is missing

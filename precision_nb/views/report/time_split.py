@@ -85,6 +85,13 @@ def _facts(split: TimeSplit) -> list[str]:
         )
     if split.unprofiled_s:
         between = f"The unprofiled steps between the profiled ones took {ms(split.unprofiled_s)}: "
+        pooled = "the plans profiled together"
+        if split.processes > 1:  # pooled: no unprofiled steps, the timed rounds stand for them
+            between = (
+                f"The timed rounds' medians, averaged over the {split.processes} processes, were "
+                f"{ms(split.unprofiled_s)}: "
+            )
+            pooled = "the plans and the processes"
         if split.profiler_s > 0:
             where = (
                 "the GPU's idle time"
@@ -93,7 +100,7 @@ def _facts(split: TimeSplit) -> list[str]:
             )
             out.append(
                 f"{between}the profiler's {ms(split.profiler_s)} per step (its cost per event "
-                f"outside casts, pooled over the plans profiled together) are taken out of {where}."
+                f"outside casts, pooled over {pooled}) are taken out of {where}."
             )
         else:
             out.append(f"{between}no profiler cost is taken out of the families.")

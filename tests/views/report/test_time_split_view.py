@@ -75,6 +75,19 @@ def test_a_split_that_kept_the_profilers_cost_says_nothing_was_taken_out() -> No
     assert "are taken out of" not in page
 
 
+def test_a_pooled_split_says_its_reference_is_the_processes_timed_rounds() -> None:
+    import dataclasses
+
+    pooled = dataclasses.replace(_split("fp32", matmul=6e-3), processes=3, profiler_s=1e-3)
+    page = time_split_section(TimeAnalysis({"fp32": pooled}, {}, {}, "fp32")).html
+    assert (
+        "The timed rounds&#x27; medians, averaged over the 3 processes, were 6.0 ms: the "
+        "profiler&#x27;s 1.0 ms per step (its cost per event outside casts, pooled over the plans "
+        "and the processes) are taken out of the families by their events." in page
+    )
+    assert "unprofiled steps between" not in page
+
+
 def test_time_by_family_csv_has_one_row_per_plan_and_family() -> None:
     analysis = _analysis()
     (data,) = time_split_section(analysis).files

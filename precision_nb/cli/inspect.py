@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from precision_nb.cli.main import HelpFormatter, cli_text, error, paragraphs, run_failed
+from precision_nb.cli.main import (
+    EXIT_FAILED,
+    HelpFormatter,
+    cli_text,
+    error,
+    paragraphs,
+    run_failed,
+)
 from precision_nb.cli.user_model import add_source_flags, check_source, target
 
 DEFAULT_OUT = "inspect-out"
@@ -110,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
         return error("inspect", err)
     except RuntimeError as err:  # the step failed: the model's own error, out of memory, ...
         print(f"precision-nb inspect: failed: {cli_text(str(err))}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except Exception as err:  # noqa: BLE001 - your model's own error: its type, message, line
         return run_failed("inspect", err)
     try:  # staged and moved in when complete: a failed write leaves --out as it was
         files = write_inspection(results, Path(args.out).expanduser())
     except ReportWriteError as err:
-        return error("inspect", err.strerror, 1)
+        return error("inspect", err.strerror, EXIT_FAILED)
     for label, item in results.items():
         print(repr(item))
         for flag in item.flags:

@@ -189,9 +189,12 @@ def run(args: argparse.Namespace) -> int:
         if code is not None:
             data["code"] = {"framework": args.as_framework, "text": code}
         print(json.dumps(data, indent=2))
-    else:  # the script (a check below it is a comment) or the explanation
-        print(cli_text(str(explanation)) + "\n" if code is None else code, end="")
+    elif code is not None:  # the script; a check below it is a comment
+        print(code, end="")
         if check is not None:
-            comment = "" if code is None else "# "
-            print(f"{comment}Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
+            print(f"# Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
+    else:
+        print(cli_text(str(explanation)))
+        if check is not None:
+            print(f"Autocast check: {'ok' if check.ok else 'MISMATCH'}: {check.detail}")
     return EXIT_OK if check is None or check.ok else EXIT_FAILED

@@ -39,9 +39,16 @@ _ALIASES = {"torch": "pytorch", "pl": "lightning", "hf": "transformers", "traine
 
 #: Each spelling autocast code accepts ("fp16", "half", "float16", "torch.float16") -> its name.
 _DTYPE_NAMES = {
-    key: f"torch.{name}"
-    for name, short in {"float16": "fp16 half", "bfloat16": "bf16", "float32": "fp32"}.items()
-    for key in (*short.split(), name, f"torch.{name}")
+    "fp16": "torch.float16",
+    "float16": "torch.float16",
+    "torch.float16": "torch.float16",
+    "half": "torch.float16",
+    "bf16": "torch.bfloat16",
+    "bfloat16": "torch.bfloat16",
+    "torch.bfloat16": "torch.bfloat16",
+    "fp32": "torch.float32",
+    "float32": "torch.float32",
+    "torch.float32": "torch.float32",
 }
 
 STAND_IN_MODEL = "nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))"

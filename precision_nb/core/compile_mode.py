@@ -107,8 +107,11 @@ def read_compile_support() -> CompileSupport:
         conv = str(getattr(config, "max_autotune_conv_backends", ""))
         codegen = importlib.import_module("torch._inductor.codegen.common")
         codegen.init_backend_registration()
-        devices = ("cpu", "cuda", "mps", "xpu")
-        devices = tuple(d for d in devices if codegen.get_scheduling_for_device(d) is not None)
+        devices = tuple(
+            d
+            for d in ("cpu", "cuda", "mps", "xpu")
+            if codegen.get_scheduling_for_device(d) is not None
+        )
         triton_utils = importlib.import_module("torch.utils._triton")
         triton = bool(triton_utils.has_triton())
     except _QUERY_ERRORS as exc:

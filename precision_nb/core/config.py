@@ -15,6 +15,8 @@ optimizer:
   weight_decay: 0.01
   fused: null           # null probes, true attempts, false disables
 ```
+
+Unknown sections or keys raise ``ValueError`` naming them and the allowed ones.
 """
 
 from __future__ import annotations

@@ -19,7 +19,11 @@ import torch
 from precision_nb.core import render, validate
 from precision_nb.core.capabilities import Capabilities, get_capabilities
 from precision_nb.core.compile_mode import CompilePlan, resolve_compile
-from precision_nb.core.device import normalize_device_request, resolve_device_traced
+from precision_nb.core.device import (
+    normalize_device_request,
+    resolve_device,
+    resolve_device_traced,
+)
 from precision_nb.core.matrix import MATRIX, RULES_DOC, MatrixRow, lookup
 from precision_nb.core.optim import OptimizerConfig, as_optimizer_config, describe_fused
 from precision_nb.core.plan import TORCH_DTYPES, PrecisionConfig, PrecisionPlan
@@ -210,7 +214,7 @@ def resolve_precision(
     """
     caps = get_capabilities(capabilities)
     text = normalize_device_request(device)
-    dev = resolve_device_traced("auto", caps)[0] if text == "auto" else torch.device(text)
+    dev = resolve_device("auto", caps) if text == "auto" else torch.device(text)
     return _resolve(_as_config(config), dev, caps)[0]
 
 

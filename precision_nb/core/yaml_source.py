@@ -47,8 +47,9 @@ def _yaml_error(exc: Any, where: str) -> ValueError:
 
 
 def _check_size(text: str, where: str) -> None:
-    """Iterative, no recursion: each anchor remembers how many nodes it stands for, and each alias
-    (``*name``) adds that many again."""
+    """Refuse a document nested deeper than :data:`MAX_DEPTH` or expanding beyond
+    :data:`MAX_NODES`. Iterative, no recursion: each anchor remembers how many nodes it stands
+    for, and each alias (``*name``) adds that many again."""
     import yaml
 
     anchors: dict[str, int] = {}

@@ -211,8 +211,9 @@ def peak_ratios(device: torch.device, dtypes: tuple[torch.dtype, ...]) -> dict[s
             continue
         ratio = peak.flops_per_s / base.flops_per_s
         name = str(dtype).replace("torch.", "")
-        out[name] = PeakRatio(ratio, ratio, ratio, "datasheet")
-        if None not in (peak.low, peak.high, base.low, base.high):
+        if None in (peak.low, peak.high, base.low, base.high):
+            out[name] = PeakRatio(ratio, ratio, ratio, "datasheet")
+        else:
             low = peak.low / base.high  # type: ignore[operator]
             high = peak.high / base.low  # type: ignore[operator]
             source = f"measured: {min(peak.repeats, base.repeats)}+ calibration repeats each"

@@ -19,8 +19,11 @@ optimizer the trainer builds does.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -28,18 +31,29 @@ from torch import nn
 
 from precision_nb.core import remedies as described
 from precision_nb.core.optim import FusedOutcome, OptimizerConfig, build_optimizer
-from precision_nb.engine.quiet import captured
 
 log = logging.getLogger(__name__)
 
 
 def quiet_import(module: str) -> Any:
-    """Import ``module`` with what it prints, warns and logs captured (logged at debug level)."""
-    notes: list[str] = []
-    with captured(notes):
-        loaded = importlib.import_module(module)
-    if notes:
-        log.debug("import %s said:\n%s", module, "\n".join(notes))
+    """Import ``module`` with its stdout, stderr and warnings captured (logged at debug level);
+    log records below ERROR are muted while it imports, errors still reach the user."""
+    out, err = io.StringIO(), io.StringIO()
+    # torch's own loggers write to the stderr they were set up with: muted while importing
+    logging.disable(logging.WARNING)
+    try:
+        with (
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            warnings.catch_warnings(record=True) as caught,
+        ):
+            warnings.simplefilter("always")
+            loaded = importlib.import_module(module)
+    finally:
+        logging.disable(logging.NOTSET)
+    noise = out.getvalue() + err.getvalue() + "".join(f"{w.message}\n" for w in caught)
+    if noise.strip():
+        log.debug("import %s said:\n%s", module, noise)
     return loaded
 
 

@@ -280,11 +280,12 @@ def process_speedup(
     blocks, plan blocks). A process without a paired round is left out; with fewer than two
     processes left this is the one-process speedup. ``sequential``: the number of processes was
     chosen by looking at the interval, so the interval is taken at :data:`LOOK_CONFIDENCE`."""
-    paired = [(b, p) for b, p in per_process if log_ratios(b, p)]
+    ratios = [log_ratios(b, p) for b, p in per_process]
+    paired = [pair for pair, d in zip(per_process, ratios, strict=True) if d]
     if len(paired) < 2:
         base, plan = paired[0] if paired else ([], [])
         return paired_speedup(base, plan, confidence, stopped_by)
-    rounds = [log_ratios(b, p) for b, p in paired]
+    rounds = [d for d in ratios if d]
     m = process_estimates(paired)
     est, low, high = process_interval(m, LOOK_CONFIDENCE if sequential else confidence)
     return Speedup(

@@ -122,8 +122,11 @@ def merge_measurement(
     for label in labels:
         per_rank = [i["plans"].get(label, {}) for i in present]
         timing = m.plans[label]
-        warms = [p.get("warmup") for p in per_rank] if complete else []
-        timing.warmup = _merge_warmup(label, warms, m.events)
+        timing.warmup = (
+            _merge_warmup(label, [p.get("warmup") for p in per_rank], m.events)
+            if complete
+            else None
+        )
         if timing.warmup is not None:
             m.events.append(_warmup_event(label, timing.warmup))
         uneven = False

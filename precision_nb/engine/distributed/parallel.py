@@ -154,10 +154,12 @@ def sharding_summary(params: list[torch.Tensor]) -> dict[str, Any]:
 def observe_compute(model: nn.Module, into: dict[str, Any]) -> None:
     """On the first forward of the first module owning a ``weight``: the weight's class and dtype
     as the module computes with it (FSDP2's unsharded, cast parameter) and the output dtype."""
-    owners = [x for x in model.named_modules() if torch.is_tensor(getattr(x[1], "weight", None))]
-    if not owners:
+    owner = next(
+        (x for x in model.named_modules() if torch.is_tensor(getattr(x[1], "weight", None))), None
+    )
+    if owner is None:
         return
-    name, module = owners[0]
+    name, module = owner
 
     def pre(mod: nn.Module, _args: Any) -> None:
         into.update(

@@ -274,6 +274,10 @@ class SavedTensors(torch.autograd.graph.saved_tensors_hooks):
         self.seen: dict[Any, tuple[str, torch.dtype, int]] = {}
         self.unattributed: dict[str, int] = defaultdict(int)
 
+    def __enter__(self) -> SavedTensors:
+        super().__enter__()
+        return self
+
     def _pack(self, t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.is_meta:
             what = type(t).__name__ if not isinstance(t, torch.Tensor) else str(t.layout)

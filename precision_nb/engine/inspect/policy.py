@@ -35,6 +35,21 @@ from precision_nb.engine.inspect.autocast_probe import (
 )
 from precision_nb.engine.inspect.documented_policy import DOCUMENTED, documented_policy_of
 
+__all__ = [
+    "FP32",
+    "LOW",
+    "PROMOTE",
+    "REFUSED",
+    "SOURCE",
+    "autocast_policy",
+    "cross_device_difference",
+    "disagreements",
+    "lookup",
+    "policy_of",
+    "policy_rows",
+    "spellings",
+]
+
 SOURCE = f"autocast's policy, not a trace: {METHOD}; torch {torch.__version__.split('+')[0]}"
 
 

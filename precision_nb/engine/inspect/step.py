@@ -203,65 +203,81 @@ def run_inspection(
             batch = to_device(source.get(0), dev)
             if plan.true_weights:
                 batch = cast_floating(batch, plan.dtype)
-            t0 = time.perf_counter()
-            opt = build_plan_optimizer(work, optimizer or OptimizerConfig(), dev, plan)
-            work.zero_grad(set_to_none=True)
-            amp = Precision.for_plan(plan, dev)
-            amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
-            param_ptrs = _storages(work.parameters())
-            input_ptrs = _storages(_batch_tensors(batch))
-            tracer = OpTracer(param_ptrs, input_ptrs)
-            saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
-            args, kwargs, labels = split_batch(batch, work, loss_fn)
-            with tracer, saved:
-                with amp.forward_context():
-                    out = work(*args, **kwargs)
-                    loss, _task = output_to_loss(out, labels, loss_fn)
-                del out
-                tracer.phase = "backward"
-                amp.backward(loss)
-            rows = mem.parameter_rows(work) + mem.gradient_rows(work)
-            amp.step(opt)
-            rows += mem.optimizer_rows(work, opt)
-            rows += mem.weight_copy_rows(
-                work, tracer.weight_copy_sizes(), plan, tracer.parameter_casts()
-            )
-            rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
-            rows += mem.device_rows(dev, rows, base)
-            ops = tracer.rows(plan)
-            unattributed = tracer.unattributed_rows() + [
-                {"what": "saved tensor", "reason": reason, "count": n}
-                for reason, n in saved.unattributed.items()
-            ]
-            found = flags(ops, plan)
-            if unattributed:
-                n = sum(u["count"] for u in unattributed)
-                found.append(
-                    Flag(
-                        "unattributed",
-                        f"{n} ops or saved tensors could not be fully "
-                        "attributed (see .unattributed for the reasons)",
-                        {"count": n},
-                    )
-                )
-            loss_value = float(loss.detach().float())
-            return InspectionData(
-                label,
-                plan,
-                str(dev),
-                False,
-                memory=rows,
-                ops=ops,
-                summary=summarise(ops),
-                flags=found,
-                unattributed=unattributed,
-                events=events,
-                seconds=time.perf_counter() - t0,
-                loss=loss_value,
+            return _instrumented_step(
+                work, batch, plan, dev, label, events, loss_fn, optimizer, base
             )
         except torch.OutOfMemoryError as exc:
             work = None
             raise _oom_error(exc, plan, dev, _batch_tensors(batch or ())) from exc
+
+
+def _instrumented_step(
+    work: nn.Module,
+    batch: Any,
+    plan: Any,
+    dev: torch.device,
+    label: str,
+    events: list,
+    loss_fn: Any,
+    optimizer: Any,
+    base: Any,
+) -> InspectionData:
+    """One training step of ``work`` (the copy) on ``batch`` under the tracers: its memory rows,
+    op rows, flags and what could not be attributed."""
+    t0 = time.perf_counter()
+    opt = build_plan_optimizer(work, optimizer or OptimizerConfig(), dev, plan)
+    work.zero_grad(set_to_none=True)
+    amp = Precision.for_plan(plan, dev)
+    amp.start_fit()  # a fresh scaler with GradScaler's default settings, as a first fit has
+    param_ptrs = _storages(work.parameters())
+    input_ptrs = _storages(_batch_tensors(batch))
+    tracer = OpTracer(param_ptrs, input_ptrs)
+    saved = mem.SavedTensors(param_ptrs, input_ptrs, tracer)
+    args, kwargs, labels = split_batch(batch, work, loss_fn)
+    with tracer, saved:
+        with amp.forward_context():
+            out = work(*args, **kwargs)
+            loss, _task = output_to_loss(out, labels, loss_fn)
+        del out
+        tracer.phase = "backward"
+        amp.backward(loss)
+    rows = mem.parameter_rows(work) + mem.gradient_rows(work)
+    amp.step(opt)
+    rows += mem.optimizer_rows(work, opt)
+    rows += mem.weight_copy_rows(work, tracer.weight_copy_sizes(), plan, tracer.parameter_casts())
+    rows += saved.rows() + mem.scaler_rows(amp.state_tensors())
+    rows += mem.device_rows(dev, rows, base)
+    ops = tracer.rows(plan)
+    unattributed = tracer.unattributed_rows() + [
+        {"what": "saved tensor", "reason": reason, "count": n}
+        for reason, n in saved.unattributed.items()
+    ]
+    found = flags(ops, plan)
+    if unattributed:
+        n = sum(u["count"] for u in unattributed)
+        found.append(
+            Flag(
+                "unattributed",
+                f"{n} ops or saved tensors could not be fully "
+                "attributed (see .unattributed for the reasons)",
+                {"count": n},
+            )
+        )
+    loss_value = float(loss.detach().float())
+    return InspectionData(
+        label,
+        plan,
+        str(dev),
+        False,
+        memory=rows,
+        ops=ops,
+        summary=summarise(ops),
+        flags=found,
+        unattributed=unattributed,
+        events=events,
+        seconds=time.perf_counter() - t0,
+        loss=loss_value,
+    )
 
 
 def _copy(model: nn.Module) -> nn.Module:

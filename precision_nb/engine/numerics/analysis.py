@@ -122,88 +122,104 @@ def analyze(
         model, batches, workload = prepare(model, batches, preset, device, seed)
         if not isinstance(model, nn.Module):
             raise ValueError(f"model has type {type(model).__name__}; allowed: a torch.nn.Module")
-        twin, opt, where = _copy(model, optimizer, device)
-        twin.zero_grad(set_to_none=True)
-        batch = to_device(BatchSource(batches).get(0), where)
-        # the step runs through the fp32 precision a run of this plan uses
-        amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
-        collector = ActivationCollector(formats, scale)
-        collector.attach(twin)
-        blocks = BlockCollector(twin, block) if block else None
-        try:
-            args, kwargs, labels = split_batch(batch, twin, loss_fn)
-            # fp32 even inside a caller's autocast region
-            with torch.autocast(where.type, enabled=False), amp.forward_context():
-                with blocks.tracer if blocks is not None else contextlib.nullcontext():
-                    out = twin(*args, **kwargs)
-                loss, _task = output_to_loss(out, labels, loss_fn)
-            loss = loss.float()
-            amp.backward(loss)
-        finally:
-            collector.detach()
-        params = list(twin.named_parameters())
-        with torch.no_grad():
-            host = to_host(
-                {
-                    "loss": loss.detach(),
-                    "params": {
-                        n: {
-                            "value": value_stats(p, formats),
-                            "grad": gradient_stats(p.grad, formats, scale),
-                        }
-                        for n, p in params
-                        if p.grad is not None
-                    },
-                    "stagnation": _stagnation(params, opt, amp),
-                    "blocks": blocks.stats if blocks is not None else {},
-                    "outputs": {
-                        k: {"value": o.value, "grad": o.grad} for k, o in collector.outputs.items()
-                    },
-                }
-            )
-        trace = trace_fp16(twin, args, kwargs, where)
-        held_p = {n: trace.params.get(n) for n, _ in params}
-        held_a = {k: trace.outputs.get(k) for k in collector.outputs}
-        result = NumericsResult()
-        result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
-        result.activations = R.activation_rows(
-            collector.outputs, host["outputs"], formats, scale, held_a
+        return _run(
+            model, batches, loss_fn, formats, device, scale, threshold, optimizer, workload, block
         )
-        result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
-        result.stagnation = R.stagnation_rows(params, host["stagnation"])
-        if blocks is not None:
-            result.blocks, result.gemms, result.blocks_info = block_result(
-                blocks, host["blocks"], twin
-            )
-        p_in, p_all = R.sweep_totals(host["params"], held_p, trace.error is None)
-        a_in, a_all = R.sweep_totals(host["outputs"], held_a, trace.error is None)
-        result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
-        result.window = window(result.scale_window, threshold)
-        counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
-        result.window.update(_basis(trace, counted, every))
-        if not trace.error and counted == 0 and every:
-            result.window["reason"] = (
-                "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
-                "a loss scale has nothing to protect"
-            )
-        loss_value = float(host["loss"])
-        result.findings = R.findings(result, loss_value, scale, trace.error)
-        result.info = {
-            "model": type(model).__name__,
-            "workload": workload,
-            "device": str(where),
-            "loss": loss_value if math.isfinite(loss_value) else None,
-            "formats": formats + block,
-            "scale": scale,
-            "threshold": threshold,
-            "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},
-            "optimizer": _optimizer_text(optimizer, opt),
-            "coverage": COVERAGE,
-            "fp8": hardware_note(),
-            "fp16_run": {"source": trace.source, "error": trace.error},
-            "memory": MEMORY_NOTE,
-        }
-        return result
+
+
+def _run(
+    model: nn.Module,
+    batches: Any,
+    loss_fn: Any,
+    formats: list[str],
+    device: Any,
+    scale: float,
+    threshold: float,
+    optimizer: Any,
+    workload: Any,
+    block: list[str],
+) -> NumericsResult:
+    """The analysis of ``model`` on its first batch (see :func:`analyze`), inside its RNG fork."""
+    twin, opt, where = _copy(model, optimizer, device)
+    twin.zero_grad(set_to_none=True)
+    batch = to_device(BatchSource(batches).get(0), where)
+    # the step runs through the fp32 precision a run of this plan uses
+    amp = Precision.for_plan(resolve_precision(PrecisionConfig(mode="fp32"), where), where)
+    collector = ActivationCollector(formats, scale)
+    collector.attach(twin)
+    blocks = BlockCollector(twin, block) if block else None
+    try:
+        args, kwargs, labels = split_batch(batch, twin, loss_fn)
+        # fp32 even inside a caller's autocast region
+        with torch.autocast(where.type, enabled=False), amp.forward_context():
+            with blocks.tracer if blocks is not None else contextlib.nullcontext():
+                out = twin(*args, **kwargs)
+            loss, _task = output_to_loss(out, labels, loss_fn)
+        loss = loss.float()
+        amp.backward(loss)
+    finally:
+        collector.detach()
+    params = list(twin.named_parameters())
+    with torch.no_grad():
+        host = to_host(
+            {
+                "loss": loss.detach(),
+                "params": {
+                    n: {
+                        "value": value_stats(p, formats),
+                        "grad": gradient_stats(p.grad, formats, scale),
+                    }
+                    for n, p in params
+                    if p.grad is not None
+                },
+                "stagnation": _stagnation(params, opt, amp),
+                "blocks": blocks.stats if blocks is not None else {},
+                "outputs": {
+                    k: {"value": o.value, "grad": o.grad} for k, o in collector.outputs.items()
+                },
+            }
+        )
+    trace = trace_fp16(twin, args, kwargs, where)
+    held_p = {n: trace.params.get(n) for n, _ in params}
+    held_a = {k: trace.outputs.get(k) for k in collector.outputs}
+    result = NumericsResult()
+    result.gradients = R.gradient_rows(params, host["params"], formats, scale, held_p)
+    result.activations = R.activation_rows(
+        collector.outputs, host["outputs"], formats, scale, held_a
+    )
+    result.fp8 = R.fp8_rows(params, collector.outputs, host, formats)
+    result.stagnation = R.stagnation_rows(params, host["stagnation"])
+    if blocks is not None:
+        result.blocks, result.gemms, result.blocks_info = block_result(blocks, host["blocks"], twin)
+    p_in, p_all = R.sweep_totals(host["params"], held_p, trace.error is None)
+    a_in, a_all = R.sweep_totals(host["outputs"], held_a, trace.error is None)
+    result.scale_window = sweep_rows(p_in, a_in, threshold, every=p_all + a_all)
+    result.window = window(result.scale_window, threshold)
+    counted, every = p_in.tensors + a_in.tensors, p_all.tensors + a_all.tensors
+    result.window.update(_basis(trace, counted, every))
+    if not trace.error and counted == 0 and every:
+        result.window["reason"] = (
+            "a real fp16 step holds no gradient in fp16 (autocast keeps every one in fp32), so "
+            "a loss scale has nothing to protect"
+        )
+    loss_value = float(host["loss"])
+    result.findings = R.findings(result, loss_value, scale, trace.error)
+    result.info = {
+        "model": type(model).__name__,
+        "workload": workload,
+        "device": str(where),
+        "loss": loss_value if math.isfinite(loss_value) else None,
+        "formats": formats + block,
+        "scale": scale,
+        "threshold": threshold,
+        "overflow_behaviour": {f: overflow_behaviour(f) for f in formats},
+        "optimizer": _optimizer_text(optimizer, opt),
+        "coverage": COVERAGE,
+        "fp8": hardware_note(),
+        "fp16_run": {"source": trace.source, "error": trace.error},
+        "memory": MEMORY_NOTE,
+    }
+    return result
 
 
 def _copy(model: nn.Module, optimizer: Any, device: Any) -> tuple[nn.Module, Any, torch.device]:

@@ -194,10 +194,10 @@ def block_rows(
                     "block": fmt.block,
                     "scale_format": fmt.scale,
                 }
-                values = stats.get(f"{tensor}|{along}|{f}")
                 if along is None:
                     rows.append({**base, "status": "not cast", "note": WEIGHT_GRAD_NOTE})
                     continue
+                values = stats.get(f"{tensor}|{along}|{f}")
                 if values is None:  # e.g. an output the loss does not reach: no gradient
                     status = "no gradient" if tensor == "output_grad" else "not seen"
                     rows.append({**base, "status": status})

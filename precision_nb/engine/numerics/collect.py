@@ -114,7 +114,7 @@ class ActivationCollector:
     _handles: list[Any] = field(default_factory=list)
 
     def attach(self, model: nn.Module) -> None:
-        self._handles = hook_outputs(model, _SEEN, self._on_output)
+        self._handles += hook_outputs(model, _SEEN, self._on_output)
 
     def detach(self) -> None:
         for handle in self._handles:

@@ -74,9 +74,9 @@ def _ladder(limit: float, exps: Sequence[int], below: bool) -> torch.Tensor:
 
 
 def sweep_counts(x: torch.Tensor | Magnitudes) -> torch.Tensor:
-    """``(25, 3)`` int64 device tensor: per scale ``2^k`` of :data:`SCALE_EXPONENTS`, the finite
-    non-zero elements of ``x`` whose fp16 cast of ``x * 2^k`` is zero, subnormal (non-zero, below
-    the smallest normal) and inf (order :data:`SWEEP_FIELDS`).
+    """``(len(SCALE_EXPONENTS), 3)`` int64 device tensor: per scale ``2^k`` of
+    :data:`SCALE_EXPONENTS`, the finite non-zero elements of ``x`` whose fp16 cast of ``x * 2^k``
+    is zero, subnormal (non-zero, below the smallest normal) and inf (order :data:`SWEEP_FIELDS`).
 
     One ``torch.bucketize`` against three limit ladders: ``|x| <= U * 2^-k`` (zero), ``|x| <=
     below(N * 2^-k)`` (zero or subnormal) and ``|x| <= below(O * 2^-k)`` (finite), ``below`` being

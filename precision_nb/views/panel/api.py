@@ -300,10 +300,10 @@ class Panel:
         source = self._controller.session.source
         if source is None:
             return {}
-        from precision_nb.views.report import figures as f
+        from precision_nb.views.report.html import FIGURES
 
         names = ("loss", "loss_scale", "throughput", "memory", "dashboard")
-        return {name: getattr(f, f"{name}_figure")(source) for name in names}
+        return {name: FIGURES[name](source) for name in names}
 
     @property
     def inspections(self) -> dict[str, Any]:

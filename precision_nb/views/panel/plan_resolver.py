@@ -16,7 +16,6 @@ from precision_nb.core.capabilities import PRESETS, Capabilities, get_capabiliti
 from precision_nb.core.device import resolve_device
 from precision_nb.core.optim import OptimizerConfig
 from precision_nb.core.plan import PrecisionConfig
-from precision_nb.core.plan_code import code_spec, plan_code
 from precision_nb.core.resolution import Explanation, explain_precision
 from precision_nb.views.panel.controls import Controls
 from precision_nb.views.panel.selection import SIM_PREFIX, DeviceOption, Selection, check_seed
@@ -185,13 +184,13 @@ class LivePlan:
         self.explanation, self.error, self.distributed = explanation, None, None
         self.controls.update_enabled(lab_applies=why is None, lab_reason=why or "")
         framework = self.outputs.code_framework.value
-        spec = code_spec(
-            explanation,
+        code = explanation.code(
+            framework,
             steps=selection.steps,
             accumulation=selection.accumulation,
             seed=selection.seed,
         )
-        plan_html, code = explanation._repr_html_(), plan_code(spec, framework)
+        plan_html = explanation._repr_html_()
         if self.planner is not None:
             try:
                 self.distributed = self.planner.resolve(

@@ -311,8 +311,8 @@ def dashboard_figure(
     if inspections:
         draw_memory_breakdown(ax_mem, inspections, legend_outside=False)
     else:
-        draw_memory(ax_mem, p.frame, p.labels, p.colors)  # the first kind recorded
         kinds = memory_kinds(p.frame)
+        draw_memory(ax_mem, p.frame, p.labels, p.colors, next(iter(kinds), None))  # the first
         if len(kinds) > 1:
             ax_mem.set_title(ax_mem.get_title() + f" (+{len(kinds) - 1} other kind(s) not shown)")
     fig.suptitle(title or "Precision plans compared: " + ", ".join(p.labels))
